@@ -1,0 +1,358 @@
+"""The core's vocabulary: GPUs, MIG profiles, slice specs, slices, leases and jobs.
+
+Plain dataclasses and enums, shared by every other module. Sizes are MiB and milli-cores;
+times are float seconds passed in by the caller (never read from the wall here).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+MIB_PER_GIB = 1024
+MILLI_PER_GPU = 1000
+
+
+class SliceKind(str, Enum):
+    """What kind of slice a holder gets (or `any` in a request)."""
+
+    MIG = "mig"
+    SHARED = "shared"
+    WHOLE = "whole"
+    ANY = "any"
+
+
+class MigMode(str, Enum):
+    """How a GPU is partitioned: not at all, fixed MIG instances, or instances made on demand."""
+
+    OFF = "off"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class PriorityClass(str, Enum):
+    """Interactive requests are served before batch ones; batch leases may be preempted."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        return 0 if self is PriorityClass.INTERACTIVE else 1
+
+
+class LeaseState(str, Enum):
+    QUEUED = "queued"
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    PREEMPTED = "preempted"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        return self in (LeaseState.QUEUED, LeaseState.GRANTED)
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class SpecError(ValueError):
+    """A request that cannot be understood; `field` names the offending part."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU-instance profile of one GPU model, e.g. 3g.40gb on an A100-80GB."""
+
+    profile_id: int
+    name: str
+    compute_slices: int
+    memory_slices: int
+    memory_mib: int
+    max_instances: int
+    starts: tuple[int, ...]
+    sms: int = 0
+    media_extensions: bool = False
+
+
+@dataclass
+class MigInstance:
+    """An existing MIG GPU instance (with its compute instance) on a GPU."""
+
+    uuid: str
+    profile_id: int
+    start: int
+    size: int
+    gi_id: int = -1
+    ci_id: int = -1
+
+    def slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+@dataclass
+class Gpu:
+    """One physical device as a backend reports it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    node: str
+    mig_capable: bool = False
+    mig_mode: MigMode = MigMode.OFF
+    instances: list[MigInstance] = field(default_factory=list)
+
+
+@dataclass
+class Node:
+    """A machine: its CPU (milli-cores), host memory (MiB) and GPUs."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: list[Gpu] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """What was asked for. `memory_mib` is the minimum GPU memory per GPU."""
+
+    kind: SliceKind = SliceKind.ANY
+    memory_mib: int = 0
+    profile: str | None = None
+    model: str | None = None
+    count: int = 1
+    node: str | None = None
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+
+    @classmethod
+    def from_json(cls, data: Any) -> "SliceSpec":
+        """Parse the REST API's spec object strictly; raise SpecError naming the field."""
+        if not isinstance(data, dict):
+            raise SpecError("spec", "must be an object")
+        known = {"kind", "memory_gib", "memory_mib", "profile", "model", "count", "node",
+                 "cpu_milli", "host_memory_mib"}
+        for key in data:
+            if key not in known:
+                raise SpecError(f"spec.{key}", "unknown field")
+        kind_raw = data.get("kind", "any" if "profile" not in data else "mig")
+        try:
+            kind = SliceKind(kind_raw)
+        except ValueError:
+            raise SpecError("spec.kind", "must be one of mig, shared, whole, any") from None
+        memory_mib = 0
+        if "memory_gib" in data and "memory_mib" in data:
+            raise SpecError("spec.memory_gib", "give memory_gib or memory_mib, not both")
+        if "memory_gib" in data:
+            gib = data["memory_gib"]
+            if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
+                raise SpecError("spec.memory_gib", "must be a positive number")
+            memory_mib = math.ceil(gib * MIB_PER_GIB)
+        if "memory_mib" in data:
+            memory_mib = _positive_int(data["memory_mib"], "spec.memory_mib")
+        profile = _optional_str(data.get("profile"), "spec.profile")
+        if profile is not None and not re.fullmatch(r"\d+g\.\d+gb(\+me)?", profile):
+            raise SpecError("spec.profile", "must look like 1g.10gb or 3g.40gb")
+        if profile is not None and kind not in (SliceKind.MIG, SliceKind.ANY):
+            raise SpecError("spec.profile", "only a mig slice has a profile")
+        count = _positive_int(data.get("count", 1), "spec.count")
+        if count > 1 and kind not in (SliceKind.WHOLE, SliceKind.ANY):
+            raise SpecError("spec.count", "only whole GPUs come in counts above 1")
+        if kind is SliceKind.SHARED and memory_mib == 0:
+            raise SpecError("spec.memory_gib", "a shared slice needs its memory size")
+        if count > 1:
+            kind = SliceKind.WHOLE
+        return cls(
+            kind=kind,
+            memory_mib=memory_mib,
+            profile=profile,
+            model=_optional_str(data.get("model"), "spec.model"),
+            count=count,
+            node=_optional_str(data.get("node"), "spec.node"),
+            cpu_milli=_non_negative_int(data.get("cpu_milli", 0), "spec.cpu_milli"),
+            host_memory_mib=_non_negative_int(data.get("host_memory_mib", 0), "spec.host_memory_mib"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind.value, "count": self.count}
+        if self.memory_mib:
+            out["memory_gib"] = self.memory_mib / MIB_PER_GIB  # exact: n / 2**10
+        for name in ("profile", "model", "node"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.cpu_milli:
+            out["cpu_milli"] = self.cpu_milli
+        if self.host_memory_mib:
+            out["host_memory_mib"] = self.host_memory_mib
+        return out
+
+    def describe(self) -> str:
+        """A few words for people: '3g.40gb slice', 'shared 8 GiB slice', '2 whole GPUs'."""
+        model = f" on {self.model}" if self.model else ""
+        if self.profile:
+            return f"{self.profile} slice{model}"
+        gib = f"{self.memory_mib / MIB_PER_GIB:g} GiB"
+        if self.kind is SliceKind.WHOLE:
+            n = f"{self.count} whole GPUs" if self.count > 1 else "whole GPU"
+            return n + model
+        if self.kind is SliceKind.SHARED:
+            return f"shared {gib} slice{model}"
+        return f"{gib} GPU slice{model}" if self.memory_mib else f"GPU slice{model}"
+
+
+@dataclass
+class Slice:
+    """What a holder got: a MIG instance, a memory-capped share, or whole GPUs."""
+
+    kind: SliceKind
+    node: str
+    gpu_uuids: tuple[str, ...]
+    memory_mib: int
+    profile: str | None = None
+    start: int | None = None
+    mig_uuid: str | None = None
+    milli: int = MILLI_PER_GPU
+    model: str = ""
+
+    @property
+    def visible_devices(self) -> str:
+        """The value for CUDA_VISIBLE_DEVICES."""
+        return self.mig_uuid if self.mig_uuid else ",".join(self.gpu_uuids)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        out["kind"] = self.kind.value
+        out["gpu_uuids"] = list(self.gpu_uuids)
+        out["visible_devices"] = self.visible_devices
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Slice":
+        fields = {k: v for k, v in data.items() if k != "visible_devices"}
+        fields["kind"] = SliceKind(fields["kind"])
+        fields["gpu_uuids"] = tuple(fields["gpu_uuids"])
+        return cls(**fields)
+
+
+@dataclass
+class Lease:
+    """A holder's claim on a slice, from request to its end."""
+
+    id: str
+    user: str
+    holder: str
+    spec: SliceSpec
+    priority: PriorityClass
+    state: LeaseState
+    created_at: float
+    seq: int
+    groups: tuple[str, ...] = ()
+    preemptible: bool = False
+    slice: Slice | None = None
+    granted_at: float | None = None
+    ended_at: float | None = None
+    last_activity: float | None = None
+    heartbeat_at: float | None = None
+    busy: bool = False
+    idle_warned_at: float | None = None
+    idle_timeout: float | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "user": self.user,
+            "holder": self.holder,
+            "groups": list(self.groups),
+            "spec": self.spec.to_json(),
+            "priority": self.priority.value,
+            "preemptible": self.preemptible,
+            "state": self.state.value,
+            "slice": self.slice.to_json() if self.slice else None,
+            "created_at": self.created_at,
+            "granted_at": self.granted_at,
+            "ended_at": self.ended_at,
+            "last_activity": self.last_activity,
+            "heartbeat_at": self.heartbeat_at,
+            "busy": self.busy,
+            "idle_warned_at": self.idle_warned_at,
+            "idle_timeout": self.idle_timeout,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Job:
+    """A cell or notebook run in the background under a batch lease."""
+
+    id: str
+    user: str
+    name: str
+    spec: SliceSpec
+    state: JobState
+    created_at: float
+    lease_id: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    notebook_path: str = ""
+    output_path: str = ""
+    log_path: str = ""
+    exit_reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["spec"] = self.spec.to_json()
+        out["state"] = self.state.value
+        return out
+
+
+@dataclass(frozen=True)
+class Event:
+    """A state change, announced after it is stored."""
+
+    type: str
+    time: float
+    lease_id: str | None = None
+    user: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "time": self.time, "lease_id": self.lease_id,
+                "user": self.user, "data": self.data}
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(name, "must be a positive integer")
+    return value
+
+
+def _non_negative_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(name, "must be a non-negative integer")
+    return value
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(name, "must be a non-empty string")
+    return value.strip()
