@@ -1,0 +1,71 @@
+"""The one interface every source of GPUs implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..model import MigInstance, MigProfile, Node
+
+
+class DeviceError(RuntimeError):
+    """A device operation failed; the message is meant for people."""
+
+
+class DeviceUnavailable(DeviceError):
+    """No GPUs can be reached at all (no driver, no library)."""
+
+
+class DevicePermissionError(DeviceError):
+    """The operation needs privileges this process lacks (e.g. creating MIG instances)."""
+
+
+class GpuLost(DeviceError):
+    """The GPU fell off the bus or stopped answering."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process using GPU memory, as the driver (or simulator) reports it.
+
+    `used_mib` is None when the driver cannot tell how much memory the process holds.
+    """
+
+    pid: int
+    gpu_uuid: str
+    used_mib: int | None
+    mig_uuid: str | None = None
+
+
+class DeviceBackend(ABC):
+    """Where GPUs come from: enumeration, MIG instance life cycle, per-process memory."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def discover(self) -> list[Node]:
+        """Every node with its GPUs, each GPU's MIG mode and its existing MIG instances."""
+
+    @abstractmethod
+    def mig_profiles(self, gpu_uuid: str) -> dict[int, MigProfile]:
+        """The MIG profiles this GPU supports, by profile id (empty when MIG is off)."""
+
+    @abstractmethod
+    def create_mig_instance(self, gpu_uuid: str, profile_id: int, start: int) -> MigInstance:
+        """Create a GPU instance (and its compute instance) at an explicit placement."""
+
+    @abstractmethod
+    def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
+        """Destroy a MIG instance created earlier (its compute instance first)."""
+
+    @abstractmethod
+    def process_memory(self) -> list[GpuProcess]:
+        """Each process currently holding GPU memory, with the GPU (or MIG device) it uses."""
+
+    @property
+    def can_change_mig(self) -> bool:
+        """Whether this backend may create and destroy MIG instances (dynamic MIG)."""
+        return True
+
+    def close(self) -> None:
+        """Release whatever the backend holds open."""

@@ -1,0 +1,187 @@
+"""A simulated fleet with the real MIG rules, for laptops, demos, tests and the trace simulator.
+
+The fleet comes from a fleet file (see core/fleet.py). MIG instances follow the driver's geometry
+(mig.legal_starts), get new UUIDs each time they are created and driver-like GI ids. Like a real
+GPU's, the MIG layout outlives the process that changed it when a `state_file` is given (the
+layout is kept there as JSON); without one, created instances live in memory only.
+
+Per-process GPU memory is simulated with files, so the watchdog can be tested with real
+processes: each process writes `<pid>.json` (`{"gpu_uuid": ..., "mig_uuid": ..., "used_mib": N}`)
+into `process_dir` (see `report_process_memory`); files of processes that have exited are removed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import mig
+from ..fleet import load_fleet, mig_uuid, smallest_free_id
+from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
+from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess
+
+
+class SimulatedBackend(DeviceBackend):
+    """GPUs described by a fleet file, behaving like the real driver."""
+
+    name = "simulated"
+
+    def __init__(self, fleet: list[Node] | str | os.PathLike[str] | Mapping[str, Any], *,
+                 allow_mig_changes: bool = True, process_dir: str | os.PathLike[str] | None = None,
+                 state_file: str | os.PathLike[str] | None = None):
+        nodes = fleet if isinstance(fleet, list) else load_fleet(fleet)
+        self._nodes = copy.deepcopy(nodes)
+        self._gpus: dict[str, Gpu] = {g.uuid: g for n in self._nodes for g in n.gpus}
+        self._created: dict[str, int] = {u: len(g.instances) for u, g in self._gpus.items()}
+        self._allow_mig_changes = allow_mig_changes
+        self.process_dir = Path(process_dir) if process_dir is not None else None
+        self.state_file = Path(state_file) if state_file is not None else None
+        self._lock = threading.Lock()
+        if self.state_file is not None and self.state_file.exists():
+            self._load_state()
+
+    def _load_state(self) -> None:
+        """Take the MIG layouts (and UUID counters) a previous process left in the state file."""
+        state = json.loads(self.state_file.read_text(encoding="utf-8"))
+        for gpu_uuid, entry in state.items():
+            gpu = self._gpus.get(gpu_uuid)
+            if gpu is not None and gpu.mig_mode is not MigMode.OFF:
+                gpu.instances = [MigInstance(**i) for i in entry["instances"]]
+                self._created[gpu_uuid] = entry["created"]
+
+    def _save_state(self) -> None:
+        if self.state_file is None:
+            return
+        state = {u: {"instances": [vars(i) for i in g.instances], "created": self._created[u]}
+                 for u, g in self._gpus.items() if g.mig_mode is not MigMode.OFF}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(tmp, self.state_file)
+
+    @property
+    def can_change_mig(self) -> bool:
+        return self._allow_mig_changes
+
+    def discover(self) -> list[Node]:
+        with self._lock:
+            nodes = copy.deepcopy(self._nodes)
+        if not self._allow_mig_changes:
+            for gpu in (g for n in nodes for g in n.gpus):
+                if gpu.mig_mode is MigMode.DYNAMIC:
+                    gpu.mig_mode = MigMode.STATIC
+        return nodes
+
+    def mig_profiles(self, gpu_uuid: str) -> dict[int, MigProfile]:
+        gpu = self._gpu(gpu_uuid)
+        if gpu.mig_mode is MigMode.OFF:
+            return {}
+        return dict(mig.resolve_model(gpu.model, gpu.memory_mib).profiles)
+
+    def create_mig_instance(self, gpu_uuid: str, profile_id: int, start: int) -> MigInstance:
+        gpu = self._gpu(gpu_uuid)
+        self._check_mig_changes(gpu, "create a MIG instance")
+        profiles = self.mig_profiles(gpu_uuid)
+        profile = profiles.get(profile_id)
+        if profile is None:
+            raise DeviceError(f"GPU {gpu_uuid} ({gpu.model}) has no MIG profile id {profile_id}")
+        with self._lock:
+            starts = mig.legal_starts(mig.Layout.of(gpu.instances, profiles), profile)
+            if start not in starts:
+                raise DeviceError(
+                    f"Insufficient Resources: cannot create {profile.name} at start {start} on GPU "
+                    f"{gpu_uuid}; legal starts now: {', '.join(map(str, starts)) or 'none'}")
+            counter = self._created[gpu_uuid]
+            self._created[gpu_uuid] = counter + 1
+            instance = MigInstance(
+                uuid=mig_uuid(gpu_uuid, start, profile_id, counter), profile_id=profile_id,
+                start=start, size=profile.memory_slices,
+                gi_id=smallest_free_id({i.gi_id for i in gpu.instances}), ci_id=0)
+            gpu.instances.append(instance)
+            self._save_state()
+            return copy.copy(instance)
+
+    def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
+        gpu = self._gpu(gpu_uuid)
+        self._check_mig_changes(gpu, "destroy a MIG instance")
+        users = sorted(p.pid for p in self.process_memory() if p.mig_uuid == mig_uuid)
+        with self._lock:
+            for n, instance in enumerate(gpu.instances):
+                if instance.uuid == mig_uuid:
+                    if users:
+                        raise DeviceError(f"In use by another client: MIG instance {mig_uuid} is used "
+                                          f"by process(es) {', '.join(map(str, users))}")
+                    del gpu.instances[n]
+                    self._save_state()
+                    return
+        raise DeviceError(f"GPU {gpu_uuid} has no MIG instance {mig_uuid}")
+
+    def process_memory(self) -> list[GpuProcess]:
+        """Processes that reported their GPU memory in `process_dir` and are still alive."""
+        if self.process_dir is None or not self.process_dir.is_dir():
+            return []
+        processes = []
+        for path in sorted(self.process_dir.glob("*.json")):
+            if not path.stem.isdigit():
+                continue
+            pid = int(path.stem)
+            if not _alive(pid):
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                process = GpuProcess(pid=pid, gpu_uuid=str(data["gpu_uuid"]), used_mib=int(data["used_mib"]),
+                                     mig_uuid=data.get("mig_uuid"))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if process.gpu_uuid in self._gpus:
+                processes.append(process)
+        return processes
+
+    def _gpu(self, gpu_uuid: str) -> Gpu:
+        gpu = self._gpus.get(gpu_uuid)
+        if gpu is None:
+            raise DeviceError(f"no GPU {gpu_uuid} in this fleet")
+        return gpu
+
+    def _check_mig_changes(self, gpu: Gpu, action: str) -> None:
+        if gpu.mig_mode is MigMode.OFF:
+            raise DeviceError(f"cannot {action} on GPU {gpu.uuid} ({gpu.model}): MIG mode is off")
+        if gpu.mig_mode is MigMode.STATIC or not self._allow_mig_changes:
+            raise DevicePermissionError(
+                f"cannot {action} on GPU {gpu.uuid}: MIG is static here (its instances are fixed)")
+
+
+def report_process_memory(process_dir: str | os.PathLike[str], pid: int, gpu_uuid: str, used_mib: int,
+                          mig_uuid: str | None = None) -> Path:
+    """Record, atomically, that process `pid` holds `used_mib` MiB on a simulated GPU."""
+    directory = Path(process_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"gpu_uuid": gpu_uuid, "used_mib": int(used_mib)}
+    if mig_uuid is not None:
+        record["mig_uuid"] = mig_uuid
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{pid}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    target = directory / f"{pid}.json"
+    os.replace(tmp, target)
+    return target
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process (an exited, unreaped zombie holds no GPU memory)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return not Path("/proc/self").exists()  # no procfs: trust kill(); with one, it just exited
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -1,0 +1,160 @@
+"""SimulatedBackend: real MIG geometry, driver-like ids and UUIDs, static mode, process files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_gpualloc.core.devices import make_backend
+from jupyter_gpualloc.core.devices.base import DeviceError, DevicePermissionError
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend, report_process_memory
+from jupyter_gpualloc.core.fleet import FleetError
+from jupyter_gpualloc.core.model import MigMode
+
+GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+FLEET = {"nodes": [{"name": "local", "cpu_milli": 32000, "memory_mib": 131072, "gpus": [
+    {"model": "A100-SXM4-80GB", "mig": "dynamic"},
+    {"model": "A100-SXM4-40GB", "mig": "static", "layout": ["3g.20gb", "2g.10gb"]},
+    {"model": "L4"}]}]}
+
+
+@pytest.fixture
+def backend():
+    return SimulatedBackend(FLEET)
+
+
+def uuids(backend):
+    return [g.uuid for g in backend.discover()[0].gpus]
+
+
+def test_uuids_are_well_formed_and_deterministic(backend):
+    first = uuids(backend)
+    assert all(GPU_UUID.match(u) for u in first) and len(set(first)) == 3
+    assert uuids(SimulatedBackend(FLEET)) == first
+    static = backend.discover()[0].gpus[1]
+    assert all(MIG_UUID.match(i.uuid) for i in static.instances)
+    assert [i.uuid for i in SimulatedBackend(FLEET).discover()[0].gpus[1].instances] == [i.uuid for i in static.instances]
+
+
+def test_invalid_fleet_is_a_fleet_error():
+    with pytest.raises(FleetError, match=r"nodes\[0\]\.gpus\[0\]\.model: unknown GPU model 'Nope'"):
+        SimulatedBackend({"nodes": [{"name": "a", "cpu_milli": 1, "memory_mib": 1, "gpus": [{"model": "Nope"}]}]})
+
+
+def test_create_follows_the_geometry(backend):
+    gpu = uuids(backend)[0]
+    four = backend.create_mig_instance(gpu, 5, 0)   # 4g.40gb at 0
+    three = backend.create_mig_instance(gpu, 9, 4)  # 3g.40gb at 4: the only order in which both fit
+    assert (four.gi_id, four.ci_id, three.gi_id, three.size) == (1, 0, 2, 4)
+    assert MIG_UUID.match(four.uuid) and four.uuid != three.uuid
+    with pytest.raises(DeviceError, match=r"Insufficient Resources: cannot create 1g.10gb at start 6 .*legal starts now: none"):
+        backend.create_mig_instance(gpu, 19, 6)
+    backend.destroy_mig_instance(gpu, four.uuid)
+    with pytest.raises(DeviceError, match="cannot create 3g.40gb at start 4 .*legal starts now: 0"):
+        backend.create_mig_instance(gpu, 9, 4)
+    one = backend.create_mig_instance(gpu, 19, 3)
+    assert one.gi_id == 1  # the smallest free GPU-instance id, like the driver
+
+
+def test_a_recreated_instance_gets_a_new_uuid(backend):
+    gpu = uuids(backend)[0]
+    first = backend.create_mig_instance(gpu, 19, 0)
+    backend.destroy_mig_instance(gpu, first.uuid)
+    second = backend.create_mig_instance(gpu, 19, 0)
+    assert second.uuid != first.uuid and (second.start, second.profile_id) == (first.start, first.profile_id)
+
+
+def test_destroy_and_create_errors(backend):
+    a100, static, l4 = uuids(backend)
+    with pytest.raises(DeviceError, match="has no MIG instance MIG-unknown"):
+        backend.destroy_mig_instance(a100, "MIG-unknown")
+    with pytest.raises(DeviceError, match="no GPU GPU-nope in this fleet"):
+        backend.create_mig_instance("GPU-nope", 19, 0)
+    with pytest.raises(DeviceError, match="MIG mode is off") as off:
+        backend.create_mig_instance(l4, 19, 0)
+    assert not isinstance(off.value, DevicePermissionError)
+    with pytest.raises(DeviceError, match="no MIG profile id 77"):
+        backend.create_mig_instance(a100, 77, 0)
+    assert backend.mig_profiles(l4) == {}
+    assert backend.mig_profiles(a100)[9].name == "3g.40gb"
+
+
+def test_static_gpu_and_static_backend(backend):
+    a100, static, _ = uuids(backend)
+    existing = backend.discover()[0].gpus[1].instances[0]
+    with pytest.raises(DevicePermissionError, match="MIG is static"):
+        backend.create_mig_instance(static, 19, 6)
+    with pytest.raises(DevicePermissionError):
+        backend.destroy_mig_instance(static, existing.uuid)
+    locked = SimulatedBackend(FLEET, allow_mig_changes=False)
+    assert not locked.can_change_mig and backend.can_change_mig
+    assert [g.mig_mode for g in locked.discover()[0].gpus] == [MigMode.STATIC, MigMode.STATIC, MigMode.OFF]
+    with pytest.raises(DevicePermissionError):
+        locked.create_mig_instance(a100, 19, 0)
+
+
+def test_discover_returns_copies(backend):
+    node = backend.discover()[0]
+    node.gpus[1].instances.clear()
+    node.gpus.pop()
+    again = backend.discover()[0]
+    assert len(again.gpus) == 3 and len(again.gpus[1].instances) == 2
+
+
+CHILD = """
+import os
+import sys
+from jupyter_gpualloc.core.devices.simulated import report_process_memory
+report_process_memory(sys.argv[1], os.getpid(), sys.argv[2], 2048, mig_uuid=sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_process_memory_from_a_real_child_process(tmp_path):
+    backend = SimulatedBackend(FLEET, process_dir=tmp_path)
+    a100 = uuids(backend)[0]
+    instance = backend.create_mig_instance(a100, 19, 0)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), a100, instance.uuid],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        [process] = backend.process_memory()
+        assert (process.pid, process.gpu_uuid, process.used_mib, process.mig_uuid) == (
+            child.pid, a100, 2048, instance.uuid)
+        with pytest.raises(DeviceError, match=f"In use by another client.*{child.pid}"):
+            backend.destroy_mig_instance(a100, instance.uuid)
+    finally:
+        child.communicate("done\n", timeout=20)
+    assert backend.process_memory() == []
+    assert not (tmp_path / f"{child.pid}.json").exists()  # the exited process's file is removed
+    backend.destroy_mig_instance(a100, instance.uuid)
+
+
+def test_report_is_atomic_json_and_foreign_files_are_ignored(tmp_path):
+    backend = SimulatedBackend(FLEET, process_dir=tmp_path)
+    l4 = uuids(backend)[2]
+    path = report_process_memory(tmp_path, os.getpid(), l4, 512)
+    assert json.loads(path.read_text()) == {"gpu_uuid": l4, "used_mib": 512}
+    (tmp_path / "notes.json").write_text("{}")
+    report_process_memory(tmp_path, os.getpid(), "GPU-of-another-fleet", 1)  # replaces ours
+    assert backend.process_memory() == []
+    report_process_memory(tmp_path, os.getpid(), l4, 768)
+    assert [(p.pid, p.used_mib, p.mig_uuid) for p in backend.process_memory()] == [(os.getpid(), 768, None)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["notes.json", f"{os.getpid()}.json"])
+    assert SimulatedBackend(FLEET).process_memory() == []
+
+
+def test_make_backend():
+    backend = make_backend("simulated", fleet=FLEET, allow_mig_changes=False)
+    assert isinstance(backend, SimulatedBackend) and not backend.can_change_mig
+    with pytest.raises(ValueError, match="needs a fleet file"):
+        make_backend("simulated")
+    with pytest.raises(ValueError, match="unknown device backend 'cuda'"):
+        make_backend("cuda")
