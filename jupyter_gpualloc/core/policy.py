@@ -1,0 +1,131 @@
+"""The administrator's policy: what is offered, quotas, timeouts, queueing and placement rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traitlets import Bool, Dict, Float, List, Unicode, validate
+from traitlets.config import Configurable
+
+QUOTA_KEYS = ("slices", "memory_gib", "whole_gpus")
+
+
+class SchedulerPolicy(Configurable):
+    """Rules the scheduler core applies; set as `c.SchedulerPolicy.<name>` in gpualloc_config.py."""
+
+    placement = Unicode(
+        "default",
+        help="""Placement policy for shared slices and whole GPUs: default (fragmentation-aware),
+        fgd, bestfit, binpack, spread, packing, clustering, dotprod or random.""",
+    ).tag(config=True)
+
+    mig_placement = Unicode(
+        "default",
+        help="How a MIG instance's GPU and start are chosen: default (keeps large profiles placeable) or firstfit.",
+    ).tag(config=True)
+
+    mig_changes = Unicode(
+        "dynamic",
+        help="""dynamic: the scheduler creates and destroys MIG instances as leases come and go
+        (needs the privilege to change MIG layouts); static: only instances that already exist
+        are handed out, whatever the fleet says.""",
+    ).tag(config=True)
+
+    idle_timeout = Float(
+        1800.0,
+        help="Seconds a kernel's lease may stay idle before it is warned (0 disables idle release).",
+    ).tag(config=True)
+
+    idle_grace = Float(
+        300.0,
+        help="Seconds between the idle warning and the release of the slice.",
+    ).tag(config=True)
+
+    server_idle_timeout = Float(
+        0.0,
+        help="""Seconds a server's lease may stay idle before it is warned; 0 leaves idle servers
+        to JupyterHub's own idle culler.""",
+    ).tag(config=True)
+
+    release_busy = Bool(
+        False,
+        help="Whether a lease whose holder reports it is busy (a cell running) may still be released as idle.",
+    ).tag(config=True)
+
+    heartbeat_ttl = Float(
+        120.0,
+        help="Seconds without a heartbeat after which a holder is presumed dead and its lease ends.",
+    ).tag(config=True)
+
+    reserve_after = Float(
+        600.0,
+        help="""Seconds a queued request may wait before capacity is reserved for it: later,
+        smaller requests are then no longer backfilled onto the GPUs it is waiting for.""",
+    ).tag(config=True)
+
+    fair_share = Bool(
+        True,
+        help="Order waiting requests of one priority class by their user's current GPU memory use (then by age), instead of pure FIFO.",
+    ).tag(config=True)
+
+    preemption = Bool(
+        True,
+        help="Whether a waiting interactive request may preempt preemptible batch leases.",
+    ).tag(config=True)
+
+    batch_preemptible = Bool(
+        True,
+        help="Whether batch leases are preemptible unless the request says otherwise.",
+    ).tag(config=True)
+
+    quotas = Dict(
+        help="""Per-user limits, e.g. {"alice": {"slices": 2, "memory_gib": 40, "whole_gpus": 1},
+        "*": {"slices": 4}}; "*" applies to users without an entry. Missing keys are unlimited.""",
+    ).tag(config=True)
+
+    group_quotas = Dict(
+        help="""Per-group limits over all the group's members together, same keys as quotas,
+        e.g. {"students": {"memory_gib": 80}}.""",
+    ).tag(config=True)
+
+    offers = List(
+        help="""Slice choices offered to users (spawner form, %gpu offers, sidebar). Each is
+        {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {...REST spec...},
+        "idle_timeout": seconds (optional), "groups": [...] (optional: only these groups)}.
+        Empty: offers are derived from the fleet (each MIG profile, shares and whole GPUs per model).""",
+    ).tag(config=True)
+
+    shared_offer_gib = List(
+        [8, 16],
+        help="Sizes (GiB) of the shared slices offered on each non-MIG GPU model when offers are derived from the fleet.",
+    ).tag(config=True)
+
+    @validate("mig_changes")
+    def _check_mig_changes(self, proposal: dict[str, Any]) -> str:
+        if proposal["value"] not in ("dynamic", "static"):
+            raise ValueError("mig_changes must be 'dynamic' or 'static'")
+        return proposal["value"]
+
+    @validate("quotas", "group_quotas")
+    def _check_quotas(self, proposal: dict[str, Any]) -> dict:
+        for who, limits in proposal["value"].items():
+            if not isinstance(limits, dict):
+                raise ValueError(f"quota for {who!r} must be a dict")
+            for key, value in limits.items():
+                if key not in QUOTA_KEYS:
+                    raise ValueError(f"quota for {who!r}: unknown key {key!r} (use {', '.join(QUOTA_KEYS)})")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ValueError(f"quota for {who!r}: {key} must be a non-negative number")
+        return proposal["value"]
+
+    def user_quota(self, user: str) -> dict[str, float]:
+        return dict(self.quotas.get(user, self.quotas.get("*", {})))
+
+    def idle_timeout_for(self, holder: str, offer_timeout: float | None) -> float | None:
+        """The idle timeout for a new lease of this holder; None when idle release does not apply."""
+        if holder.startswith("job:"):
+            return None
+        if offer_timeout is not None:
+            return offer_timeout or None
+        base = self.server_idle_timeout if holder.startswith("server") else self.idle_timeout
+        return base or None

@@ -1,0 +1,967 @@
+"""The scheduler core: the only place where GPU allocations are decided.
+
+A request (`submit`) becomes a Lease that is granted at once or queued. Waiting requests are
+ordered by priority class (interactive before batch), then by fair share between users, then
+by age; any later request that fits now is backfilled ahead of the ones that wait, unless it
+would use a GPU reserved for a request that has waited longer than `reserve_after`. Queued
+interactive requests may preempt preemptible batch leases. `tick(now)` ends leases whose holder
+stopped heartbeating and, after a warning, leases idle past their timeout.
+
+Every state change is written to the store before it is announced as an Event. Time is always
+passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from . import mig
+from .devices.base import DeviceBackend, DeviceError
+from .model import (
+    MIB_PER_GIB,
+    MILLI_PER_GPU,
+    Event,
+    Gpu,
+    Lease,
+    LeaseState,
+    MigInstance,
+    MigMode,
+    MigProfile,
+    Node,
+    PriorityClass,
+    Slice,
+    SliceKind,
+    SliceSpec,
+    SpecError,
+)
+from .placement import ClusterView, Demand, NodeCapacity, get_policy
+from .policy import SchedulerPolicy
+from .store import Store
+
+
+class SchedulerError(Exception):
+    """Base of the errors the core raises for requests it refuses."""
+
+
+class NotFound(SchedulerError):
+    pass
+
+
+class QuotaExceeded(SchedulerError):
+    def __init__(self, scope: str, key: str, limit: float, message: str):
+        super().__init__(message)
+        self.scope = scope
+        self.key = key
+        self.limit = limit
+
+
+class HolderBusy(SchedulerError):
+    """The holder already has an active lease."""
+
+    def __init__(self, lease_id: str):
+        super().__init__(f"this holder already has lease {lease_id}; release it first")
+        self.lease_id = lease_id
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One concrete way to satisfy a spec: a MIG profile, a share or whole GPUs of one model."""
+
+    kind: SliceKind
+    model: str
+    memory_mib: int
+    profile: MigProfile | None = None
+    milli: int = MILLI_PER_GPU
+    count: int = 1
+
+
+@dataclass
+class _GpuState:
+    gpu: Gpu
+    node_index: int
+    slot: int
+    profiles: dict[int, MigProfile]
+    instances: dict[str, MigInstance] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)  # mig uuid -> lease id
+    created: set[str] = field(default_factory=set)  # mig uuids this core created
+    shares: dict[str, int] = field(default_factory=dict)  # lease id -> milli (non-MIG)
+    drained: bool = False
+
+    @property
+    def is_mig(self) -> bool:
+        return self.gpu.mig_mode is not MigMode.OFF
+
+    def layout(self) -> mig.Layout:
+        return mig.Layout.of(self.instances.values(), self.profiles)
+
+    def free_milli(self) -> int:
+        return MILLI_PER_GPU - sum(self.shares.values())
+
+
+@dataclass
+class _Placement:
+    slice: Slice
+    plan: _Plan
+    node_index: int
+    gpus: tuple["_GpuState", ...]
+    mig_uuid: str | None = None
+    create_at: int | None = None  # start, when a MIG instance must be created
+
+
+class Scheduler:
+    """Queue, placement, quotas, fair share, preemption and expiry over one fleet."""
+
+    def __init__(self, backend: DeviceBackend, store: Store, policy: SchedulerPolicy | None = None,
+                 *, now: float = 0.0, listeners: Sequence[Callable[[Event], None]] = ()):
+        """Load the fleet, then recover from the store (`listeners` hear the recovery's events too)."""
+        self.backend = backend
+        self.store = store
+        self.policy = policy or SchedulerPolicy()
+        self._listeners: list[Callable[[Event], None]] = list(listeners)
+        self._leases: dict[str, Lease] = {}
+        self._plans: dict[str, list[_Plan]] = {}
+        self._queue: list[str] = []
+        self._seq = 0
+        self._pending_events: list[Event] = []
+        self._dirty: dict[str, Lease] = {}
+        self._instance_changes: list[tuple[str, str, MigInstance | None, bool]] = []
+        self._load_fleet()
+        self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
+        self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
+        self._recover(now)
+
+    # ------------------------------------------------------------------ fleet
+    def _load_fleet(self) -> None:
+        self.nodes: list[Node] = self.backend.discover()
+        self._node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self._gpus: dict[str, _GpuState] = {}
+        capacities = []
+        for ni, node in enumerate(self.nodes):
+            capacities.append(NodeCapacity(node.name, node.cpu_milli, node.memory_mib,
+                                           tuple(g.model for g in node.gpus)))
+            for slot, gpu in enumerate(node.gpus):
+                if gpu.mig_mode is not MigMode.OFF and self.policy.mig_changes == "static":
+                    gpu.mig_mode = MigMode.STATIC
+                if gpu.mig_mode is MigMode.DYNAMIC and not self.backend.can_change_mig:
+                    gpu.mig_mode = MigMode.STATIC
+                profiles = self.backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
+                gs = _GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances})
+                self._gpus[gpu.uuid] = gs
+        self.view = ClusterView(capacities)
+        for gs in self._gpus.values():
+            self._sync_view(gs)
+
+    def _sync_view(self, gs: _GpuState, reserved: bool = False) -> None:
+        self.view.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
+
+    def _typical_demands(self) -> list[tuple[Demand, float]]:
+        """The workload a fragmentation-aware policy plans for: the non-MIG offers, equally weighted."""
+        typical = []
+        for _, spec, plans in self._offer_plans():
+            plain = [p for p in plans if p.kind is not SliceKind.MIG]
+            if plain:
+                typical.append((self._demand(plain[0], spec), 1.0))
+        return typical
+
+    # ----------------------------------------------------------------- events
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call `listener` with every event after it is stored; returns an unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _emit(self, type_: str, now: float, lease: Lease | None = None, **data) -> None:
+        if lease is not None:
+            data.setdefault("state", lease.state.value)
+            data.setdefault("holder", lease.holder)
+        self._pending_events.append(Event(type_, now, lease.id if lease else None,
+                                          lease.user if lease else None, data))
+
+    def _commit(self) -> list[Event]:
+        """Write every changed lease and MIG instance in one transaction, then announce."""
+        if self._dirty or self._instance_changes:
+            self.store.save(list(self._dirty.values()), self._instance_changes, self._seq)
+        self._dirty.clear()
+        self._instance_changes.clear()
+        events, self._pending_events = self._pending_events, []
+        for event in events:
+            for listener in list(self._listeners):
+                listener(event)
+        return events
+
+    def _touch_lease(self, lease: Lease) -> None:
+        self._dirty[lease.id] = lease
+
+    # ------------------------------------------------------------------- API
+    def submit(self, user: str, holder: str, spec: SliceSpec,
+               priority: PriorityClass = PriorityClass.INTERACTIVE, *, now: float,
+               groups: Sequence[str] = (), preemptible: bool | None = None, wait: bool = True,
+               lease_id: str | None = None, idle_timeout: float | None = None) -> Lease:
+        """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait)."""
+        _check_holder(holder)
+        if not user:
+            raise SpecError("user", "must be non-empty")
+        for active in self._leases.values():
+            if active.user == user and active.holder == holder:
+                raise HolderBusy(active.id)
+        if lease_id is not None and (lease_id in self._leases or self.store.load_lease(lease_id)):
+            raise SpecError("id", f"lease {lease_id} already exists")
+        plans = self._plans_for(spec)
+        if preemptible is None:
+            preemptible = priority is PriorityClass.BATCH and self.policy.batch_preemptible
+        self._seq += 1
+        lease = Lease(
+            id=lease_id or secrets.token_hex(8), user=user, holder=holder, spec=spec,
+            priority=priority, state=LeaseState.QUEUED, created_at=now, seq=self._seq,
+            groups=tuple(groups), preemptible=preemptible, heartbeat_at=now, last_activity=now,
+            idle_timeout=self.policy.idle_timeout_for(holder, idle_timeout))
+        never = self._quota_block(lease, plans, assume_empty=True)
+        if never is not None:
+            raise never
+        blocked = self._quota_block(lease, plans)
+        if blocked is not None and (priority is PriorityClass.INTERACTIVE or not wait):
+            raise blocked
+        self._leases[lease.id] = lease
+        self._plans[lease.id] = plans
+        placement = None if blocked else self._place(lease, plans, self._reserved_gpus(now, before=lease))
+        if placement is not None:
+            self._grant(lease, placement, now)
+        elif not wait:
+            reason = "drained" if self._all_drained(plans) else "no capacity"
+            self._end(lease, LeaseState.REJECTED, now, f"{reason} for a {spec.describe()} now")
+        else:
+            self._queue.append(lease.id)
+            lease.reason = str(blocked) if blocked else f"waiting for a {spec.describe()}"
+            self._touch_lease(lease)
+            self._emit("lease.queued", now, lease, position=self.position(lease.id))
+            self._schedule(now)
+        self._commit()
+        return lease
+
+    def release(self, lease_id: str, *, now: float, reason: str = "released by holder") -> Lease:
+        """Give a slice back (or withdraw a queued request)."""
+        lease = self._active(lease_id)
+        if lease.state is LeaseState.QUEUED:
+            self._end(lease, LeaseState.CANCELLED, now, reason)
+        else:
+            self._end(lease, LeaseState.RELEASED, now, reason)
+        self._schedule(now)
+        self._commit()
+        return lease
+
+    def cancel(self, lease_id: str, *, now: float) -> Lease:
+        """Withdraw a request; a granted lease is released."""
+        return self.release(lease_id, now=now, reason="cancelled")
+
+    def touch(self, lease_id: str, *, now: float, last_activity: float | None = None,
+              busy: bool | None = None) -> Lease:
+        """Record the holder's activity (and whether it is busy); clears an idle warning."""
+        lease = self._active(lease_id)
+        if last_activity is not None:
+            lease.last_activity = max(lease.last_activity or 0.0, min(last_activity, now))
+        if busy is not None:
+            lease.busy = busy
+        lease.heartbeat_at = now
+        if lease.idle_warned_at is not None and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
+            lease.idle_warned_at = None
+            self._emit("lease.idle_cleared", now, lease)
+        self._touch_lease(lease)
+        self._commit()
+        return lease
+
+    def heartbeat(self, user: str, holders: Iterable[str] | None = None, *, now: float) -> list[Lease]:
+        """Mark the user's holders alive (all of the user's leases when holders is None).
+
+        Heartbeats live in memory only: after a restart every holder gets a full TTL again.
+        """
+        wanted = set(holders) if holders is not None else None
+        alive = []
+        for lease in self._leases.values():
+            if lease.user == user and (wanted is None or lease.holder in wanted):
+                lease.heartbeat_at = now
+                alive.append(lease)
+        return alive
+
+    def tick(self, now: float) -> list[Event]:
+        """End dead and idle leases, grant what the queue can now have; returns the events."""
+        ttl = self.policy.heartbeat_ttl
+        for lease in list(self._leases.values()):
+            if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
+                self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
+            elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
+                self._check_idle(lease, now)
+        self._schedule(now)
+        return self._commit()
+
+    def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
+        """Stop (or resume) granting new slices on a GPU; existing leases stay."""
+        gs = self._gpus.get(gpu_uuid)
+        if gs is None:
+            raise NotFound(f"no GPU {gpu_uuid}")
+        gs.drained = drained
+        self._sync_view(gs)
+        self.store.save_drain(gpu_uuid, drained)
+        self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
+        if not drained:
+            self._schedule(now)
+        self._commit()
+
+    def lease(self, lease_id: str) -> Lease:
+        """An active lease, or an ended one from the store."""
+        lease = self._leases.get(lease_id) or self.store.load_lease(lease_id)
+        if lease is None:
+            raise NotFound(f"no lease {lease_id}")
+        return lease
+
+    def leases(self, user: str | None = None) -> list[Lease]:
+        """Active leases (queued and granted), of one user or all, oldest first."""
+        return sorted((l for l in self._leases.values() if user is None or l.user == user),
+                      key=lambda l: l.seq)
+
+    def position(self, lease_id: str) -> int | None:
+        """1-based place in the queue, or None if not queued."""
+        order = self._queue_order()
+        return order.index(lease_id) + 1 if lease_id in order else None
+
+    def queue(self) -> list[Lease]:
+        return [self._leases[i] for i in self._queue_order()]
+
+    def inventory(self) -> dict:
+        """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
+        nodes = []
+        for ni, node in enumerate(self.nodes):
+            gpus = []
+            for gpu in node.gpus:
+                gs = self._gpus[gpu.uuid]
+                entry = {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
+                         "memory_mib": gpu.memory_mib, "mig_mode": gpu.mig_mode.value,
+                         "drained": gs.drained}
+                if gs.is_mig:
+                    layout = gs.layout()
+                    entry["instances"] = [
+                        {"uuid": i.uuid, "profile": gs.profiles[i.profile_id].name, "start": i.start,
+                         "size": i.size, "lease_id": gs.owner.get(i.uuid)}
+                        for i in sorted(gs.instances.values(), key=lambda i: i.start)]
+                    entry["free_memory_slices"] = layout.free_memory_slices
+                    entry["free_compute_slices"] = layout.free_compute_slices
+                    entry["free_profiles"] = self._free_profiles(gs, layout)
+                else:
+                    used = sum(self._leases[l].slice.memory_mib for l in gs.shares
+                               if self._leases[l].slice.kind is SliceKind.SHARED)
+                    whole = [l for l in gs.shares if self._leases[l].slice.kind is SliceKind.WHOLE]
+                    entry["shares"] = [{"lease_id": l, "memory_mib": self._leases[l].slice.memory_mib,
+                                        "kind": self._leases[l].slice.kind.value} for l in gs.shares]
+                    entry["free_memory_mib"] = 0 if whole else gpu.memory_mib - used
+                    entry["free_milli"] = gs.free_milli()
+                    entry["whole_free"] = not gs.shares
+                gpus.append(entry)
+            free_cpu, free_mem = self._node_free(ni)
+            nodes.append({"name": node.name, "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
+                          "free_cpu_milli": free_cpu, "free_memory_mib": free_mem, "gpus": gpus})
+        return {"nodes": nodes, "queue": {p.value: sum(1 for l in self.queue() if l.priority is p)
+                                          for p in PriorityClass}}
+
+    def offers(self, user: str | None = None, groups: Sequence[str] = ()) -> list[dict]:
+        """The slice choices policy offers this user, with how many could be granted now."""
+        out = []
+        for offer, spec, plans in self._offer_plans():
+            allowed = offer.get("groups")
+            if allowed and not set(allowed) & set(groups):
+                continue
+            out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
+                        "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
+                        "available": self._count_available(plans)})
+        return out
+
+    def _offer_plans(self) -> list[tuple[dict, SliceSpec, list[_Plan]]]:
+        """Each configured (or derived) offer with its parsed spec and plans; unsatisfiable ones left out."""
+        out = []
+        for offer in self.policy.offers or self._derived_offers():
+            spec = SliceSpec.from_json(offer["spec"])
+            try:
+                out.append((offer, spec, self._plans_for(spec)))
+            except SpecError:
+                continue
+        return out
+
+    def _derived_offers(self) -> list[dict]:
+        """Without configured offers: every MIG profile, the policy's share sizes and whole GPUs, per model."""
+        offers, seen = [], set()
+        for gs in self._gpus.values():
+            model = gs.gpu.model
+            if (model, gs.is_mig) in seen:
+                continue
+            seen.add((model, gs.is_mig))
+            slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+            if gs.is_mig:
+                for p in sorted(gs.profiles.values(), key=lambda p: (p.memory_mib, p.compute_slices)):
+                    if not p.media_extensions:
+                        offers.append({"name": f"mig-{p.name}-{slug}", "label": f"MIG {p.name} on {model}",
+                                       "spec": {"kind": "mig", "profile": p.name, "model": model}})
+                continue
+            for gib in self.policy.shared_offer_gib:
+                if gib * MIB_PER_GIB < gs.gpu.memory_mib:
+                    offers.append({"name": f"shared-{gib:g}gb-{slug}", "label": f"Shared {gib:g} GiB on {model}",
+                                   "spec": {"kind": "shared", "memory_gib": gib, "model": model}})
+            offers.append({"name": f"whole-{slug}", "label": f"Whole {model}",
+                           "spec": {"kind": "whole", "model": model}})
+        return offers
+
+    # ------------------------------------------------------------- internals
+    def _node_free(self, node_index: int) -> tuple[int, int]:
+        node = self.nodes[node_index]
+        held = [l for l in self._leases.values() if l.state is LeaseState.GRANTED and l.slice.node == node.name]
+        return (node.cpu_milli - sum(l.spec.cpu_milli for l in held),
+                node.memory_mib - sum(l.spec.host_memory_mib for l in held))
+
+    def _active(self, lease_id: str) -> Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            if self.store.load_lease(lease_id) is not None:
+                raise NotFound(f"lease {lease_id} has already ended")
+            raise NotFound(f"no lease {lease_id}")
+        return lease
+
+    def _check_idle(self, lease: Lease, now: float) -> None:
+        if lease.busy and not self.policy.release_busy:
+            return
+        idle_since = max(lease.last_activity or 0.0, lease.granted_at or 0.0)
+        if lease.idle_warned_at is None:
+            if now - idle_since >= lease.idle_timeout:
+                lease.idle_warned_at = now
+                self._touch_lease(lease)
+                self._emit("lease.idle_warning", now, lease, idle_s=now - idle_since,
+                           release_at=now + self.policy.idle_grace)
+        elif now - lease.idle_warned_at >= self.policy.idle_grace:
+            self._end(lease, LeaseState.EXPIRED, now, f"idle for {now - idle_since:.0f} s")
+
+    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str) -> None:
+        if lease.state is LeaseState.GRANTED:
+            self._free(lease, now)
+        if lease.id in self._queue:
+            self._queue.remove(lease.id)
+        lease.state = state
+        lease.ended_at = now
+        lease.reason = reason
+        self._leases.pop(lease.id, None)
+        self._plans.pop(lease.id, None)
+        self._touch_lease(lease)
+        self._emit(f"lease.{state.value}", now, lease, reason=reason)
+
+    def _free(self, lease: Lease, now: float) -> None:
+        sl = lease.slice
+        node_index = self._node_index[sl.node]
+        if sl.kind is SliceKind.MIG:
+            gs = self._gpus[sl.gpu_uuids[0]]
+            gs.owner.pop(sl.mig_uuid, None)
+            self.view.release(node_index, (), self._host_demand(lease.spec))
+            if sl.mig_uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC:
+                self._destroy_instance(gs, sl.mig_uuid, now)
+        else:
+            gpus = tuple(self._gpus[u] for u in sl.gpu_uuids)
+            for gs in gpus:
+                gs.shares.pop(lease.id, None)
+            self.view.release(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
+
+    def _destroy_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> None:
+        try:
+            self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
+        except DeviceError as err:
+            self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
+            return
+        inst = gs.instances.pop(mig_uuid)
+        gs.created.discard(mig_uuid)
+        self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
+        self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
+                   profile=gs.profiles[inst.profile_id].name, start=inst.start)
+
+    def _grant(self, lease: Lease, placement: _Placement, now: float) -> None:
+        gs0 = placement.gpus[0]
+        if placement.create_at is not None:
+            profile = placement.plan.profile
+            inst = self.backend.create_mig_instance(gs0.gpu.uuid, profile.profile_id, placement.create_at)
+            gs0.instances[inst.uuid] = inst
+            gs0.created.add(inst.uuid)
+            self._instance_changes.append((gs0.gpu.uuid, inst.uuid, inst, True))
+            placement.slice.mig_uuid = inst.uuid
+            self._emit("mig.created", now, gpu=gs0.gpu.uuid, instance=inst.uuid,
+                       profile=profile.name, start=inst.start)
+        sl = placement.slice
+        if sl.kind is SliceKind.MIG:
+            gs0.owner[sl.mig_uuid] = lease.id
+            self.view.allocate(placement.node_index, (), self._host_demand(lease.spec))
+        else:
+            for gs in placement.gpus:
+                gs.shares[lease.id] = sl.milli
+            self.view.allocate(placement.node_index, tuple(g.slot for g in placement.gpus),
+                               self._demand(placement.plan, lease.spec))
+        if lease.id in self._queue:
+            self._queue.remove(lease.id)
+        lease.state = LeaseState.GRANTED
+        lease.slice = sl
+        lease.granted_at = now
+        lease.last_activity = max(lease.last_activity or 0.0, now)
+        lease.reason = ""
+        self._touch_lease(lease)
+        self._emit("lease.granted", now, lease, slice=sl.to_json(), waited_s=now - lease.created_at)
+
+    # ------------------------------------------------------------ placement
+    def _plans_for(self, spec: SliceSpec) -> list[_Plan]:
+        """Every concrete way to satisfy a spec in this fleet, preferred first; SpecError if none."""
+        mig_models, plain_models = {}, {}
+        for gs in self._gpus.values():
+            gpu = gs.gpu
+            if spec.model and not mig.same_model(gpu.model, spec.model):
+                continue
+            if spec.node and gpu.node != spec.node:
+                continue
+            (mig_models if gs.is_mig else plain_models).setdefault(gpu.model, gs)
+        plans: list[_Plan] = []
+        want_mig = spec.kind in (SliceKind.MIG, SliceKind.ANY)
+        if want_mig:
+            for model, gs in mig_models.items():
+                profile = self._pick_profile(gs.profiles, spec)
+                if profile is not None:
+                    plans.append(_Plan(SliceKind.MIG, model, profile.memory_mib, profile=profile))
+        if spec.kind in (SliceKind.SHARED, SliceKind.ANY) and spec.count == 1 and spec.memory_mib \
+                and not spec.profile:
+            for model, gs in plain_models.items():
+                if spec.memory_mib <= gs.gpu.memory_mib:
+                    milli = math.ceil(spec.memory_mib * MILLI_PER_GPU / gs.gpu.memory_mib)
+                    plans.append(_Plan(SliceKind.SHARED, model, spec.memory_mib, milli=milli))
+        if spec.kind is SliceKind.WHOLE or (spec.kind is SliceKind.ANY and not spec.memory_mib
+                                             and not spec.profile):
+            per_node: dict[tuple[str, str], int] = {}
+            for gs in self._gpus.values():
+                if not gs.is_mig and gs.gpu.model in plain_models and gs.gpu.memory_mib >= spec.memory_mib:
+                    key = (gs.gpu.node, gs.gpu.model)
+                    per_node[key] = per_node.get(key, 0) + 1
+            for model, gs in plain_models.items():
+                if any(n >= spec.count for (_, m), n in per_node.items() if m == model):
+                    plans.append(_Plan(SliceKind.WHOLE, model, gs.gpu.memory_mib * spec.count,
+                                       count=spec.count))
+        if not plans:
+            raise SpecError(_spec_field(spec), f"no GPU in this fleet can provide a {spec.describe()}")
+        kind_rank = {SliceKind.MIG: 0, SliceKind.SHARED: 1, SliceKind.WHOLE: 2}
+        plans.sort(key=lambda p: (kind_rank[p.kind], p.memory_mib))
+        return plans
+
+    @staticmethod
+    def _pick_profile(profiles: dict[int, MigProfile], spec: SliceSpec) -> MigProfile | None:
+        if spec.profile:
+            return next((p for p in profiles.values() if p.name == spec.profile), None)
+        fitting = [p for p in profiles.values() if p.memory_mib >= spec.memory_mib and not p.media_extensions]
+        return min(fitting, key=lambda p: (p.memory_mib, p.compute_slices), default=None)
+
+    @staticmethod
+    def _host_demand(spec: SliceSpec) -> Demand:
+        return Demand(cpu_milli=spec.cpu_milli, memory_mib=spec.host_memory_mib)
+
+    def _demand(self, plan: _Plan, spec: SliceSpec) -> Demand:
+        num_gpu = plan.count if plan.kind is SliceKind.WHOLE else 1
+        return Demand(cpu_milli=spec.cpu_milli, memory_mib=spec.host_memory_mib, num_gpu=num_gpu,
+                      gpu_milli=plan.milli if plan.kind is SliceKind.SHARED else MILLI_PER_GPU,
+                      models=frozenset({plan.model}))
+
+    def _slice_demand(self, lease: Lease) -> Demand:
+        sl = lease.slice
+        return Demand(cpu_milli=lease.spec.cpu_milli, memory_mib=lease.spec.host_memory_mib,
+                      num_gpu=len(sl.gpu_uuids), gpu_milli=sl.milli, models=frozenset({sl.model}))
+
+    def _node_mask(self, spec: SliceSpec) -> np.ndarray | None:
+        if spec.node is None:
+            return None
+        mask = np.zeros(len(self.nodes), dtype=bool)
+        if spec.node in self._node_index:
+            mask[self._node_index[spec.node]] = True
+        return mask
+
+    def _place(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str]) -> _Placement | None:
+        """The first plan that fits now (outside reserved GPUs) and within quota, or None."""
+        for plan in plans:
+            if self._quota_block(lease, [plan]) is not None:
+                continue
+            found = self._place_mig(lease, plan, reserved) if plan.kind is SliceKind.MIG \
+                else self._place_plain(lease, plan, reserved)
+            if found is not None:
+                return found
+        return None
+
+    def _mig_candidates(self, plan: _Plan, spec: SliceSpec, reserved: set[str]) -> list[_GpuState]:
+        host = self._host_demand(spec)
+        return [gs for gs in self._gpus.values()
+                if gs.is_mig and gs.gpu.model == plan.model and not gs.drained
+                and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)
+                and self.view.fits(gs.node_index, host)]
+
+    def _place_mig(self, lease: Lease, plan: _Plan, reserved: set[str]) -> _Placement | None:
+        candidates = self._mig_candidates(plan, lease.spec, reserved)
+        pid = plan.profile.profile_id
+        # An existing free instance of the profile is used before any new one is made:
+        # prefer the GPU with the fewest free slices, so emptier GPUs stay whole.
+        existing = [(gs.layout().free_memory_slices, gs.gpu.uuid, gs, inst)
+                    for gs in candidates for inst in gs.instances.values()
+                    if inst.profile_id == pid and inst.uuid not in gs.owner]
+        if existing:
+            _, _, gs, inst = min(existing, key=lambda e: (e[0], e[1], e[3].start))
+            return _Placement(self._mig_slice(gs, plan, inst.start, inst.uuid), plan,
+                              gs.node_index, (gs,), mig_uuid=inst.uuid)
+        dynamic = [gs for gs in candidates if gs.gpu.mig_mode is MigMode.DYNAMIC]
+        if not dynamic:
+            return None
+        choice = self._mig_placer.choose([gs.layout() for gs in dynamic], plan.profile, dynamic[0].profiles)
+        if choice is None:
+            return None
+        gs = dynamic[choice[0]]
+        return _Placement(self._mig_slice(gs, plan, choice[1], None), plan, gs.node_index, (gs,),
+                          create_at=choice[1])
+
+    def _mig_slice(self, gs: _GpuState, plan: _Plan, start: int, mig_uuid: str | None) -> Slice:
+        return Slice(kind=SliceKind.MIG, node=gs.gpu.node, gpu_uuids=(gs.gpu.uuid,),
+                     memory_mib=plan.profile.memory_mib, profile=plan.profile.name, start=start,
+                     mig_uuid=mig_uuid, milli=MILLI_PER_GPU, model=gs.gpu.model)
+
+    def _place_plain(self, lease: Lease, plan: _Plan, reserved: set[str]) -> _Placement | None:
+        disabled = [self._gpus[u] for u in reserved if not self._gpus[u].is_mig]
+        for gs in disabled:
+            self._sync_view(gs, reserved=True)
+        try:
+            choice = self._placement.choose(self.view, self._demand(plan, lease.spec),
+                                            self._node_mask(lease.spec))
+        finally:
+            for gs in disabled:
+                self._sync_view(gs)
+        if choice is None:
+            return None
+        node_index, slots = choice
+        node = self.nodes[node_index]
+        gpus = tuple(self._gpus[node.gpus[s].uuid] for s in slots)
+        memory = plan.memory_mib if plan.kind is SliceKind.SHARED else gpus[0].gpu.memory_mib
+        sl = Slice(kind=plan.kind, node=node.name, gpu_uuids=tuple(g.gpu.uuid for g in gpus),
+                   memory_mib=memory, milli=plan.milli if plan.kind is SliceKind.SHARED else MILLI_PER_GPU,
+                   model=plan.model)
+        return _Placement(sl, plan, node_index, gpus)
+
+    def _all_drained(self, plans: Sequence[_Plan]) -> bool:
+        models = {p.model for p in plans}
+        gpus = [gs for gs in self._gpus.values() if gs.gpu.model in models]
+        return bool(gpus) and all(gs.drained for gs in gpus)
+
+    def _free_profiles(self, gs: _GpuState, layout: mig.Layout) -> dict[str, int]:
+        """How many instances of each profile this GPU could still hand out (each counted alone)."""
+        out = {}
+        for p in gs.profiles.values():
+            free_existing = sum(1 for i in gs.instances.values()
+                                if i.profile_id == p.profile_id and i.uuid not in gs.owner)
+            extra = 0
+            if gs.gpu.mig_mode is MigMode.DYNAMIC and not gs.drained:
+                lay = layout
+                while True:
+                    starts = mig.legal_starts(lay, p)
+                    if not starts:
+                        break
+                    lay = lay.with_instance(p, starts[0])
+                    extra += 1
+            out[p.name] = free_existing + (0 if gs.drained else extra)
+        return out
+
+    def _count_available(self, plans: Sequence[_Plan]) -> int:
+        """How many slices of the first plans' kind could be granted now, one after another."""
+        total = 0
+        for plan in plans:
+            if plan.kind is SliceKind.MIG:
+                total += sum(self._free_profiles(gs, gs.layout()).get(plan.profile.name, 0)
+                             for gs in self._gpus.values()
+                             if gs.is_mig and gs.gpu.model == plan.model)
+                continue
+            per_node: dict[int, int] = {}
+            for gs in self._gpus.values():
+                if gs.is_mig or gs.drained or gs.gpu.model != plan.model:
+                    continue
+                if plan.kind is SliceKind.SHARED:
+                    total += gs.free_milli() // plan.milli
+                elif not gs.shares:
+                    per_node[gs.node_index] = per_node.get(gs.node_index, 0) + 1
+            total += sum(n // plan.count for n in per_node.values())
+        return total
+
+    # ------------------------------------------------------------ queueing
+    def _usage(self, user: str) -> int:
+        return sum(l.slice.memory_mib for l in self._leases.values()
+                   if l.user == user and l.state is LeaseState.GRANTED)
+
+    def _order_key(self, lease: Lease, usage: dict[str, int]) -> tuple:
+        """Priority class, then (with fair share) the user's GPU memory in use, then age."""
+        share = 0
+        if self.policy.fair_share:
+            if lease.user not in usage:
+                usage[lease.user] = self._usage(lease.user)
+            share = usage[lease.user]
+        return (lease.priority.rank, share, lease.seq)
+
+    def _queue_order(self) -> list[str]:
+        usage: dict[str, int] = {}
+        return sorted(self._queue, key=lambda i: self._order_key(self._leases[i], usage))
+
+    def _reserved_gpus(self, now: float, before: Lease) -> set[str]:
+        """GPUs held back for requests that wait ahead of `before` longer than reserve_after."""
+        reserved: set[str] = set()
+        usage: dict[str, int] = {}
+        before_key = self._order_key(before, usage)
+        for lease_id in self._queue_order():
+            lease = self._leases[lease_id]
+            if self._order_key(lease, usage) > before_key:
+                break
+            if now - lease.created_at >= self.policy.reserve_after:
+                reserved |= self._reservation(lease, reserved)
+        return reserved
+
+    def _reservation(self, lease: Lease, taken: set[str]) -> set[str]:
+        """The GPUs this waiting request will most likely fit on first."""
+        plan = self._plans[lease.id][0]
+        if plan.kind is SliceKind.MIG:
+            cands = [gs for gs in self._mig_candidates(plan, lease.spec, taken)
+                     if gs.gpu.mig_mode is MigMode.DYNAMIC]
+            if not cands:
+                return set()
+            best = max(cands, key=lambda gs: (gs.layout().free_memory_slices, -gs.slot))
+            return {best.gpu.uuid}
+        by_node: dict[int, list[_GpuState]] = {}
+        for gs in self._gpus.values():
+            if (not gs.is_mig and not gs.drained and gs.gpu.model == plan.model and gs.gpu.uuid not in taken
+                    and (lease.spec.node is None or gs.gpu.node == lease.spec.node)):
+                by_node.setdefault(gs.node_index, []).append(gs)
+        best_set: list[_GpuState] = []
+        best_free = -1
+        for gpus in by_node.values():
+            if len(gpus) < plan.count:
+                continue
+            chosen = sorted(gpus, key=lambda g: -g.free_milli())[:plan.count]
+            free = sum(g.free_milli() for g in chosen)
+            if free > best_free:
+                best_set, best_free = chosen, free
+        return {g.gpu.uuid for g in best_set}
+
+    def _schedule(self, now: float) -> None:
+        """Grant every waiting request that fits, in queue order, honouring reservations."""
+        reserved: set[str] = set()
+        for lease_id in self._queue_order():
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.state is not LeaseState.QUEUED:
+                continue
+            plans = self._plans[lease_id]
+            blocked = self._quota_block(lease, plans)
+            placement = None if blocked else self._place(lease, plans, reserved)
+            if placement is None and blocked is None and lease.priority is PriorityClass.INTERACTIVE \
+                    and self.policy.preemption:
+                placement = self._preempt_for(lease, plans, reserved, now)
+            if placement is not None:
+                self._grant(lease, placement, now)
+                continue
+            if blocked is not None and lease.reason != str(blocked):
+                lease.reason = str(blocked)
+                self._touch_lease(lease)
+            if now - lease.created_at >= self.policy.reserve_after:
+                reserved |= self._reservation(lease, reserved)
+
+    def _preempt_for(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str],
+                     now: float) -> _Placement | None:
+        """Preempt the fewest, newest preemptible batch leases that make room; then place."""
+        best: list[Lease] | None = None
+        for plan in plans:
+            victims = self._victims_for(lease, plan, reserved)
+            if victims is not None and (best is None or len(victims) < len(best)):
+                best = victims
+        if not best:
+            return None
+        for victim in best:
+            self._end(victim, LeaseState.PREEMPTED, now, f"preempted for an interactive request of {lease.user}")
+        return self._place(lease, plans, reserved)
+
+    def _preemptible_on(self, gs: _GpuState) -> list[Lease]:
+        holders = set(gs.owner.values()) | set(gs.shares)
+        leases = [self._leases[h] for h in holders]
+        return sorted((l for l in leases if l.preemptible and l.priority is PriorityClass.BATCH),
+                      key=lambda l: -(l.granted_at or 0))
+
+    def _mig_victims(self, gs: _GpuState, profile: MigProfile) -> list[Lease] | None:
+        """The newest preemptible leases on a MIG GPU whose end leaves room for `profile`."""
+        layout, chosen = gs.layout(), []
+        for victim in self._preemptible_on(gs):
+            inst = gs.instances[victim.slice.mig_uuid]
+            created = inst.uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC
+            if not created and inst.profile_id != profile.profile_id:
+                continue  # it would stay as it is: ending its lease frees nothing for this profile
+            chosen.append(victim)
+            if not created:
+                return chosen  # its instance is handed over as it is
+            layout = layout.without_instance(gs.profiles[inst.profile_id], inst.start)
+            if mig.legal_starts(layout, profile):
+                return chosen
+        return None
+
+    def _victims_for(self, lease: Lease, plan: _Plan, reserved: set[str]) -> list[Lease] | None:
+        spec = lease.spec
+        best: list[Lease] | None = None
+        if plan.kind is SliceKind.MIG:
+            for gs in self._gpus.values():
+                if not (gs.is_mig and gs.gpu.model == plan.model and not gs.drained
+                        and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)):
+                    continue
+                chosen = self._mig_victims(gs, plan.profile)
+                if chosen is None:
+                    continue
+                if best is None or len(chosen) < len(best):
+                    best = chosen
+            return best
+        per_node: dict[int, list[_GpuState]] = {}
+        for gs in self._gpus.values():
+            if (not gs.is_mig and gs.gpu.model == plan.model and not gs.drained
+                    and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)):
+                per_node.setdefault(gs.node_index, []).append(gs)
+        for gpus in per_node.values():
+            if plan.kind is SliceKind.SHARED:
+                options = []
+                for gs in gpus:
+                    free, chosen = gs.free_milli(), []
+                    for victim in self._preemptible_on(gs):
+                        if free >= plan.milli:
+                            break
+                        free += gs.shares[victim.id]
+                        chosen.append(victim)
+                    if free >= plan.milli:
+                        options.append(chosen)
+            else:
+                costs = []
+                for gs in gpus:
+                    victims = self._preemptible_on(gs)
+                    if len(victims) == len(gs.shares):
+                        costs.append(victims)
+                options = []
+                if len(costs) >= plan.count:
+                    costs.sort(key=lambda vs: (len(vs), -max((v.granted_at or 0 for v in vs), default=0)))
+                    options.append([v for vs in costs[:plan.count] for v in vs])
+            for chosen in options:
+                if chosen and (best is None or len(chosen) < len(best)):
+                    best = chosen
+        return best
+
+    # ---------------------------------------------------------------- quotas
+    def _quota_block(self, lease: Lease, plans: Sequence[_Plan], *,
+                     assume_empty: bool = False) -> QuotaExceeded | None:
+        """The quota that granting the cheapest of `plans` would break (even with nothing else
+        held, when assume_empty), or None."""
+        plan = min(plans, key=lambda p: p.memory_mib)
+        ask = {"slices": 1, "memory_gib": plan.memory_mib / MIB_PER_GIB,
+               "whole_gpus": plan.count if plan.kind is SliceKind.WHOLE else 0}
+        scopes = [("user", lease.user, self.policy.user_quota(lease.user),
+                   [l for l in self._leases.values() if l.user == lease.user])]
+        for group in lease.groups:
+            limits = self.policy.group_quotas.get(group)
+            if limits:
+                scopes.append(("group", group, limits,
+                               [l for l in self._leases.values() if group in l.groups]))
+        for scope, who, limits, held in scopes:
+            held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease.id]
+            used = {"slices": len(held),
+                    "memory_gib": sum(l.slice.memory_mib for l in held) / MIB_PER_GIB,
+                    "whole_gpus": sum(len(l.slice.gpu_uuids) for l in held if l.slice.kind is SliceKind.WHOLE)}
+            for key, limit in limits.items():
+                if ask[key] and used[key] + ask[key] > limit + 1e-9:
+                    label = {"slices": "slices", "memory_gib": "GiB of GPU memory",
+                             "whole_gpus": "whole GPUs"}[key]
+                    return QuotaExceeded(scope, key, limit,
+                                         f"{scope} quota for {who}: at most {limit:g} {label} "
+                                         f"({used[key]:g} in use, this request needs {ask[key]:g})")
+        return None
+
+    # -------------------------------------------------------------- recovery
+    def _recover(self, now: float) -> None:
+        """Rebuild leases and MIG ownership from the store and reconcile with the devices."""
+        state = self.store.load()
+        self._seq = state.seq
+        first_start = state.seq == 0 and not state.instances
+        for gpu_uuid in state.drained:
+            if gpu_uuid in self._gpus:
+                self._gpus[gpu_uuid].drained = True
+                self._sync_view(self._gpus[gpu_uuid])
+        recorded = {r.instance.uuid: r for r in state.instances}
+        for gs in self._gpus.values():
+            for inst in gs.instances.values():
+                record = recorded.pop(inst.uuid, None)
+                if record is None:
+                    self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, False))
+                    if not first_start:
+                        self._emit("reconcile.instance_found", now, gpu=gs.gpu.uuid, instance=inst.uuid,
+                                   profile=gs.profiles[inst.profile_id].name, start=inst.start)
+                elif record.created_by_core:
+                    gs.created.add(inst.uuid)
+        for record in recorded.values():
+            self._instance_changes.append((record.gpu_uuid, record.instance.uuid, None, False))
+            self._emit("reconcile.instance_vanished", now, gpu=record.gpu_uuid, instance=record.instance.uuid)
+        for lease in sorted(state.leases, key=lambda l: l.seq):
+            lease.heartbeat_at = now
+            self._leases[lease.id] = lease
+            try:
+                self._plans[lease.id] = self._plans_for(lease.spec)
+            except SpecError as err:
+                self._end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}")
+                continue
+            if lease.state is LeaseState.QUEUED:
+                self._queue.append(lease.id)
+            elif not self._reattach(lease):
+                self._emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
+                lease.state = LeaseState.QUEUED  # nothing of it is held here: end it without freeing
+                self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device")
+        for gs in self._gpus.values():
+            if gs.gpu.mig_mode is MigMode.DYNAMIC:
+                for mig_uuid in [u for u in gs.created if u not in gs.owner]:
+                    self._destroy_instance(gs, mig_uuid, now)
+        self._schedule(now)
+        self._commit()
+
+    def _reattach(self, lease: Lease) -> bool:
+        sl = lease.slice
+        if sl is None or sl.node not in self._node_index:
+            return False
+        gpus = [self._gpus.get(u) for u in sl.gpu_uuids]
+        if any(g is None for g in gpus):
+            return False
+        node_index = self._node_index[sl.node]
+        if sl.kind is SliceKind.MIG:
+            gs = gpus[0]
+            if sl.mig_uuid not in gs.instances or sl.mig_uuid in gs.owner:
+                return False
+            gs.owner[sl.mig_uuid] = lease.id
+            self.view.allocate(node_index, (), self._host_demand(lease.spec))
+            return True
+        if any(g.is_mig or g.free_milli() < sl.milli for g in gpus):
+            return False
+        for gs in gpus:
+            gs.shares[lease.id] = sl.milli
+        self.view.allocate(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
+        return True
+
+
+def _check_holder(holder: str) -> None:
+    if not isinstance(holder, str) or not (
+            holder == "server" or any(holder.startswith(p) and len(holder) > len(p)
+                                      for p in ("server:", "kernel:", "job:"))):
+        raise SpecError("holder", "must be 'server', 'server:<name>', 'kernel:<id>' or 'job:<id>'")
+
+
+def _spec_field(spec: SliceSpec) -> str:
+    if spec.profile:
+        return "spec.profile"
+    if spec.model:
+        return "spec.model"
+    if spec.node:
+        return "spec.node"
+    if spec.memory_mib:
+        return "spec.memory_gib"
+    return "spec.kind"

@@ -1,0 +1,211 @@
+"""Persistence of leases, jobs, MIG instances and drained GPUs (SQLAlchemy; SQLite by default).
+
+The scheduler writes every state change here, in one transaction, before announcing it, and
+rebuilds itself from `load()` when it starts again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine,
+                        delete, event, select)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
+
+metadata = MetaData()
+
+leases = Table(
+    "leases", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("holder", String(255), nullable=False),
+    Column("groups", Text, nullable=False, default="[]"),
+    Column("spec", Text, nullable=False),
+    Column("priority", String(16), nullable=False),
+    Column("preemptible", Boolean, nullable=False, default=False),
+    Column("state", String(16), nullable=False, index=True),
+    Column("slice", Text),
+    Column("created_at", Float, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("granted_at", Float),
+    Column("ended_at", Float),
+    Column("last_activity", Float),
+    Column("busy", Boolean, nullable=False, default=False),
+    Column("idle_warned_at", Float),
+    Column("idle_timeout", Float),
+    Column("reason", Text, nullable=False, default=""),
+)
+
+mig_instances = Table(
+    "mig_instances", metadata,
+    Column("uuid", String(128), primary_key=True),
+    Column("gpu_uuid", String(128), nullable=False),
+    Column("profile_id", Integer, nullable=False),
+    Column("start", Integer, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("gi_id", Integer, nullable=False, default=-1),
+    Column("ci_id", Integer, nullable=False, default=-1),
+    Column("created_by_core", Boolean, nullable=False, default=False),
+)
+
+drained_gpus = Table(
+    "drained_gpus", metadata,
+    Column("gpu_uuid", String(128), primary_key=True),
+)
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("data", Text, nullable=False),
+    Column("state", String(16), nullable=False, index=True),
+)
+
+meta = Table(
+    "meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+
+@dataclass
+class InstanceRecord:
+    gpu_uuid: str
+    instance: MigInstance
+    created_by_core: bool
+
+
+@dataclass
+class StoredState:
+    leases: list[Lease] = field(default_factory=list)
+    instances: list[InstanceRecord] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    seq: int = 0
+
+
+def sqlite_url(path: str | Path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+class Store:
+    """A database of the core's state; `url` is any SQLAlchemy URL (sqlite:///PATH by default)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        is_sqlite = url.startswith("sqlite")
+        self.engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
+        self._insert = sqlite_insert if is_sqlite else pg_insert
+        if is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -------------------------------------------------------------- writes
+    def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
+             seq: int) -> None:
+        """One transaction: upsert leases, add/remove MIG instance records, remember the sequence."""
+        with self.engine.begin() as conn:
+            if changed:
+                rows = [_lease_row(l) for l in changed]
+                stmt = self._insert(leases)
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=["id"], set_={c: stmt.excluded[c] for c in rows[0] if c != "id"}), rows)
+            for gpu_uuid, mig_uuid, inst, created in instance_changes:
+                conn.execute(delete(mig_instances).where(mig_instances.c.uuid == mig_uuid))
+                if inst is not None:
+                    conn.execute(mig_instances.insert().values(
+                        uuid=inst.uuid, gpu_uuid=gpu_uuid, profile_id=inst.profile_id, start=inst.start,
+                        size=inst.size, gi_id=inst.gi_id, ci_id=inst.ci_id, created_by_core=created))
+            self._upsert_meta(conn, "seq", str(seq))
+
+    def save_drain(self, gpu_uuid: str, drained: bool) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(drained_gpus).where(drained_gpus.c.gpu_uuid == gpu_uuid))
+            if drained:
+                conn.execute(drained_gpus.insert().values(gpu_uuid=gpu_uuid))
+
+    def save_job(self, job: Job) -> None:
+        row = {"id": job.id, "user": job.user, "data": json.dumps(job.to_json()), "state": job.state.value}
+        stmt = self._insert(jobs)
+        with self.engine.begin() as conn:
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["id"], set_={"data": stmt.excluded.data, "state": stmt.excluded.state}), row)
+
+    def _upsert_meta(self, conn, key: str, value: str) -> None:
+        stmt = self._insert(meta).values(key=key, value=value)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
+
+    # --------------------------------------------------------------- reads
+    def load(self) -> StoredState:
+        """Active leases, recorded MIG instances, drained GPUs and the last sequence number."""
+        state = StoredState()
+        with self.engine.connect() as conn:
+            active = [LeaseState.QUEUED.value, LeaseState.GRANTED.value]
+            for row in conn.execute(select(leases).where(leases.c.state.in_(active))).mappings():
+                state.leases.append(_lease_from_row(row))
+            for row in conn.execute(select(mig_instances)).mappings():
+                state.instances.append(InstanceRecord(row["gpu_uuid"], MigInstance(
+                    uuid=row["uuid"], profile_id=row["profile_id"], start=row["start"], size=row["size"],
+                    gi_id=row["gi_id"], ci_id=row["ci_id"]), row["created_by_core"]))
+            state.drained = [r[0] for r in conn.execute(select(drained_gpus.c.gpu_uuid))]
+            seq = conn.execute(select(meta.c.value).where(meta.c.key == "seq")).scalar()
+            state.seq = int(seq) if seq else 0
+        return state
+
+    def load_lease(self, lease_id: str) -> Lease | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
+        return _lease_from_row(row) if row else None
+
+    def load_jobs(self, user: str | None = None) -> list[Job]:
+        query = select(jobs.c.data)
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        with self.engine.connect() as conn:
+            return [_job_from_json(json.loads(r[0])) for r in conn.execute(query)]
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def _lease_row(lease: Lease) -> dict:
+    return {
+        "id": lease.id, "user": lease.user, "holder": lease.holder,
+        "groups": json.dumps(list(lease.groups)), "spec": json.dumps(lease.spec.to_json()),
+        "priority": lease.priority.value, "preemptible": lease.preemptible, "state": lease.state.value,
+        "slice": json.dumps(lease.slice.to_json()) if lease.slice else None,
+        "created_at": lease.created_at, "seq": lease.seq, "granted_at": lease.granted_at,
+        "ended_at": lease.ended_at, "last_activity": lease.last_activity, "busy": lease.busy,
+        "idle_warned_at": lease.idle_warned_at, "idle_timeout": lease.idle_timeout, "reason": lease.reason,
+    }
+
+
+def _lease_from_row(row) -> Lease:
+    return Lease(
+        id=row["id"], user=row["user"], holder=row["holder"], groups=tuple(json.loads(row["groups"])),
+        spec=SliceSpec.from_json(json.loads(row["spec"])), priority=PriorityClass(row["priority"]),
+        preemptible=row["preemptible"], state=LeaseState(row["state"]),
+        slice=Slice.from_json(json.loads(row["slice"])) if row["slice"] else None,
+        created_at=row["created_at"], seq=row["seq"], granted_at=row["granted_at"],
+        ended_at=row["ended_at"], last_activity=row["last_activity"], busy=row["busy"],
+        idle_warned_at=row["idle_warned_at"], idle_timeout=row["idle_timeout"], reason=row["reason"],
+    )
+
+
+def _job_from_json(data: dict) -> Job:
+    data = dict(data)
+    data["spec"] = SliceSpec.from_json(data["spec"])
+    data["state"] = JobState(data["state"])
+    return Job(**data)
