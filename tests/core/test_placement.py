@@ -1,0 +1,176 @@
+"""Placement: fit semantics, bookkeeping and each policy's choice on hand-built clusters."""
+
+import numpy as np
+import pytest
+
+from jupyter_gpualloc.core.placement import (
+    POLICY_NAMES, ClusterView, Demand, Fragmentation, NodeCapacity, get_policy)
+
+
+def node(name, gpus=0, model="A100", cpu=64_000, mem=256_000):
+    return NodeCapacity(name, cpu, mem, (model,) * gpus)
+
+
+def share(milli, cpu=1000, models=None):
+    return Demand(cpu_milli=cpu, memory_mib=1024, num_gpu=1, gpu_milli=milli, models=models)
+
+
+def test_fit_semantics():
+    view = ClusterView([node("a", 2), node("b", 4, "T4"), node("cpu")])
+    assert list(view.feasible(Demand(cpu_milli=1000))) == [True, True, True]
+    assert list(view.feasible(Demand(cpu_milli=65_000))) == [False, False, False]
+    assert list(view.feasible(Demand(memory_mib=300_000))) == [False, False, False]
+    assert list(view.feasible(Demand(num_gpu=3))) == [False, True, False]
+    assert list(view.feasible(share(500, models=frozenset({"A100"})))) == [True, False, False]
+    view.allocate(1, (0,), share(300))
+    # a multi-GPU demand needs fully free GPUs: 3 are left on b
+    assert view.fits(1, Demand(num_gpu=3)) and not view.fits(1, Demand(num_gpu=4))
+    view.allocate(1, (1, 2, 3), Demand(num_gpu=3))
+    assert view.fits(1, share(700)) and not view.fits(1, share(701))
+    assert not view.fits(1, Demand(num_gpu=1, gpu_milli=1000))
+
+
+def test_allocate_release_restore_capacity_exactly():
+    view = ClusterView([node("a", 4)])
+    before = (view.cpu_free.copy(), view.mem_free.copy(), view.gpu_vis.copy(), int(view.state_id[0]))
+    demands = [(share(250, cpu=3000), (0,)), (share(500), (0,)), (Demand(cpu_milli=8000, num_gpu=2), (1, 2))]
+    for d, gpus in demands:
+        view.allocate(0, gpus, d)
+    assert view.gpu_free(0, 0) == 250 and view.gpu_free_total[0] == 1250
+    for d, gpus in reversed(demands):
+        view.release(0, gpus, d)
+    assert (view.cpu_free == before[0]).all() and (view.mem_free == before[1]).all()
+    assert (view.gpu_vis == before[2]).all() and view.state_id[0] == before[3]
+    assert view.classes[0] == {}
+    with pytest.raises(ValueError):
+        view.release(0, (0,), share(100))
+    with pytest.raises(ValueError):
+        view.allocate(0, (0,), Demand(num_gpu=2))
+    view.allocate(0, (0,), share(800))
+    with pytest.raises(ValueError):
+        view.allocate(0, (0,), share(300))
+
+
+def test_disabled_gpu_is_invisible_and_copy_is_independent():
+    view = ClusterView([node("a", 2)])
+    view.set_gpu_enabled(0, 0, False)
+    assert view.fitting_gpus(0, share(100)).tolist() == [1]
+    assert not view.fits(0, Demand(num_gpu=2))
+    with pytest.raises(ValueError):
+        view.allocate(0, (0,), share(100))
+    other = view.copy()
+    other.allocate(0, (1,), share(600))
+    assert view.gpu_free(0, 1) == 1000 and other.gpu_free(0, 1) == 400
+    view.set_gpu_enabled(0, 0, True)
+    assert view.fits(0, Demand(num_gpu=2))
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_places_validly_and_reports_infeasible(name):
+    typical = [(share(500), 0.5), (Demand(cpu_milli=1000, num_gpu=1, gpu_milli=1000), 0.5)]
+    policy = get_policy(name, seed=1, typical=typical)
+    view = ClusterView([node("a", 2), node("b", 8, "T4"), node("c", 1, cpu=4000)])
+    rng = np.random.default_rng(0)
+    placed = 0
+    for _ in range(60):
+        num = int(rng.choice([0, 1, 1, 2]))
+        d = Demand(cpu_milli=int(rng.integers(0, 4000)), num_gpu=num,
+                   gpu_milli=int(rng.integers(1, 1001)) if num == 1 else 0)
+        choice = policy.choose(view, d)
+        if choice is None:
+            assert not view.feasible(d).any()
+            continue
+        view.allocate(choice[0], choice[1], d)  # raises if the choice does not fit
+        placed += 1
+    assert placed > 5
+    assert policy.choose(view, Demand(num_gpu=9)) is None
+    assert policy.choose(view, share(100), node_mask=np.zeros(3, dtype=bool)) is None
+
+
+def test_bestfit_prefers_least_leftover_and_best_fitting_gpu():
+    view = ClusterView([node("big", 8), node("small", 2)])
+    policy = get_policy("bestfit")
+    assert policy.choose(view, share(300)) == (1, (0,))
+    view.allocate(0, (3,), share(600))  # GPU 3 of big now has 400 free
+    view.allocate(0, tuple(range(4, 8)), Demand(num_gpu=4))
+    view.allocate(0, (0, 1, 2), Demand(num_gpu=3))
+    assert policy.choose(view, share(300)) == (0, (3,))
+
+
+def test_dotprod_and_binpack_pack_spread_spreads():
+    view = ClusterView([node("a", 8), node("b", 8)])
+    view.allocate(1, (0, 1, 2, 3), Demand(num_gpu=4))
+    assert get_policy("dotprod").choose(view, Demand(num_gpu=4)) == (1, (4, 5, 6, 7))
+    view.allocate(1, (4,), share(500))
+    assert get_policy("binpack").choose(view, share(200)) == (1, (4,))
+    assert get_policy("spread").choose(view, share(200)) == (0, (0,))
+
+
+def test_clustering_keeps_kinds_together():
+    view = ClusterView([node("a", 4), node("b", 4), node("c", 4)])
+    view.allocate(1, (0,), Demand(num_gpu=1, gpu_milli=1000))
+    view.allocate(2, (0,), share(500))
+    policy = get_policy("clustering")
+    assert policy.choose(view, share(200))[0] == 2
+    assert policy.choose(view, Demand(num_gpu=1, gpu_milli=1000))[0] == 1
+    assert policy.choose(view, Demand(num_gpu=2))[0] == 0
+
+
+def test_packing_prefers_shared_gpu_then_used_node_then_small_idle_node():
+    view = ClusterView([node("idle8", 8), node("idle2", 2), node("used", 4)])
+    policy = get_policy("packing")
+    assert policy.choose(view, share(300))[0] == 1  # idle nodes: fewer GPUs first
+    view.allocate(2, (0,), Demand(num_gpu=1, gpu_milli=1000))
+    assert policy.choose(view, share(300))[0] == 2  # a free GPU on a used node beats idle nodes
+    view.allocate(0, (5,), share(500))
+    assert policy.choose(view, share(300)) == (0, (5,))  # a partly used GPU beats everything
+
+
+def test_random_is_seeded_and_uses_any_fitting_gpu():
+    view = ClusterView([node(f"n{i}", 4) for i in range(5)])
+    picks = [get_policy("random", seed=7).choose(view, share(100)) for _ in range(2)]
+    assert picks[0] == picks[1]
+    rng_picks = {get_policy("random", seed=s).choose(view, share(100)) for s in range(30)}
+    assert len({n for n, _ in rng_picks}) > 2 and len({g for _, g in rng_picks}) > 2
+
+
+def test_fragmentation_measure():
+    typical = [(Demand(cpu_milli=2000), 0.25), (share(500, cpu=2000), 0.5),
+               (Demand(num_gpu=2, cpu_milli=2000), 0.25)]
+    frag = Fragmentation(typical)
+    view = ClusterView([node("a", 2)])
+    # idle node: the CPU-only pod cannot use any of its 2000 idle milli, the others use all
+    assert frag.of_state(view.state(0)) == pytest.approx(0.25 * 2000)
+    view.allocate(0, (0,), share(700))
+    # 1300 idle; share pod wastes GPU 0 (300 < 500); 2-GPU pod lacks total GPU -> all idle
+    assert frag.of_state(view.state(0)) == pytest.approx(0.25 * 1300 + 0.5 * 300 + 0.25 * 1300)
+    view.allocate(0, (), Demand(cpu_milli=63_000))
+    assert frag.of_state(view.state(0)) == pytest.approx(1300)  # no CPU left for any typical pod
+
+
+def test_fgd_places_share_where_it_fragments_least():
+    typical = [(share(500), 1.0)]
+    view = ClusterView([node("a", 1), node("b", 1)])
+    view.allocate(0, (0,), share(200))  # a: 800 free; b: 1000 free
+    # 500 on a leaves 300 (fragment); on b leaves 500 (usable): FGD picks b
+    assert get_policy("fgd", typical=typical).choose(view, share(500)) == (1, (0,))
+    assert get_policy("default", typical=typical).choose(view, share(500)) == (1, (0,))
+    assert get_policy("bestfit").choose(view, share(500)) == (0, (0,))
+
+
+def test_default_keeps_idle_and_large_nodes_for_whole_gpus():
+    typical = [(Demand(cpu_milli=1000), 0.5), (Demand(num_gpu=1, gpu_milli=1000), 0.5)]
+    view = ClusterView([node("idle8", 8), node("idle2", 2), node("used8", 8)])
+    view.allocate(2, (0,), Demand(num_gpu=1, gpu_milli=1000))
+    policy = get_policy("default", typical=typical)
+    assert policy.choose(view, Demand(num_gpu=1, gpu_milli=1000))[0] == 2
+    view.allocate(2, tuple(range(1, 8)), Demand(num_gpu=7))
+    assert policy.choose(view, Demand(num_gpu=1, gpu_milli=1000))[0] == 1
+    assert get_policy("fgd", typical=typical).choose(view, Demand(num_gpu=1, gpu_milli=1000))[0] == 0
+
+
+def test_unknown_policy_and_bad_demand():
+    with pytest.raises(ValueError):
+        get_policy("nope")
+    with pytest.raises(ValueError):
+        Demand(num_gpu=1, gpu_milli=0)
