@@ -13,10 +13,11 @@ passed in by the caller.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -555,8 +556,11 @@ class Scheduler:
     def _pick_profile(profiles: dict[int, MigProfile], spec: SliceSpec) -> MigProfile | None:
         if spec.profile:
             return next((p for p in profiles.values() if p.name == spec.profile), None)
-        fitting = [p for p in profiles.values() if p.memory_mib >= spec.memory_mib and not p.media_extensions]
-        return min(fitting, key=lambda p: (p.memory_mib, p.compute_slices), default=None)
+        # A profile serves the size in its name: 1g.10gb answers a 10 GB request, though the
+        # driver reports 9.75 GiB for it.
+        fitting = [p for p in profiles.values() if not p.media_extensions
+                   and max(p.memory_mib, _nominal_mib(p)) >= spec.memory_mib]
+        return min(fitting, key=lambda p: (_nominal_mib(p), p.memory_mib, p.compute_slices), default=None)
 
     @staticmethod
     def _host_demand(spec: SliceSpec) -> Demand:
@@ -790,19 +794,25 @@ class Scheduler:
                       key=lambda l: -(l.granted_at or 0))
 
     def _mig_victims(self, gs: _GpuState, profile: MigProfile) -> list[Lease] | None:
-        """The newest preemptible leases on a MIG GPU whose end leaves room for `profile`."""
-        layout, chosen = gs.layout(), []
-        for victim in self._preemptible_on(gs):
+        """The fewest (then newest) preemptible leases on a MIG GPU whose end makes room for `profile`."""
+        victims = self._preemptible_on(gs)
+        dynamic = gs.gpu.mig_mode is MigMode.DYNAMIC
+        for victim in victims:  # an instance of the very profile, kept as it is, is handed over
             inst = gs.instances[victim.slice.mig_uuid]
-            created = inst.uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC
-            if not created and inst.profile_id != profile.profile_id:
-                continue  # it would stay as it is: ending its lease frees nothing for this profile
-            chosen.append(victim)
-            if not created:
-                return chosen  # its instance is handed over as it is
-            layout = layout.without_instance(gs.profiles[inst.profile_id], inst.start)
-            if mig.legal_starts(layout, profile):
-                return chosen
+            if inst.profile_id == profile.profile_id and not (dynamic and inst.uuid in gs.created):
+                return [victim]
+        if not dynamic:
+            return None
+        destroyable = [v for v in victims if v.slice.mig_uuid in gs.created]
+        layout = gs.layout()
+        for size in range(1, len(destroyable) + 1):
+            for chosen in itertools.combinations(destroyable, size):
+                after = layout
+                for victim in chosen:
+                    inst = gs.instances[victim.slice.mig_uuid]
+                    after = after.without_instance(gs.profiles[inst.profile_id], inst.start)
+                if mig.legal_starts(after, profile):
+                    return list(chosen)
         return None
 
     def _victims_for(self, lease: Lease, plan: _Plan, reserved: set[str]) -> list[Lease] | None:
@@ -946,6 +956,12 @@ class Scheduler:
             gs.shares[lease.id] = sl.milli
         self.view.allocate(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
         return True
+
+
+def _nominal_mib(profile: MigProfile) -> int:
+    """The memory a profile's name promises ('3g.40gb' -> 40 GiB)."""
+    found = re.search(r"\.(\d+)gb", profile.name)
+    return int(found.group(1)) * MIB_PER_GIB if found else profile.memory_mib
 
 
 def _check_holder(holder: str) -> None:

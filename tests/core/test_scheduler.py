@@ -101,8 +101,8 @@ def test_whole_gpus_need_fully_free_gpus_on_one_node(mixed):
 
 def test_any_prefers_the_smallest_mig_profile_then_a_share(mixed):
     s = mixed.scheduler
-    lease = s.submit("a", "kernel:1", SliceSpec.from_json({"memory_gib": 9}), now=0)
-    assert lease.slice.kind is SliceKind.MIG and lease.slice.profile == "1g.10gb"
+    lease = s.submit("a", "kernel:1", SliceSpec.from_json({"memory_gib": 10}), now=0)
+    assert lease.slice.kind is SliceKind.MIG and lease.slice.profile == "1g.10gb"  # by its name's size
     too_big = s.submit("b", "kernel:2", SliceSpec.from_json({"memory_gib": 30}), now=0)
     assert too_big.slice.kind is SliceKind.MIG and too_big.slice.profile == "7g.40gb"
     for i in range(3):  # fill the second A100 with 1g.10gb
