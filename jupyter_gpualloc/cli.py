@@ -1,0 +1,275 @@
+"""`jupyter gpualloc serve|simulate|inventory`: the command line.
+
+`serve` is a traitlets application (`--help-all` lists every option); the simulators and the
+inventory view are plain argparse commands that drive the same scheduler core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterable, TextIO
+
+from .core.devices.base import DeviceError
+
+# ----------------------------------------------------------------- simulate openb
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' or '42,43,50' -> a list of seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        if "-" in part.strip("-"):
+            lo, hi = part.split("-", 1)
+            seeds.extend(range(int(lo), int(hi) + 1))
+        else:
+            seeds.append(int(part))
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seeds given")
+    return seeds
+
+
+def simulate_openb(args: argparse.Namespace, out: TextIO) -> int:
+    from .core import openb
+    from .core.placement import POLICY_NAMES
+
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        print(f"unknown policy {unknown[0]!r}: choose from {', '.join(POLICY_NAMES)}", file=sys.stderr)
+        return 2
+    trace = openb.trace_dir() if (args.nodes is None or args.pods is None) else None
+    nodes = args.nodes or trace / "openb_node_list_gpu_node.csv"
+    pods = args.pods or trace / "openb_pod_list_default.csv"
+    for name in policies:
+        result = openb.replay(nodes, pods, name, args.seeds)
+        if args.json:
+            print(json.dumps(result), file=out)
+        else:
+            a100, a130 = result["alloc_pct"]["100"], result["alloc_pct"]["130"]
+            print(f"{name:>10}: GPU allocation {a100['mean']:6.2f}% ±{a100['sd']:.2f} at 100% arrived, "
+                  f"{a130['mean']:6.2f}% ±{a130['sd']:.2f} at 130%  "
+                  f"({len(result['seeds'])} seeds, {result['decisions']} decisions, {result['elapsed_s']:.1f} s)",
+                  file=out)
+        out.flush()
+    return 0
+
+
+# -------------------------------------------------------------- simulate requests
+
+
+def simulate_requests(args: argparse.Namespace, out: TextIO) -> int:
+    """Replay a JSON-lines stream of submit/release/tick operations through the core."""
+    from .core.devices.simulated import SimulatedBackend
+    from .core.policy import SchedulerPolicy
+    from .core.scheduler import Scheduler
+    from .core.store import Store, sqlite_url
+
+    with tempfile.TemporaryDirectory() as tmp, open(args.requests) as stream:
+        store = Store(args.db or sqlite_url(Path(tmp) / "simulate.sqlite"))
+        policy = SchedulerPolicy(placement=args.placement, heartbeat_ttl=0)
+        scheduler = Scheduler(SimulatedBackend(args.fleet), store, policy)
+        printer = _OutcomePrinter(out)
+        scheduler.subscribe(printer)
+        try:
+            for line_no, line in enumerate(stream, 1):
+                if line.strip():
+                    printer.run(scheduler, line, line_no)
+        finally:
+            store.close()
+    return 0
+
+
+class _OutcomePrinter:
+    """Turns the scheduler's lease events into one JSON line per outcome."""
+
+    STATES = {"lease.granted": "granted", "lease.queued": "queued", "lease.rejected": "rejected",
+              "lease.released": "released", "lease.cancelled": "released", "lease.expired": "expired",
+              "lease.preempted": "preempted"}
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.now = 0.0
+
+    def __call__(self, event) -> None:
+        state = self.STATES.get(event.type)
+        if state is None:
+            return
+        line: dict = {"id": event.lease_id, "state": state}
+        if state == "granted":
+            sl = event.data["slice"]
+            line["gpu"] = sl["gpu_uuids"][0] if len(sl["gpu_uuids"]) == 1 else sl["gpu_uuids"]
+            line["slice"] = {k: sl[k] for k in ("kind", "profile", "start", "memory_mib") if k in sl}
+            if sl.get("mig_uuid"):
+                line["slice"]["mig_uuid"] = sl["mig_uuid"]
+        elif state == "queued":
+            line["position"] = event.data["position"]
+        elif event.data.get("reason"):
+            line["reason"] = event.data["reason"]
+        self.emit(line)
+
+    def emit(self, line: dict) -> None:
+        print(json.dumps(line), file=self.out)
+
+    def run(self, scheduler, raw: str, line_no: int) -> None:
+        from .core.model import PriorityClass, SliceSpec, SpecError
+        from .core.scheduler import SchedulerError
+
+        try:
+            op = json.loads(raw)
+            if not isinstance(op, dict):
+                raise ValueError("not an object")
+        except ValueError as err:
+            self.emit({"line": line_no, "state": "error", "reason": f"not a JSON object: {err}"})
+            return
+        self.now = float(op.get("now", self.now))
+        kind = op.get("op")
+        try:
+            if kind == "submit":
+                priority = PriorityClass(op.get("priority", "interactive"))
+                scheduler.submit(op.get("user", "user"), op.get("holder", f"job:{op['id']}"),
+                                 SliceSpec.from_json(op.get("spec", {})), priority, now=self.now,
+                                 lease_id=str(op["id"]), wait=op.get("wait", 1) != 0,
+                                 groups=op.get("groups", ()))
+            elif kind == "release":
+                scheduler.release(str(op["id"]), now=self.now)
+            elif kind == "tick":
+                scheduler.tick(self.now)
+            else:
+                self.emit({"line": line_no, "state": "error", "reason": "op must be submit, release or tick"})
+        except (SpecError, SchedulerError, KeyError, ValueError) as err:
+            reason = str(err) if not isinstance(err, KeyError) else f"missing field {err}"
+            self.emit({"id": op.get("id"), "state": "rejected", "reason": reason})
+
+
+# ----------------------------------------------------------------------- inventory
+
+
+def inventory(args: argparse.Namespace, out: TextIO) -> int:
+    from .core.devices import make_backend
+
+    backend = make_backend("simulated", fleet=args.fleet) if args.backend == "simulated" else make_backend(args.backend)
+    for line in render_inventory(backend):
+        print(line, file=out)
+    return 0
+
+
+def render_inventory(backend) -> Iterable[str]:
+    """Lines drawing each node, GPU and MIG layout (one cell per memory slice)."""
+    from .core import mig
+
+    for node in backend.discover():
+        yield f"{node.name}  cpu {node.cpu_milli / 1000:g} cores, memory {node.memory_mib / 1024:g} GiB"
+        for gpu in node.gpus:
+            head = f"  GPU{gpu.index} {gpu.model:<16} {gpu.memory_mib / 1024:6.1f} GiB  mig={gpu.mig_mode.value:<7}"
+            if gpu.mig_mode.value == "off":
+                yield head + "  [whole / shared]"
+                continue
+            profiles = backend.mig_profiles(gpu.uuid)
+            cells = ["."] * mig.MEMORY_SLICES
+            names = []
+            for n, inst in enumerate(sorted(gpu.instances, key=lambda i: i.start)):
+                mark = chr(ord("a") + n)
+                for s in inst.slices():
+                    cells[s] = mark
+                names.append(f"{mark}={profiles[inst.profile_id].name}@{inst.start}")
+            yield head + "  |" + "|".join(cells) + "|  " + (" ".join(names) or "no instances")
+
+
+# ---------------------------------------------------------------------------- demo
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def demo(args: argparse.Namespace, out: TextIO) -> int:
+    """The fleet, an interactive request stream through the core, and the openb trace replay."""
+    from .core import openb
+    from .core.devices.simulated import SimulatedBackend
+
+    fleet = EXAMPLES / "fleets" / "demo.yaml"
+    print("== The demo fleet ==", file=out)
+    for line in render_inventory(SimulatedBackend(fleet)):
+        print(line, file=out)
+    print("\n== Requests from notebooks, servers and jobs, replayed through the scheduler core ==", file=out)
+    requests = EXAMPLES / "requests" / "demo.jsonl"
+    for raw in requests.read_text().splitlines():
+        op = json.loads(raw)
+        spec = json.dumps(op.get("spec")) if op["op"] == "submit" else ""
+        print(f"  > {op['op']} {op.get('id', '')} {op.get('user', '')} {spec}".rstrip(), file=out)
+    print(file=out)
+    simulate_requests(argparse.Namespace(fleet=str(fleet), requests=str(requests), placement="default",
+                                         db=None), out)
+    try:
+        trace = openb.trace_dir()
+    except FileNotFoundError as err:
+        print(f"\n(openb replay skipped: {err})", file=out)
+        return 0
+    print(f"\n== The Alibaba openb trace ({trace.name}), FGD paper's protocol, seeds {args.seeds[0]}-{args.seeds[-1]} ==",
+          file=out)
+    print("   published at 100% arrived: FGD 95.23%, BestFit 92.86%", file=out)
+    simulate_openb(argparse.Namespace(nodes=None, pods=None, policy="default,fgd,bestfit", seeds=args.seeds,
+                                      json=False), out)
+    return 0
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jupyter-gpualloc", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("simulate", help="replay a trace through the scheduler core")
+    sim_sub = sim.add_subparsers(dest="trace", required=True)
+    ob = sim_sub.add_parser("openb", help="the Alibaba openb trace with the FGD paper's protocol")
+    ob.add_argument("--nodes", type=Path, help="node list CSV (default: the trace's GPU node list)")
+    ob.add_argument("--pods", type=Path, help="pod list CSV (default: openb_pod_list_default.csv)")
+    ob.add_argument("--policy", default="default", help="placement policy, or a comma list of them")
+    ob.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="e.g. 42-51 or 42,43")
+    ob.add_argument("--json", action="store_true", help="one JSON object per policy")
+    ob.set_defaults(func=simulate_openb)
+
+    rq = sim_sub.add_parser("requests", help="a JSON-lines stream of submit/release/tick operations")
+    rq.add_argument("--fleet", required=True, help="fleet file (YAML or JSON)")
+    rq.add_argument("--requests", required=True, help="JSON-lines operations")
+    rq.add_argument("--placement", default="default", help="placement policy for shares and whole GPUs")
+    rq.add_argument("--db", help="SQLAlchemy URL to keep the state in (default: a temporary SQLite file)")
+    rq.add_argument("--json", action="store_true", help="print JSON lines (the only format)")
+    rq.set_defaults(func=simulate_requests)
+
+    dm = sub.add_parser("demo", help="show the scheduler core at work on the demo fleet and the openb trace")
+    dm.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="openb seeds")
+    dm.set_defaults(func=demo)
+
+    inv = sub.add_parser("inventory", help="draw the fleet and its MIG layouts")
+    inv.add_argument("--fleet", help="fleet file for the simulated backend")
+    inv.add_argument("--backend", default=None, choices=["simulated", "nvml"],
+                     help="where GPUs come from (default: simulated with --fleet, else nvml)")
+    inv.set_defaults(func=inventory)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from .service.app import main as serve_main
+
+        return serve_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if getattr(args, "backend", "") is None:
+        args.backend = "simulated" if args.fleet else "nvml"
+    try:
+        return args.func(args, sys.stdout)
+    except DeviceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
