@@ -1,0 +1,355 @@
+"""The one client of the scheduler service's REST API v1: async, with a thin sync wrapper.
+
+    client = GpuAllocClient()            # URL and token from the environment (see discover)
+    lease = await client.request_lease({"profile": "1g.10gb"}, holder="kernel:abc", wait=30)
+    await client.release(lease["id"])
+
+Errors are typed (`QuotaExceeded`, `NoCapacity`, `NotFound`, `Unauthorized`, `ServiceUnavailable`,
+...); connection errors are retried with exponential backoff, nothing else is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+from urllib.parse import quote, urlencode, urlparse
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.iostream import StreamClosedError
+
+DEFAULT_SERVICE_NAME = "gpualloc"
+API_PATH = "api/v1/"
+STREAM_TIMEOUT = 7 * 24 * 3600.0
+
+
+class GpuAllocError(Exception):
+    """An error answer of the service: `status` and the JSON `body` it sent."""
+
+    def __init__(self, message: str, status: int = 0, body: Mapping[str, Any] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = dict(body or {})
+
+
+class BadRequest(GpuAllocError):
+    """400: `field` names what was wrong."""
+
+    @property
+    def field(self) -> str | None:
+        return self.body.get("field")
+
+
+class Unauthorized(GpuAllocError):
+    """401 (no or unknown credentials) or 403 (not permitted)."""
+
+
+class QuotaExceeded(GpuAllocError):
+    """403 with the quota that refused the request: `scope`, `key`, `limit`."""
+
+    @property
+    def quota(self) -> dict[str, Any]:
+        return dict(self.body.get("quota") or {})
+
+
+class NotFound(GpuAllocError):
+    """404: no such lease, GPU or endpoint (or another user's lease)."""
+
+
+class NoCapacity(GpuAllocError):
+    """409: nothing fits now and the request did not wait; `reason` says why."""
+
+    @property
+    def reason(self) -> str:
+        return self.body.get("reason", str(self))
+
+
+class HolderBusy(GpuAllocError):
+    """409: this holder already has a lease (`lease_id`)."""
+
+    @property
+    def lease_id(self) -> str | None:
+        return self.body.get("lease_id")
+
+
+class ServiceUnavailable(GpuAllocError):
+    """503 (e.g. the fleet is drained; `retry_after` seconds), or the service cannot be reached."""
+
+    def __init__(self, message: str, status: int = 0, body: Mapping[str, Any] | None = None,
+                 retry_after: float | None = None):
+        super().__init__(message, status, body)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the service is and how to authenticate to it."""
+
+    url: str
+    token: str
+
+
+def discover(url: str | None = None, token: str | None = None, env: Mapping[str, str] | None = None) -> Endpoint:
+    """The service URL and token: explicit arguments, else the environment.
+
+    URL: `url`, else $GPUALLOC_URL, else JupyterHub's public hub URL ($JUPYTERHUB_PUBLIC_HUB_URL,
+    as set inside single-user servers) + `services/<$GPUALLOC_SERVICE_NAME or gpualloc>/`.
+    Token: `token`, else $GPUALLOC_TOKEN, else $JUPYTERHUB_API_TOKEN (a server's or kernel's own
+    token is accepted by the service for that user).
+    """
+    env = os.environ if env is None else env
+    url = url or env.get("GPUALLOC_URL")
+    if not url:
+        public = env.get("JUPYTERHUB_PUBLIC_HUB_URL") or env.get("JUPYTERHUB_PUBLIC_URL")
+        if public:
+            parsed = urlparse(public)
+            base = env.get("JUPYTERHUB_BASE_URL", "/")
+            name = env.get("GPUALLOC_SERVICE_NAME", DEFAULT_SERVICE_NAME)
+            path = "/".join(p for p in (base.strip("/"), "services", name) if p)
+            url = f"{parsed.scheme}://{parsed.netloc}/{path}/"
+    if not url:
+        raise ValueError("cannot find the gpualloc service: set GPUALLOC_URL (or pass url=...)")
+    token = token or env.get("GPUALLOC_TOKEN") or env.get("JUPYTERHUB_API_TOKEN")
+    if not token:
+        raise ValueError("no token for the gpualloc service: set GPUALLOC_TOKEN (or pass token=...)")
+    return Endpoint(url if url.endswith("/") else url + "/", token)
+
+
+def error_for(status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> GpuAllocError:
+    """The typed error for an error answer."""
+    message = str(body.get("error") or f"HTTP {status}")
+    if status == 400 or status == 413:
+        return BadRequest(message, status, body)
+    if status == 401:
+        return Unauthorized(message, status, body)
+    if status == 403:
+        return (QuotaExceeded if "quota" in body else Unauthorized)(message, status, body)
+    if status == 404:
+        return NotFound(message, status, body)
+    if status == 409:
+        return (HolderBusy if "lease_id" in body else NoCapacity)(message, status, body)
+    if status == 503:
+        retry = (headers or {}).get("Retry-After")
+        return ServiceUnavailable(message, status, body, float(retry) if retry and retry.isdigit() else None)
+    return GpuAllocError(message, status, body)
+
+
+class GpuAllocClient:
+    """Async client of REST API v1 (tornado's HTTP client; usable in any asyncio program)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 retries: int = 3, backoff: float = 0.2, max_clients: int = 10,
+                 env: Mapping[str, str] | None = None):
+        endpoint = discover(url, token, env)
+        self.url = endpoint.url
+        self.api_url = self.url + API_PATH
+        self._token = endpoint.token
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self._max_clients = max_clients
+        self._http: AsyncHTTPClient | None = None
+
+    @property
+    def http(self) -> AsyncHTTPClient:
+        if self._http is None:
+            self._http = AsyncHTTPClient(force_instance=True, max_clients=self._max_clients)
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    async def __aenter__(self) -> "GpuAllocClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+                 **kwargs: Any) -> HTTPRequest:
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body)
+            headers["Content-Type"] = "application/json"
+        elif method in ("POST", "PUT", "PATCH"):
+            data = ""
+        return HTTPRequest(self.api_url + path, method=method, headers=headers, body=data,
+                           request_timeout=timeout or self.timeout, connect_timeout=self.timeout, **kwargs)
+
+    async def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        """One API call: the decoded JSON answer, or the typed error; retries connection errors."""
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.fetch(self._request(method, path, body, timeout), raise_error=False)
+            except (OSError, StreamClosedError) as err:
+                if attempt >= self.retries:
+                    raise ServiceUnavailable(f"cannot reach the gpualloc service at {self.url}: {err}") from err
+                await asyncio.sleep(self.backoff * 2 ** attempt)
+                attempt += 1
+                continue
+            if response.code == 599:
+                raise ServiceUnavailable(f"no answer from the gpualloc service at {self.url}: {response.error}")
+            text = response.body.decode("utf-8", "replace") if response.body else ""
+            if response.code >= 400:
+                try:
+                    body_json = json.loads(text)
+                except ValueError:
+                    body_json = {"error": text.strip() or f"HTTP {response.code}"}
+                if not isinstance(body_json, dict):
+                    body_json = {"error": str(body_json)}
+                raise error_for(response.code, body_json, response.headers)
+            if response.headers.get("Content-Type", "").startswith("application/json"):
+                return json.loads(text)
+            return text
+
+    # ------------------------------------------------------------------ API
+    async def health(self) -> dict:
+        return await self.call("GET", "health")
+
+    async def whoami(self) -> dict:
+        return await self.call("GET", "user")
+
+    async def inventory(self) -> dict:
+        return await self.call("GET", "inventory")
+
+    async def offers(self) -> list[dict]:
+        return (await self.call("GET", "offers"))["offers"]
+
+    async def leases(self, all_users: bool = False) -> list[dict]:
+        return (await self.call("GET", "leases?all=1" if all_users else "leases"))["leases"]
+
+    async def lease(self, lease_id: str) -> dict:
+        return await self.call("GET", f"leases/{quote(lease_id, safe='')}")
+
+    async def request_lease(self, spec: Mapping[str, Any], holder: str, *, priority: str = "interactive",
+                            wait: float | None = None, preemptible: bool | None = None,
+                            idle_timeout: float | None = None) -> dict:
+        """Ask for a slice: the lease, granted or queued (see its `state` and `position`).
+
+        `wait`: None queues without waiting, 0 raises NoCapacity if nothing fits now, N long-polls
+        up to N seconds for the grant.
+        """
+        body: dict[str, Any] = {"spec": dict(spec), "holder": holder, "priority": priority}
+        for name, value in (("wait", wait), ("preemptible", preemptible), ("idle_timeout", idle_timeout)):
+            if value is not None:
+                body[name] = value
+        return await self.call("POST", "leases", body, timeout=self.timeout + (wait or 0))
+
+    async def release(self, lease_id: str) -> dict:
+        return await self.call("DELETE", f"leases/{quote(lease_id, safe='')}")
+
+    async def touch(self, lease_id: str, *, last_activity: float | str | None = None, busy: bool | None = None,
+                    connections: int | None = None) -> dict:
+        body = {k: v for k, v in (("last_activity", last_activity), ("busy", busy),
+                                   ("connections", connections)) if v is not None}
+        return await self.call("POST", f"leases/{quote(lease_id, safe='')}/touch", body)
+
+    async def heartbeat(self, holders: list[str] | None = None) -> list[dict]:
+        body = {} if holders is None else {"holders": list(holders)}
+        return (await self.call("POST", "heartbeat", body))["leases"]
+
+    async def drain(self, gpu_uuid: str, drained: bool = True) -> dict:
+        return await self.call("POST" if drained else "DELETE", f"gpus/{quote(gpu_uuid, safe='')}/drain")
+
+    async def metrics(self) -> str:
+        return await self.call("GET", "metrics")
+
+    async def events(self, query: Mapping[str, str] | None = None) -> AsyncIterator[dict]:
+        """Server-sent events, one dict per event, until the stream ends or the caller stops."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        suffix = f"?{urlencode(query)}" if query else ""
+        request = self._request("GET", "events" + suffix, timeout=STREAM_TIMEOUT,
+                                streaming_callback=queue.put_nowait)
+        request.headers["Accept"] = "text/event-stream"
+        stream_http = AsyncHTTPClient(force_instance=True)
+        fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
+        fetch.add_done_callback(lambda _: queue.put_nowait(None))
+        buffer = b""
+        try:
+            while True:
+                chunk = await queue.get()
+                if chunk is None:
+                    response = fetch.result()
+                    if response.code >= 400:
+                        raise error_for(response.code, {"error": f"event stream refused (HTTP {response.code})"})
+                    return
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    message, buffer = buffer.split(b"\n\n", 1)
+                    data = [line[5:].strip() for line in message.split(b"\n") if line.startswith(b"data:")]
+                    if data:
+                        yield json.loads(b"\n".join(data))
+        finally:
+            stream_http.close()
+
+
+class SyncGpuAllocClient:
+    """The same API, blocking: for the kernel side, where an event loop may already be running.
+
+    Calls run on a private event loop in a daemon thread, so they work inside Jupyter kernels.
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, **options: Any):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gpualloc-client", daemon=True)
+        self._thread.start()
+        self._client = GpuAllocClient(url, token, **options)
+        self.url = self._client.url
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    def __enter__(self) -> "SyncGpuAllocClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def health(self) -> dict:
+        return self._run(self._client.health())
+
+    def whoami(self) -> dict:
+        return self._run(self._client.whoami())
+
+    def inventory(self) -> dict:
+        return self._run(self._client.inventory())
+
+    def offers(self) -> list[dict]:
+        return self._run(self._client.offers())
+
+    def leases(self, all_users: bool = False) -> list[dict]:
+        return self._run(self._client.leases(all_users))
+
+    def lease(self, lease_id: str) -> dict:
+        return self._run(self._client.lease(lease_id))
+
+    def request_lease(self, spec: Mapping[str, Any], holder: str, **options: Any) -> dict:
+        return self._run(self._client.request_lease(spec, holder, **options))
+
+    def release(self, lease_id: str) -> dict:
+        return self._run(self._client.release(lease_id))
+
+    def touch(self, lease_id: str, **report: Any) -> dict:
+        return self._run(self._client.touch(lease_id, **report))
+
+    def heartbeat(self, holders: list[str] | None = None) -> list[dict]:
+        return self._run(self._client.heartbeat(holders))
+
+    def drain(self, gpu_uuid: str, drained: bool = True) -> dict:
+        return self._run(self._client.drain(gpu_uuid, drained))
+
+    def metrics(self) -> str:
+        return self._run(self._client.metrics())

@@ -1,0 +1,326 @@
+"""`jupyter-gpualloc serve`: the scheduler core behind HTTP, as a JupyterHub service or standalone.
+
+As a JupyterHub managed service it reads JUPYTERHUB_SERVICE_PREFIX, JUPYTERHUB_SERVICE_URL,
+JUPYTERHUB_API_TOKEN and JUPYTERHUB_API_URL, serves under its prefix and authenticates callers
+with JupyterHub. Standalone it listens on its own port and accepts the bearer tokens of
+`c.GpuAllocService.api_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.httputil import url_concat
+from tornado.ioloop import PeriodicCallback
+from sqlalchemy.exc import SQLAlchemyError
+from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets.config import Application
+
+from ..core.devices import BACKENDS, make_backend
+from ..core.devices.base import DeviceError
+from ..core.policy import SchedulerPolicy
+from ..core.scheduler import Scheduler
+from ..core.store import Store, sqlite_url
+from . import handlers as h
+from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator
+from .events import AuditLog, EventBroker
+from .metrics import ServiceMetrics
+from .openapi import openapi_document
+
+API_PATH = "api/v1"
+DEFAULT_PORT = 8765
+
+# (path template under <prefix>api/v1, handler, route name)
+ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
+    ("/health", h.HealthHandler, "health"),
+    ("/user", h.UserHandler, "user"),
+    ("/inventory", h.InventoryHandler, "inventory"),
+    ("/offers", h.OffersHandler, "offers"),
+    ("/leases", h.LeasesHandler, "leases"),
+    ("/leases/{lease_id}", h.LeaseHandler, "lease"),
+    ("/leases/{lease_id}/touch", h.TouchHandler, "touch"),
+    ("/heartbeat", h.HeartbeatHandler, "heartbeat"),
+    ("/events", h.EventsHandler, "events"),
+    ("/gpus/{gpu_uuid}/drain", h.DrainHandler, "drain"),
+    ("/metrics", h.MetricsHandler, "metrics"),
+    ("/openapi.json", h.OpenApiHandler, "openapi"),
+]
+
+
+def route_regex(template: str) -> str:
+    """'/leases/{lease_id}' -> '/leases/([^/]+)'."""
+    return re.sub(r"\{[a-z_]+\}", "([^/]+)", template.replace(".", r"\."))
+
+
+def join_url(*parts: str) -> str:
+    """Join URL path parts with exactly one slash between them, keeping a leading slash."""
+    text = "/".join(p.strip("/") for p in parts if p.strip("/"))
+    return "/" + text
+
+
+class RootHandler(h.ApiHandler):
+    """`<prefix>`: in hub mode, a browser is sent through JupyterHub's OAuth login first."""
+
+    async def prepare(self) -> None:
+        hub_auth = self.settings.get("hub_auth")
+        if hub_auth is not None and not await hub_auth.get_user(self, sync=False):
+            self.set_status(302)
+            self.set_header("Location", self.login_url())
+            self.finish()
+            return
+        await super().prepare()
+
+    def login_url(self) -> str:
+        hub_auth = self.settings["hub_auth"]
+        params, verifier = {}, None
+        if hub_auth.pkce_enabled:
+            verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
+            params.update(code_challenge=challenge, code_challenge_method=method)
+        params["state"] = hub_auth.set_state_cookie(self, next_url=self.request.uri, code_verifier=verifier)
+        return url_concat(hub_auth.login_url, params)
+
+    def get(self) -> None:
+        self.write_json({**self.identity.to_json(), "api": join_url(self.settings["base_url"], API_PATH) + "/"})
+
+
+class OAuthCallbackHandler(HubOAuthCallbackHandler):
+    """JupyterHub's OAuth callback, bound to this service's HubOAuth (not the process-wide singleton)."""
+
+    def initialize(self) -> None:
+        self.hub_auth = self.settings["hub_auth"]
+
+
+def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | None = None,
+             cookie_secret: bytes | None = None) -> web.Application:
+    """The tornado application serving API v1 under `<base_url>api/v1/`."""
+    api = join_url(base_url, API_PATH)
+    cookie_name = hub_auth.cookie_name if hub_auth is not None else "gpualloc"
+    document = openapi_document(api, cookie_name)
+    handlers: list = []
+    for template, handler, name in ROUTES:
+        kwargs = {"ctx": ctx, "document": document} if handler is h.OpenApiHandler else {"ctx": ctx}
+        handlers.append(web.url(api + route_regex(template), handler, kwargs, name=name))
+    handlers.append(web.url(join_url(base_url) + "/?", RootHandler, {"ctx": ctx}, name="root"))
+    if hub_auth is not None:
+        callback = urlparse(hub_auth.oauth_redirect_uri).path
+        handlers.append((callback, OAuthCallbackHandler))
+    settings = {
+        "base_url": base_url, "hub_auth": hub_auth,
+        "cookie_secret": cookie_secret or secrets.token_bytes(32),
+        "default_handler_class": h.NotFoundHandler, "default_handler_args": {"ctx": ctx},
+    }
+    return web.Application(handlers, **settings)
+
+
+class GpuAllocService(Application):
+    """The scheduler service: REST API v1 over the GPU allocator's core."""
+
+    name = "jupyter-gpualloc serve"
+    description = __doc__
+    examples = """
+    jupyter-gpualloc serve --port 8765 --fleet fleet.yaml --db sqlite:///gpualloc.sqlite -f gpualloc_config.py
+    jupyter-gpualloc serve --help-all
+    """
+    classes = [SchedulerPolicy, HubOAuth]
+    aliases = {
+        "f": "GpuAllocService.config_file", "config": "GpuAllocService.config_file",
+        "ip": "GpuAllocService.ip", "port": "GpuAllocService.port",
+        "base-url": "GpuAllocService.base_url", "prefix": "GpuAllocService.base_url",
+        "fleet": "GpuAllocService.fleet", "backend": "GpuAllocService.backend", "db": "GpuAllocService.db_url",
+        "audit-log": "GpuAllocService.audit_log", "tick-interval": "GpuAllocService.tick_interval",
+        "max-wait": "GpuAllocService.max_wait", "auth": "GpuAllocService.auth",
+        "log-level": "Application.log_level", "placement": "SchedulerPolicy.placement",
+    }
+
+    config_file = Unicode(
+        "", help="""The config file to load (a Python file setting `c.GpuAllocService...`,
+        `c.SchedulerPolicy...`). Default: gpualloc_config.py in the current directory, if present.""",
+    ).tag(config=True)
+    ip = Unicode(
+        help="Address to listen on. Default: the host of $JUPYTERHUB_SERVICE_URL, else 127.0.0.1.",
+    ).tag(config=True)
+    port = Int(
+        help=f"Port to listen on. Default: the port of $JUPYTERHUB_SERVICE_URL, else {DEFAULT_PORT}.",
+    ).tag(config=True)
+    base_url = Unicode(
+        help="URL prefix the service is served under. Default: $JUPYTERHUB_SERVICE_PREFIX, else /.",
+    ).tag(config=True)
+    fleet = Unicode("", help="Fleet file (YAML or JSON) for the simulated backend.").tag(config=True)
+    simulated_state = Unicode(
+        help="""File where the simulated backend keeps its MIG layout across restarts, as real GPUs
+        keep theirs. Default: beside the SQLite database (none for other databases).""",
+    ).tag(config=True)
+    backend = Unicode(
+        "", help=f"Where GPUs come from: {', '.join(BACKENDS)}. Default: simulated when a fleet is given, else nvml.",
+    ).tag(config=True)
+    db_url = Unicode(
+        help="""SQLAlchemy URL of the state database. Default: sqlite:///gpualloc.sqlite in the
+        current directory (a JupyterHub managed service runs in its own working directory).""",
+    ).tag(config=True)
+    auth = Unicode(
+        "", help="""How callers authenticate: 'hub' (JupyterHub tokens and OAuth cookies) or 'tokens'
+        (the api_tokens map). Default: hub when $JUPYTERHUB_API_TOKEN is set, else tokens.""",
+    ).tag(config=True)
+    api_tokens = Dict(
+        help="""Standalone mode: bearer tokens and who they are, e.g.
+        {"TOKEN": {"user": "alice", "admin": False, "groups": ["students"]}}. Admins list and
+        release every lease, drain GPUs and read /metrics.""",
+    ).tag(config=True)
+    admin_scope = Unicode(
+        ADMIN_SCOPE, help="""Hub mode: the custom scope that makes a user an administrator of the
+        allocator (declare it in c.JupyterHub.custom_scopes and grant it with a role).""",
+    ).tag(config=True)
+    audit_log = Unicode(
+        "gpualloc-audit.jsonl", help="JSON-lines file every scheduler event is appended to; empty disables it.",
+    ).tag(config=True)
+    tick_interval = Float(
+        5.0, help="Seconds between scheduler ticks (expire idle and dead leases, grant from the queue).",
+    ).tag(config=True)
+    max_wait = Float(60.0, help="The longest a POST /leases long-poll (`wait`) is held, in seconds.").tag(config=True)
+    retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
+    authenticate_prometheus = Bool(
+        True, help="Whether /metrics needs admin credentials (turn off for a scraper inside a trusted network).",
+    ).tag(config=True)
+    connections_are_activity = Bool(
+        False, help="Whether a touch reporting open connections (`connections` > 0) counts as activity now.",
+    ).tag(config=True)
+    keepalive_interval = Float(15.0, help="Seconds between keep-alive comments on idle event streams.").tag(config=True)
+    cookie_secret_file = Unicode(
+        "", help="""Hub mode: file with the secret signing the OAuth cookie; empty: a new secret
+        each start (browsers then log in again).""",
+    ).tag(config=True)
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    @default("ip")
+    def _default_ip(self) -> str:
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
+
+    @default("port")
+    def _default_port(self) -> int:
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).port or DEFAULT_PORT
+
+    @default("base_url")
+    def _default_base_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+
+    @default("db_url")
+    def _default_db_url(self) -> str:
+        return sqlite_url(Path.cwd() / "gpualloc.sqlite")
+
+    @validate("base_url")
+    def _check_base_url(self, proposal) -> str:
+        return join_url(proposal["value"]).rstrip("/") + "/"
+
+    @validate("backend")
+    def _check_backend(self, proposal) -> str:
+        if proposal["value"] not in ("", *BACKENDS):
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
+        return proposal["value"]
+
+    @validate("auth")
+    def _check_auth(self, proposal) -> str:
+        if proposal["value"] not in ("", "hub", "tokens"):
+            raise ValueError("auth must be 'hub' or 'tokens'")
+        return proposal["value"]
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        self.parse_command_line(argv)
+        path = self.config_file or ("gpualloc_config.py" if Path("gpualloc_config.py").is_file() else "")
+        if path:
+            if not Path(path).is_file():
+                raise ValueError(f"config file {path} not found")
+            self.load_config_file(path)
+        self.build()
+
+    def _state_beside_db(self) -> str | None:
+        prefix = "sqlite:///"
+        if self.db_url.startswith(prefix) and len(self.db_url) > len(prefix):
+            return self.db_url[len(prefix):] + ".mig-state.json"
+        return None
+
+    def build(self) -> None:
+        """Backend, store, scheduler, events, metrics, authentication and the tornado app."""
+        backend_name = self.backend or ("simulated" if self.fleet else "nvml")
+        options = {}
+        if backend_name == "simulated":
+            options = {"fleet": self.fleet or None, "state_file": self.simulated_state or self._state_beside_db()}
+        self.device_backend = make_backend(backend_name, **options)
+        self.store = Store(self.db_url)
+        self.policy = SchedulerPolicy(parent=self)
+        self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log)
+        self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
+                                   listeners=[self.broker.publish])
+        self.metrics = ServiceMetrics(self.scheduler)
+        self.broker.add_listener(self.metrics.observe)
+        hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
+        self.hub_auth = None
+        if hub_mode:
+            self.hub_auth = HubOAuth(parent=self, base_url=self.base_url)
+            authenticator = HubAuthenticator(self.hub_auth, self.admin_scope)
+        else:
+            if not self.api_tokens:
+                self.log.warning("no api_tokens configured: every API call will be refused (401)")
+            authenticator = TokenAuthenticator(self.api_tokens)
+        self.ctx = h.ServiceContext(
+            scheduler=self.scheduler, broker=self.broker, metrics=self.metrics, authenticator=authenticator,
+            backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
+            authenticate_prometheus=self.authenticate_prometheus,
+            connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
+        secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
+        self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret)
+
+    def tick(self) -> None:
+        with self.metrics.timed("tick"):
+            self.scheduler.tick(time.time())
+
+    async def serve(self) -> None:
+        """Listen, tick periodically, and stop cleanly on SIGTERM or SIGINT."""
+        server = HTTPServer(self.web_app, xheaders=True)
+        server.listen(self.port, self.ip)
+        ticker = PeriodicCallback(self.tick, self.tick_interval * 1000)
+        ticker.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        mode = "JupyterHub" if self.hub_auth is not None else "standalone"
+        self.log.info("gpualloc service (%s, %s backend) at http://%s:%d%s", mode, self.device_backend.name,
+                      self.ip, self.port, join_url(self.base_url, API_PATH) + "/")
+        await stop.wait()
+        ticker.stop()
+        server.stop()
+        self.broker.close()
+        self.store.close()
+        self.device_backend.close()
+
+    def start(self) -> None:
+        asyncio.run(self.serve())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the service; configuration errors print one line and return 1."""
+    app = GpuAllocService()
+    try:
+        app.initialize(sys.argv[1:] if argv is None else argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    except (DeviceError, ValueError, OSError, TraitError, SQLAlchemyError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 1
+    app.start()
+    return 0

@@ -1,0 +1,115 @@
+"""Who is calling: JupyterHub tokens and OAuth cookies (hub mode) or a static token map (standalone).
+
+Both authenticators turn a request into an `Identity` (user name, admin or not, groups) or None.
+In hub mode administrators are those holding a custom scope (`custom:gpualloc:admin` by default);
+in standalone mode they are the token map's entries marked `"admin": True`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from jupyterhub.services.auth import HubOAuth, check_scopes
+from tornado import web
+
+ADMIN_SCOPE = "custom:gpualloc:admin"
+_AUTH_HEADER = re.compile(r"(?:token|bearer)\s+(\S+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An authenticated caller."""
+
+    user: str
+    admin: bool = False
+    groups: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "admin": self.admin, "groups": list(self.groups)}
+
+
+class Forbidden(Exception):
+    """The caller is known but not allowed to use this service at all."""
+
+
+def bearer_token(handler: web.RequestHandler) -> str | None:
+    """The token of an `Authorization: Bearer <token>` (or `token <token>`) header."""
+    match = _AUTH_HEADER.match(handler.request.headers.get("Authorization", ""))
+    return match.group(1) if match else None
+
+
+class TokenAuthenticator:
+    """Standalone mode: bearer tokens from `GpuAllocService.api_tokens`."""
+
+    def __init__(self, tokens: Mapping[str, Mapping[str, Any]]):
+        self._identities: dict[str, Identity] = {}
+        for token, entry in tokens.items():
+            self._identities[token] = parse_token_entry(token, entry)
+
+    async def identify(self, handler: web.RequestHandler) -> Identity | None:
+        token = bearer_token(handler)
+        if not token:
+            return None
+        found = None
+        for known, identity in self._identities.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = identity
+        return found
+
+    def check_xsrf(self, handler: web.RequestHandler) -> None:
+        """Bearer tokens are never sent by a browser on its own: nothing to check."""
+
+
+def parse_token_entry(token: str, entry: Any) -> Identity:
+    """One `api_tokens` entry, `{"user": "alice", "admin": False, "groups": [...]}`, checked."""
+    where = f"api_tokens[{token[:4]}...]"
+    if not isinstance(token, str) or len(token) < 8:
+        raise ValueError(f"{where}: a token must be a string of at least 8 characters")
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where}: must be a dict like {{'user': 'alice', 'admin': False}}")
+    unknown = set(entry) - {"user", "admin", "groups"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r} (use user, admin, groups)")
+    user = entry.get("user")
+    if not isinstance(user, str) or not user:
+        raise ValueError(f"{where}: 'user' must be a non-empty string")
+    admin = entry.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{where}: 'admin' must be True or False")
+    groups = entry.get("groups", [])
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
+        raise ValueError(f"{where}: 'groups' must be a list of group names")
+    return Identity(user, admin, tuple(groups))
+
+
+class HubAuthenticator:
+    """Hub mode: a JupyterHub token (user, server or kernel token) or the service's OAuth cookie.
+
+    The caller needs the service's access scopes (`access:services!service=<name>`); holding
+    `admin_scope` makes them an administrator of the allocator.
+    """
+
+    def __init__(self, hub_auth: HubOAuth, admin_scope: str = ADMIN_SCOPE):
+        self.hub_auth = hub_auth
+        self.admin_scope = admin_scope
+
+    async def identify(self, handler: web.RequestHandler) -> Identity | None:
+        model = await self.hub_auth.get_user(handler, sync=False)
+        if not model:
+            return None
+        if model.get("kind", "user") != "user":
+            raise Forbidden(f"{model.get('kind')} {model.get('name')} is not a user")
+        scopes = set(model.get("scopes", ()))
+        access = self.hub_auth.access_scopes
+        if access and not check_scopes(access, scopes):
+            raise Forbidden(f"user {model['name']} may not use this service "
+                            f"(needs one of: {', '.join(sorted(access))})")
+        admin = bool(check_scopes({self.admin_scope}, scopes))
+        return Identity(model["name"], admin, tuple(model.get("groups") or ()))
+
+    def check_xsrf(self, handler: web.RequestHandler) -> None:
+        """Cookie-authenticated (browser) writes need JupyterHub's XSRF token; token requests do not."""
+        self.hub_auth.check_xsrf_cookie(handler)

@@ -1,0 +1,115 @@
+"""Prometheus metrics: the fleet and queue read from the scheduler at scrape time, plus
+histograms and counters fed by the scheduler's events and the service's own timings."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from ..core.model import Event, LeaseState, PriorityClass
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+WAIT_BUCKETS = (0.1, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class FleetCollector:
+    """Gauges computed from the scheduler's inventory and leases whenever /metrics is read."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def collect(self):
+        inventory = self.scheduler.inventory()
+        gpus = GaugeMetricFamily("gpualloc_gpus", "GPUs in the fleet.", labels=["node", "model", "mig_mode", "drained"])
+        slices = GaugeMetricFamily(
+            "gpualloc_slices",
+            "Slices per kind, MIG profile and GPU model: granted now, or free (how many more could be granted now).",
+            labels=["kind", "profile", "model", "state"])
+        shared_free = GaugeMetricFamily("gpualloc_shared_free_memory_mib",
+                                        "GPU memory (MiB) not yet shared out on non-MIG GPUs.", labels=["model"])
+        gpu_count: dict[tuple, int] = {}
+        counts: dict[tuple, int] = {}
+        free_mib: dict[str, int] = {}
+
+        def add(key: tuple, n: int) -> None:
+            counts[key] = counts.get(key, 0) + n
+
+        for node in inventory["nodes"]:
+            for gpu in node["gpus"]:
+                key = (node["name"], gpu["model"], gpu["mig_mode"], str(gpu["drained"]).lower())
+                gpu_count[key] = gpu_count.get(key, 0) + 1
+                model = gpu["model"]
+                if gpu["mig_mode"] != "off":
+                    for inst in gpu["instances"]:
+                        if inst["lease_id"] is not None:
+                            add(("mig", inst["profile"], model, "granted"), 1)
+                    for profile, n in gpu["free_profiles"].items():
+                        add(("mig", profile, model, "free"), n)
+                    continue
+                kinds = {share["kind"] for share in gpu["shares"]}
+                add(("shared", "", model, "granted"), sum(1 for s in gpu["shares"] if s["kind"] == "shared"))
+                add(("whole", "", model, "granted"), 1 if "whole" in kinds else 0)
+                add(("whole", "", model, "free"), 1 if gpu["whole_free"] and not gpu["drained"] else 0)
+                free_mib[model] = free_mib.get(model, 0) + (0 if gpu["drained"] else gpu["free_memory_mib"])
+        for key, n in sorted(gpu_count.items()):
+            gpus.add_metric(list(key), n)
+        for key, n in sorted(counts.items()):
+            slices.add_metric(list(key), n)
+        for model, mib in sorted(free_mib.items()):
+            shared_free.add_metric([model], mib)
+
+        leases = GaugeMetricFamily("gpualloc_leases", "Active leases by state.", labels=["state"])
+        active = self.scheduler.leases()
+        for state in (LeaseState.QUEUED, LeaseState.GRANTED):
+            leases.add_metric([state.value], sum(1 for l in active if l.state is state))
+        queue = GaugeMetricFamily("gpualloc_queue_length", "Waiting requests per priority class.", labels=["priority"])
+        for priority in PriorityClass:
+            queue.add_metric([priority.value], inventory["queue"][priority.value])
+        yield from (gpus, slices, shared_free, leases, queue)
+
+
+class ServiceMetrics:
+    """The service's metrics, in a registry of its own (several services may share a process in tests)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.registry = CollectorRegistry()
+        self.registry.register(FleetCollector(scheduler))
+        self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
+                                    ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
+        self.decision_latency = Histogram("gpualloc_decision_seconds",
+                                          "Seconds the scheduler core took per call, by operation.",
+                                          ["operation"], buckets=DECISION_BUCKETS, registry=self.registry)
+        self.expirations = Counter("gpualloc_lease_expirations",
+                                   "Leases ended by the scheduler (idle or no heartbeat).",
+                                   registry=self.registry)
+        self.preemptions = Counter("gpualloc_lease_preemptions", "Batch leases preempted for interactive requests.",
+                                   registry=self.registry)
+        self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
+
+    def observe(self, event: Event) -> None:
+        """Feed one scheduler event into the histograms and counters."""
+        self.events.labels(event.type).inc()
+        if event.type == "lease.granted":
+            priority = self.scheduler.lease(event.lease_id).priority.value
+            self.queue_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))
+        elif event.type == "lease.expired":
+            self.expirations.inc()
+        elif event.type == "lease.preempted":
+            self.preemptions.inc()
+
+    @contextmanager
+    def timed(self, operation: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.decision_latency.labels(operation).observe(time.perf_counter() - start)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,243 @@
+"""The OpenAPI 3.1 document of REST API v1, built from the same route table the app serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+API_VERSION = "1"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+NULLABLE_NUMBER = {"type": ["number", "null"]}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "properties": {
+            "error": {"type": "string", "description": "What went wrong, for people."},
+            "field": {"type": "string", "description": "The offending field of the request, e.g. spec.memory_gib."},
+            "quota": {"type": "object", "required": ["scope", "key", "limit"],
+                      "properties": {"scope": {"enum": ["user", "group"]}, "key": {"type": "string"},
+                                     "limit": {"type": "number"}}},
+            "lease_id": {"type": "string", "description": "The holder's existing lease (409 holder busy)."},
+            "reason": {"type": "string", "description": "Why a request was rejected (409, 503)."},
+            "lease": {"type": "object"},
+            "state": {"type": "string"},
+        },
+    },
+    "SliceSpec": {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "kind": {"enum": ["mig", "shared", "whole", "any"]},
+            "memory_gib": {"type": "number", "exclusiveMinimum": 0},
+            "memory_mib": {"type": "integer", "minimum": 1},
+            "profile": {"type": "string", "pattern": "^\\d+g\\.\\d+gb(\\+me)?$"},
+            "model": {"type": "string"}, "count": {"type": "integer", "minimum": 1},
+            "node": {"type": "string"}, "cpu_milli": {"type": "integer", "minimum": 0},
+            "host_memory_mib": {"type": "integer", "minimum": 0},
+        },
+    },
+    "Slice": {
+        "type": "object", "required": ["kind", "node", "gpu_uuids", "memory_mib", "visible_devices"],
+        "properties": {
+            "kind": {"enum": ["mig", "shared", "whole"]}, "node": {"type": "string"},
+            "gpu_uuids": {"type": "array", "items": {"type": "string"}},
+            "memory_mib": {"type": "integer"}, "profile": {"type": "string"}, "start": {"type": "integer"},
+            "mig_uuid": {"type": "string"}, "milli": {"type": "integer"}, "model": {"type": "string"},
+            "visible_devices": {"type": "string", "description": "The value for CUDA_VISIBLE_DEVICES."},
+        },
+    },
+    "Lease": {
+        "type": "object",
+        "required": ["id", "user", "holder", "spec", "priority", "state", "slice", "created_at", "position", "reason"],
+        "properties": {
+            "id": {"type": "string"}, "user": {"type": "string"}, "holder": {"type": "string"},
+            "groups": {"type": "array", "items": {"type": "string"}},
+            "spec": _ref("SliceSpec"), "priority": {"enum": ["interactive", "batch"]},
+            "preemptible": {"type": "boolean"},
+            "state": {"enum": ["queued", "granted", "released", "expired", "preempted", "rejected", "cancelled"]},
+            "slice": {"oneOf": [_ref("Slice"), {"type": "null"}]},
+            "created_at": {"type": "number"}, "granted_at": NULLABLE_NUMBER, "ended_at": NULLABLE_NUMBER,
+            "last_activity": NULLABLE_NUMBER, "heartbeat_at": NULLABLE_NUMBER, "busy": {"type": "boolean"},
+            "idle_warned_at": NULLABLE_NUMBER, "idle_timeout": NULLABLE_NUMBER,
+            "reason": {"type": "string"},
+            "position": {"type": ["integer", "null"], "description": "1-based place in the queue when queued."},
+        },
+    },
+    "LeaseList": {"type": "object", "required": ["leases"],
+                  "properties": {"leases": {"type": "array", "items": _ref("Lease")}}},
+    "LeaseRequest": {
+        "type": "object", "required": ["spec", "holder"], "additionalProperties": False,
+        "properties": {
+            "spec": _ref("SliceSpec"),
+            "holder": {"type": "string", "pattern": "^(server(:.+)?|kernel:.+|job:.+)$"},
+            "priority": {"enum": ["interactive", "batch"], "default": "interactive"},
+            "wait": {"type": "number", "minimum": 0,
+                     "description": "Seconds to long-poll for a grant. Absent: queue and answer at once; "
+                                    "0: reject (409) if nothing fits now."},
+            "preemptible": {"type": "boolean"},
+            "idle_timeout": {"type": "number", "minimum": 0},
+        },
+    },
+    "Touch": {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "last_activity": {"oneOf": [{"type": "number", "minimum": 0},
+                                        {"type": "string", "format": "date-time"}]},
+            "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0},
+        },
+    },
+    "Heartbeat": {"type": "object", "additionalProperties": False,
+                  "properties": {"holders": {"type": "array", "items": {"type": "string"}}}},
+    "Inventory": {
+        "type": "object", "required": ["nodes", "queue"],
+        "properties": {
+            "nodes": {"type": "array", "items": {
+                "type": "object", "required": ["name", "gpus"],
+                "properties": {"name": {"type": "string"}, "cpu_milli": {"type": "integer"},
+                               "memory_mib": {"type": "integer"}, "free_cpu_milli": {"type": "integer"},
+                               "free_memory_mib": {"type": "integer"},
+                               "gpus": {"type": "array", "items": _ref("Gpu")}}}},
+            "queue": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    },
+    "Gpu": {
+        "type": "object", "required": ["uuid", "model", "memory_mib", "mig_mode", "drained"],
+        "properties": {
+            "uuid": {"type": "string"}, "index": {"type": "integer"}, "model": {"type": "string"},
+            "memory_mib": {"type": "integer"}, "mig_mode": {"enum": ["off", "static", "dynamic"]},
+            "drained": {"type": "boolean"},
+            "instances": {"type": "array", "items": {"type": "object"}},
+            "free_memory_slices": {"type": "integer"}, "free_compute_slices": {"type": "integer"},
+            "free_profiles": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "shares": {"type": "array", "items": {"type": "object"}},
+            "free_memory_mib": {"type": "integer"}, "free_milli": {"type": "integer"},
+            "whole_free": {"type": "boolean"},
+        },
+        "description": "Lease ids of other users' slices read 'other' unless the caller is an admin.",
+    },
+    "Offers": {"type": "object", "required": ["offers"], "properties": {"offers": {"type": "array", "items": {
+        "type": "object", "required": ["name", "label", "spec", "available"],
+        "properties": {"name": {"type": "string"}, "label": {"type": "string"}, "spec": _ref("SliceSpec"),
+                       "idle_timeout": NULLABLE_NUMBER, "available": {"type": "integer"}}}}}},
+    "Health": {"type": "object", "required": ["status"],
+               "properties": {"status": {"const": "ok"}, "version": {"type": "string"},
+                              "backend": {"type": "string"}, "gpus": {"type": "integer"}}},
+    "Identity": {"type": "object", "required": ["user", "admin", "groups"],
+                 "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
+                                "groups": {"type": "array", "items": {"type": "string"}}}},
+    "Drain": {"type": "object", "required": ["gpu", "drained"],
+              "properties": {"gpu": {"type": "string"}, "drained": {"type": "boolean"}}},
+}
+
+LEASE_ID = {"name": "lease_id", "in": "path", "required": True, "schema": {"type": "string"}}
+GPU_UUID = {"name": "gpu_uuid", "in": "path", "required": True, "schema": {"type": "string"}}
+AUTH_ERRORS = {"401": _error("No or unknown credentials."),
+               "403": _error("Known caller without permission for this.")}
+
+OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "/health": {"get": {"summary": "Liveness; needs no authentication.", "security": [],
+                        "responses": {"200": _json(_ref("Health"), "The service is up.")}}},
+    "/user": {"get": {"summary": "Who the caller is to the allocator.",
+                      "responses": {"200": _json(_ref("Identity"), "The caller."), **AUTH_ERRORS}}},
+    "/inventory": {"get": {"summary": "GPUs, MIG layouts and free capacity per profile and kind.",
+                           "responses": {"200": _json(_ref("Inventory"), "The fleet now."), **AUTH_ERRORS}}},
+    "/offers": {"get": {"summary": "The slice choices policy offers the caller, with how many could be granted now.",
+                        "responses": {"200": _json(_ref("Offers"), "Offers."), **AUTH_ERRORS}}},
+    "/leases": {
+        "get": {"summary": "The caller's active leases (everyone's with all=1, for admins).",
+                "parameters": [{"name": "all", "in": "query", "required": False, "schema": {"enum": ["0", "1"]}}],
+                "responses": {"200": _json(_ref("LeaseList"), "Active leases, oldest first."), **AUTH_ERRORS}},
+        "post": {"summary": "Ask for a slice.",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("LeaseRequest")}}},
+                 "responses": {
+                     "201": _json(_ref("Lease"), "Granted."),
+                     "202": _json(_ref("Lease"), "Queued, with its position."),
+                     "400": _error("Bad input; `field` names it."),
+                     "401": AUTH_ERRORS["401"],
+                     "403": _error("Quota exceeded; `quota` says which."),
+                     "409": _error("No capacity and no waiting (`reason`), "
+                                   "or the holder already has a lease (`lease_id`)."),
+                     "503": {**_error("The fleet for this request is drained."),
+                             "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+                 }},
+    },
+    "/leases/{lease_id}": {
+        "parameters": [LEASE_ID],
+        "get": {"summary": "One lease, active or ended.",
+                "responses": {"200": _json(_ref("Lease"), "The lease."), "401": AUTH_ERRORS["401"],
+                              "404": _error("No such lease (or not the caller's).")}},
+        "delete": {"summary": "Release a granted slice or withdraw a queued request.",
+                   "responses": {"200": _json(_ref("Lease"), "The ended lease."), "401": AUTH_ERRORS["401"],
+                                 "404": _error("No such active lease (or not the caller's).")}},
+    },
+    "/leases/{lease_id}/touch": {
+        "parameters": [LEASE_ID],
+        "post": {"summary": "Report the holder's activity; counts as a heartbeat.",
+                 "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Touch")}}},
+                 "responses": {"200": _json(_ref("Lease"), "The lease."), "400": _error("Bad input."),
+                               "401": AUTH_ERRORS["401"], "404": _error("No such active lease.")}},
+    },
+    "/heartbeat": {
+        "post": {"summary": "Mark the caller's holders alive (all of their leases without holders).",
+                 "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Heartbeat")}}},
+                 "responses": {"200": _json(_ref("LeaseList"), "The leases kept alive."),
+                               "400": _error("Bad input."), "401": AUTH_ERRORS["401"]}},
+    },
+    "/events": {
+        "get": {"summary": "Server-sent events: the caller's leases and the fleet (everything for admins).",
+                "responses": {"200": {"description": "An event stream, one `data: {json}` message per event.",
+                                      "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                              "401": AUTH_ERRORS["401"]}},
+    },
+    "/gpus/{gpu_uuid}/drain": {
+        "parameters": [GPU_UUID],
+        "post": {"summary": "Stop granting new slices on a GPU (admin).",
+                 "responses": {"200": _json(_ref("Drain"), "Drained."), **AUTH_ERRORS,
+                               "404": _error("No such GPU.")}},
+        "delete": {"summary": "Resume granting on a GPU (admin).",
+                   "responses": {"200": _json(_ref("Drain"), "Undrained."), **AUTH_ERRORS,
+                                 "404": _error("No such GPU.")}},
+    },
+    "/metrics": {
+        "get": {"summary": "Prometheus metrics (admin unless authenticate_prometheus is off).",
+                "responses": {"200": {"description": "Prometheus text format.",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}},
+                              **AUTH_ERRORS}},
+    },
+    "/openapi.json": {"get": {"summary": "This document.", "security": [],
+                              "responses": {"200": {"description": "OpenAPI 3.1.",
+                                                    "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+}
+
+
+def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str, Any]:
+    """The document for the API served under `api_prefix` (e.g. /services/gpualloc/api/v1)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "jupyter-gpualloc scheduler service", "version": API_VERSION,
+                 "description": "GPU slices (MIG, memory-capped shares, whole GPUs) from one scheduler core."},
+        "servers": [{"url": api_prefix.rstrip("/")}],
+        "security": [{"bearer": []}, {"hubCookie": []}],
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "A JupyterHub token (hub mode) or a token of api_tokens (standalone)."},
+                "hubCookie": {"type": "apiKey", "in": "cookie", "name": cookie_name,
+                              "description": "The service's JupyterHub OAuth cookie (browsers, hub mode)."},
+            },
+        },
+        "paths": OPERATIONS,
+    }
