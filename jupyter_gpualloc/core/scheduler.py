@@ -83,6 +83,17 @@ class _Plan:
 
 
 @dataclass
+class _ModelGroup:
+    """The fleet's GPUs of one model and MIG-ness: how many sit on each node."""
+
+    model: str
+    is_mig: bool
+    memory_mib: int
+    profiles: dict[int, MigProfile]
+    per_node: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class _GpuState:
     gpu: Gpu
     node_index: int
@@ -155,6 +166,14 @@ class Scheduler:
                 gs = _GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances})
                 self._gpus[gpu.uuid] = gs
         self.view = ClusterView(capacities)
+        groups: dict[tuple[str, bool], _ModelGroup] = {}
+        for gs in self._gpus.values():
+            key = (gs.gpu.model, gs.is_mig)
+            if key not in groups:
+                groups[key] = _ModelGroup(gs.gpu.model, gs.is_mig, gs.gpu.memory_mib, gs.profiles)
+            per_node = groups[key].per_node
+            per_node[gs.gpu.node] = per_node.get(gs.gpu.node, 0) + 1
+        self._model_groups = list(groups.values())
         for gs in self._gpus.values():
             self._sync_view(gs)
 
@@ -514,38 +533,28 @@ class Scheduler:
     # ------------------------------------------------------------ placement
     def _plans_for(self, spec: SliceSpec) -> list[_Plan]:
         """Every concrete way to satisfy a spec in this fleet, preferred first; SpecError if none."""
-        mig_models, plain_models = {}, {}
-        for gs in self._gpus.values():
-            gpu = gs.gpu
-            if spec.model and not mig.same_model(gpu.model, spec.model):
-                continue
-            if spec.node and gpu.node != spec.node:
-                continue
-            (mig_models if gs.is_mig else plain_models).setdefault(gpu.model, gs)
+        groups = [g for g in self._model_groups
+                  if (not spec.model or mig.same_model(g.model, spec.model))
+                  and (not spec.node or spec.node in g.per_node)]
         plans: list[_Plan] = []
-        want_mig = spec.kind in (SliceKind.MIG, SliceKind.ANY)
-        if want_mig:
-            for model, gs in mig_models.items():
-                profile = self._pick_profile(gs.profiles, spec)
-                if profile is not None:
-                    plans.append(_Plan(SliceKind.MIG, model, profile.memory_mib, profile=profile))
+        if spec.kind in (SliceKind.MIG, SliceKind.ANY):
+            for g in groups:
+                if g.is_mig:
+                    profile = self._pick_profile(g.profiles, spec)
+                    if profile is not None:
+                        plans.append(_Plan(SliceKind.MIG, g.model, profile.memory_mib, profile=profile))
+        plain = [g for g in groups if not g.is_mig and spec.memory_mib <= g.memory_mib]
         if spec.kind in (SliceKind.SHARED, SliceKind.ANY) and spec.count == 1 and spec.memory_mib \
                 and not spec.profile:
-            for model, gs in plain_models.items():
-                if spec.memory_mib <= gs.gpu.memory_mib:
-                    milli = math.ceil(spec.memory_mib * MILLI_PER_GPU / gs.gpu.memory_mib)
-                    plans.append(_Plan(SliceKind.SHARED, model, spec.memory_mib, milli=milli))
+            for g in plain:
+                milli = math.ceil(spec.memory_mib * MILLI_PER_GPU / g.memory_mib)
+                plans.append(_Plan(SliceKind.SHARED, g.model, spec.memory_mib, milli=milli))
         if spec.kind is SliceKind.WHOLE or (spec.kind is SliceKind.ANY and not spec.memory_mib
                                              and not spec.profile):
-            per_node: dict[tuple[str, str], int] = {}
-            for gs in self._gpus.values():
-                if not gs.is_mig and gs.gpu.model in plain_models and gs.gpu.memory_mib >= spec.memory_mib:
-                    key = (gs.gpu.node, gs.gpu.model)
-                    per_node[key] = per_node.get(key, 0) + 1
-            for model, gs in plain_models.items():
-                if any(n >= spec.count for (_, m), n in per_node.items() if m == model):
-                    plans.append(_Plan(SliceKind.WHOLE, model, gs.gpu.memory_mib * spec.count,
-                                       count=spec.count))
+            for g in plain:
+                counts = [g.per_node[spec.node]] if spec.node else g.per_node.values()
+                if max(counts) >= spec.count:
+                    plans.append(_Plan(SliceKind.WHOLE, g.model, g.memory_mib * spec.count, count=spec.count))
         if not plans:
             raise SpecError(_spec_field(spec), f"no GPU in this fleet can provide a {spec.describe()}")
         kind_rank = {SliceKind.MIG: 0, SliceKind.SHARED: 1, SliceKind.WHOLE: 2}

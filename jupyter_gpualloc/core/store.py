@@ -103,6 +103,12 @@ class Store:
         if is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         metadata.create_all(self.engine)
+        upsert = self._insert(leases)
+        self._upsert_leases = upsert.on_conflict_do_update(
+            index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in leases.c if c.name != "id"})
+        upsert = self._insert(meta)
+        self._upsert_meta_row = upsert.on_conflict_do_update(
+            index_elements=["key"], set_={"value": upsert.excluded.value})
 
     def close(self) -> None:
         self.engine.dispose()
@@ -113,17 +119,14 @@ class Store:
         """One transaction: upsert leases, add/remove MIG instance records, remember the sequence."""
         with self.engine.begin() as conn:
             if changed:
-                rows = [_lease_row(l) for l in changed]
-                stmt = self._insert(leases)
-                conn.execute(stmt.on_conflict_do_update(
-                    index_elements=["id"], set_={c: stmt.excluded[c] for c in rows[0] if c != "id"}), rows)
+                conn.execute(self._upsert_leases, [_lease_row(l) for l in changed])
             for gpu_uuid, mig_uuid, inst, created in instance_changes:
                 conn.execute(delete(mig_instances).where(mig_instances.c.uuid == mig_uuid))
                 if inst is not None:
                     conn.execute(mig_instances.insert().values(
                         uuid=inst.uuid, gpu_uuid=gpu_uuid, profile_id=inst.profile_id, start=inst.start,
                         size=inst.size, gi_id=inst.gi_id, ci_id=inst.ci_id, created_by_core=created))
-            self._upsert_meta(conn, "seq", str(seq))
+            conn.execute(self._upsert_meta_row, {"key": "seq", "value": str(seq)})
 
     def save_drain(self, gpu_uuid: str, drained: bool) -> None:
         with self.engine.begin() as conn:
@@ -137,10 +140,6 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(stmt.on_conflict_do_update(
                 index_elements=["id"], set_={"data": stmt.excluded.data, "state": stmt.excluded.state}), row)
-
-    def _upsert_meta(self, conn, key: str, value: str) -> None:
-        stmt = self._insert(meta).values(key=key, value=value)
-        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
 
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
