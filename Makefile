@@ -24,6 +24,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:

@@ -1,0 +1,12 @@
+def load_ipython_extension(ipython):
+    """`%load_ext jupyter_gpualloc`: the `%gpu` magic (see jupyter_gpualloc.kernel)."""
+    from .kernel import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """`%unload_ext jupyter_gpualloc`."""
+    from .kernel import unload_ipython_extension as unload
+
+    unload(ipython)

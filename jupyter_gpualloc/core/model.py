@@ -230,6 +230,7 @@ class Slice:
     mig_uuid: str | None = None
     milli: int = MILLI_PER_GPU
     model: str = ""
+    gpu_memory_mib: int = 0  # the memory of each GPU it is on (a share's cap is memory_mib of it)
 
     @property
     def visible_devices(self) -> str:

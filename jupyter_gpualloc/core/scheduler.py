@@ -637,7 +637,8 @@ class Scheduler:
     def _mig_slice(self, gs: _GpuState, plan: _Plan, start: int, mig_uuid: str | None) -> Slice:
         return Slice(kind=SliceKind.MIG, node=gs.gpu.node, gpu_uuids=(gs.gpu.uuid,),
                      memory_mib=plan.profile.memory_mib, profile=plan.profile.name, start=start,
-                     mig_uuid=mig_uuid, milli=MILLI_PER_GPU, model=gs.gpu.model)
+                     mig_uuid=mig_uuid, milli=MILLI_PER_GPU, model=gs.gpu.model,
+                     gpu_memory_mib=gs.gpu.memory_mib)
 
     def _place_plain(self, lease: Lease, plan: _Plan, reserved: set[str]) -> _Placement | None:
         disabled = [self._gpus[u] for u in reserved if not self._gpus[u].is_mig]
@@ -657,7 +658,7 @@ class Scheduler:
         memory = plan.memory_mib if plan.kind is SliceKind.SHARED else gpus[0].gpu.memory_mib
         sl = Slice(kind=plan.kind, node=node.name, gpu_uuids=tuple(g.gpu.uuid for g in gpus),
                    memory_mib=memory, milli=plan.milli if plan.kind is SliceKind.SHARED else MILLI_PER_GPU,
-                   model=plan.model)
+                   model=plan.model, gpu_memory_mib=gpus[0].gpu.memory_mib)
         return _Placement(sl, plan, node_index, gpus)
 
     def _all_drained(self, plans: Sequence[_Plan]) -> bool:

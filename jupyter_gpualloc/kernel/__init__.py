@@ -1,0 +1,30 @@
+"""Inside the user's kernel: the `%gpu` magic, the lease view and framework memory caps.
+
+`%load_ext jupyter_gpualloc` (or `jupyter_gpualloc.kernel`) registers `%gpu`. Loading imports no
+framework (torch, tensorflow, jax, cupy) and no server code, and makes no network call: the
+service client is made on the first `%gpu`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LOADED: dict[int, Any] = {}
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register `%gpu` in this IPython shell (a kernel's, or a terminal's)."""
+    from .magics import GpuMagics, KernelGpu
+
+    if id(ipython) in _LOADED:
+        return
+    kernel_gpu = KernelGpu(in_kernel=getattr(ipython, "kernel", None) is not None)
+    _LOADED[id(ipython)] = kernel_gpu
+    ipython.register_magics(GpuMagics(ipython, kernel_gpu))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Stop heartbeats and framework caps (the lease itself stays with the kernel)."""
+    kernel_gpu = _LOADED.pop(id(ipython), None)
+    if kernel_gpu is not None:
+        kernel_gpu.close()

@@ -1,0 +1,456 @@
+"""The `%gpu` line magic: ask the allocator for a slice from inside a kernel, see it, give it back.
+
+A granted slice takes effect in the running kernel (CUDA_VISIBLE_DEVICES and the memory-cap
+variables in `os.environ`, framework caps on import) when no CUDA context exists yet; otherwise
+the magic says the kernel must restart, and the lease stays with the kernel so the kernel
+provisioner applies it at the restart. Every failure prints one line to stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any, Callable, MutableMapping
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .caps import FrameworkCaps, apply_lease_env, cap_from_env, clear_lease_env
+from .cuda_state import cuda_initialised_by, memory_used_mib
+from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
+from .status import describe_lease, describe_request, describe_slice, error_line, status_lines
+
+ACTIONS = ("request", "release", "status", "offers", "list")
+ACTIVE = ("queued", "granted")
+HEARTBEAT_INTERVAL = 30.0
+POLL_INTERVAL = 1.0
+
+
+def kernel_holder(environ: MutableMapping[str, str], connection_file: str | None) -> str:
+    """$GPUALLOC_HOLDER, else 'kernel:<id>' from ipykernel's connection file kernel-<id>.json."""
+    holder = environ.get("GPUALLOC_HOLDER")
+    if holder:
+        return holder
+    if connection_file:
+        match = re.fullmatch(r"kernel-(.+)\.json", os.path.basename(connection_file))
+        if match:
+            return f"kernel:{match.group(1)}"
+    return f"kernel:pid-{os.getpid()}"
+
+
+def running_connection_file() -> str | None:
+    """The connection file of the ipykernel this code runs in, or None outside a kernel."""
+    if "ipykernel.kernelapp" not in sys.modules:
+        return None
+    from ipykernel.kernelapp import IPKernelApp
+
+    return IPKernelApp.instance().connection_file if IPKernelApp.initialized() else None
+
+
+def spec_from_args(size: str, mig: str | None, shared: str | None, whole: int | None,
+                   model: str | None) -> dict[str, Any]:
+    """The REST spec for `%gpu request`'s arguments; InputError unless exactly one kind is given."""
+    given = [name for name, value in (("a size", size), ("--mig", mig), ("--shared", shared),
+                                      ("--whole", whole)) if value]
+    if not given:
+        raise InputError("say what to request: e.g. %gpu request 10GB, --mig 1g.10gb, --shared 8GB or --whole")
+    if len(given) > 1:
+        raise InputError(f"give one of a size, --mig, --shared or --whole (got {' and '.join(given)})")
+    if mig:
+        spec: dict[str, Any] = {"kind": "mig", "profile": mig}
+    elif shared:
+        spec = {"kind": "shared", "memory_gib": parse_size(shared) / MIB_PER_GIB}
+    elif whole:
+        spec = {"kind": "whole", "count": whole}
+    else:
+        spec = {"kind": "any", "memory_gib": parse_size(size) / MIB_PER_GIB}
+    if model:
+        spec["model"] = model
+    return spec
+
+
+class Heartbeat:
+    """Tells the service every `interval` seconds that this kernel (the holder) is alive."""
+
+    def __init__(self, send: Callable[[], Any], interval: float = HEARTBEAT_INTERVAL):
+        self.send = send
+        self.interval = interval
+        self._stop: threading.Event | None = None
+
+    def start(self) -> None:
+        if self._stop is not None:
+            return
+        stop = self._stop = threading.Event()
+        threading.Thread(target=self._run, args=(stop,), name="gpualloc-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            try:
+                self.send()
+            except Exception:  # the service may be restarting: the next beat tries again
+                continue
+
+
+class Progress:
+    """One line updated in place: a display in a notebook, a carriage-return line in a terminal."""
+
+    def __init__(self, in_kernel: bool):
+        self.in_kernel = in_kernel
+        self._handle = None
+        self._width = 0
+
+    def show(self, text: str) -> None:
+        if self.in_kernel:
+            from IPython.display import display
+
+            if self._handle is None:
+                self._handle = display({"text/plain": text}, raw=True, display_id=True)
+            else:
+                self._handle.update({"text/plain": text}, raw=True)
+        else:
+            sys.stdout.write("\r" + text.ljust(self._width))
+            sys.stdout.flush()
+            self._width = len(text)
+
+    def done(self, text: str) -> None:
+        self.show(text)
+        if not self.in_kernel:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+class KernelGpu:
+    """This kernel's side of the allocator: its holder name, its lease, and making a grant take effect."""
+
+    def __init__(self, *, environ: MutableMapping[str, str] | None = None, in_kernel: bool = False,
+                 poll_interval: float = POLL_INTERVAL, heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                 clock: Callable[[], float] = time.time):
+        self.environ = os.environ if environ is None else environ
+        self.holder = kernel_holder(self.environ, running_connection_file())
+        self.in_kernel = in_kernel
+        self.poll_interval = poll_interval
+        self.clock = clock
+        self._client = None
+        # a lease the provisioner applied at launch is in effect already
+        self.lease_id: str | None = self.environ.get("GPUALLOC_LEASE_ID") or None
+        self.applied_id: str | None = self.lease_id
+        self.restart_needed_for: str | None = None
+        self.caps = FrameworkCaps()
+        self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
+        cap = cap_from_env(self.environ)
+        if cap is not None:
+            self.caps.install(cap)
+
+    # ------------------------------------------------------------ plumbing
+    @property
+    def client(self):
+        """The service client, made on first use (so loading the extension touches no network)."""
+        if self._client is None:
+            from ..client import SyncGpuAllocClient
+
+            try:
+                self._client = SyncGpuAllocClient(env=self.environ)
+            except ValueError as err:
+                raise InputError(str(err).split(" (or pass")[0]) from None
+        return self._client
+
+    @property
+    def service_url(self) -> str:
+        return getattr(self._client, "url", "") or self.environ.get("GPUALLOC_URL", "")
+
+    def close(self) -> None:
+        """Stop heartbeats and framework caps, and close the client."""
+        self.heartbeat.stop()
+        self.caps.uninstall()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def current(self) -> dict | None:
+        """This holder's active lease (queued or granted), or None."""
+        mine = [lease for lease in self.client.leases() if lease["holder"] == self.holder and lease["state"] in ACTIVE]
+        if mine:
+            self.lease_id = mine[-1]["id"]
+            self.heartbeat.start()
+            return mine[-1]
+        self.heartbeat.stop()
+        return None
+
+    def _gpu_memory_mib(self, slice_: dict) -> int | None:
+        """The total memory of the slice's GPU, from the inventory (None if it is not listed)."""
+        for node in self.client.inventory()["nodes"]:
+            for gpu in node["gpus"]:
+                if gpu["uuid"] in slice_["gpu_uuids"]:
+                    return gpu["memory_mib"]
+        return None
+
+    # ------------------------------------------------------------ actions
+    def request(self, spec: dict, *, mode: str = "now", timeout: float = math.inf) -> list[str]:
+        """Ask for a slice. mode: 'now' (fail if nothing fits), 'wait' (up to `timeout` s), 'queue'."""
+        lease = None
+        try:
+            lease = self.client.request_lease(spec, self.holder, wait=0 if mode == "now" else None)
+            self.lease_id = lease["id"]
+            self.heartbeat.start()
+            if lease["state"] == "queued":
+                if mode == "queue":
+                    return [f"gpu: queued at position {lease.get('position')} for a {describe_request(lease)} "
+                            f"(lease {lease['id']}): %gpu status applies it once granted"]
+                lease = self._wait(lease, timeout)
+        except KeyboardInterrupt:
+            return [self._withdraw(lease)]
+        if lease["state"] != "granted":
+            self.heartbeat.stop()
+            if lease["state"] == "cancelled":  # _wait withdrew it at the timeout and said so
+                return []
+            return [f"gpu: the request ended ({lease['state']}): {lease.get('reason') or 'no reason given'}"]
+        return [self.take_effect(lease)]
+
+    def _wait(self, lease: dict, timeout: float) -> dict:
+        """Poll a queued lease, showing its position, until it is granted, ends, or `timeout` passes."""
+        progress = Progress(self.in_kernel)
+        started = self.clock()
+        what = describe_request(lease)
+        while lease["state"] == "queued":
+            waited = self.clock() - started
+            progress.show(f"gpu: queued for a {what}: position {lease.get('position')}, "
+                          f"waited {format_duration(waited)} (interrupt to withdraw)")
+            if waited >= timeout:
+                withdrawn = self.client.release(lease["id"])
+                progress.done(f"gpu: no {what} within {format_duration(timeout)}: request withdrawn "
+                              f"(use a longer --wait, or --no-wait)")
+                return withdrawn
+            time.sleep(min(self.poll_interval, max(0.0, timeout - waited)))
+            lease = self.client.lease(lease["id"])
+        if lease["state"] == "granted":
+            progress.done(f"gpu: granted after {format_duration(self.clock() - started)} in the queue")
+        return lease
+
+    def _withdraw(self, lease: dict | None) -> str:
+        """After an interrupt: withdraw the request (found by holder if the POST was cut short)."""
+        if lease is None or lease["state"] not in ACTIVE:
+            lease = self.current()
+        self.heartbeat.stop()
+        if lease is None:
+            return "gpu: interrupted before the request reached the service: nothing requested"
+        self.client.release(lease["id"])
+        if lease["state"] == "granted":
+            return f"gpu: interrupted: {describe_lease(lease)} released (lease {lease['id']})"
+        where = f" at position {lease['position']}" if lease.get("position") else ""
+        return f"gpu: interrupted: request for a {describe_request(lease)} withdrawn (was queued{where})"
+
+    def take_effect(self, lease: dict) -> str:
+        """Make a granted lease this process's slice, or say that the kernel must restart for it."""
+        what = describe_slice(lease["slice"])
+        busy = cuda_initialised_by()
+        if busy:
+            self.restart_needed_for = lease["id"]
+            return (f"gpu: granted {what} (lease {lease['id']}), but CUDA is already initialised in this kernel "
+                    f"({', '.join(busy)}): restart the kernel to use it (the lease stays with this kernel)")
+        shared = lease["slice"]["kind"] == "shared"
+        env = apply_lease_env(lease, self._gpu_memory_mib(lease["slice"]) if shared else None, self.environ)
+        cap = cap_from_env(env)
+        if cap is not None:
+            self.caps.install(cap)
+        else:
+            self.caps.uninstall()
+        self.applied_id = lease["id"]
+        self.restart_needed_for = None
+        line = f"gpu: granted {what} (lease {lease['id']}): CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+        if cap is not None:
+            fraction = f", fraction {cap.fraction:g} of the GPU" if cap.fraction is not None else ""
+            line += f"; memory capped at {format_mib(cap.limit_mib)}{fraction}"
+        return line
+
+    def forget(self, lease: dict) -> str:
+        """After a release: no slice in this process's environment any more. Returns a note, or ''."""
+        self.heartbeat.stop()
+        note = ""
+        if lease["id"] == self.applied_id:
+            clear_lease_env(self.environ)
+            self.caps.uninstall()
+            self.applied_id = None
+            busy = cuda_initialised_by()
+            if busy:
+                note = f"; CUDA in this kernel ({', '.join(busy)}) keeps its context until the kernel restarts"
+        if lease["id"] == self.restart_needed_for:
+            self.restart_needed_for = None
+        return note
+
+    def release(self) -> list[str]:
+        lease = self.current()
+        if lease is None:
+            return ["gpu: this kernel holds no GPU slice"]
+        ended = self.client.release(lease["id"])
+        note = self.forget(ended)
+        if lease["state"] == "queued":
+            return [f"gpu: withdrew the request for a {describe_request(lease)} (lease {lease['id']})"]
+        return [f"gpu: released {describe_lease(lease)} (lease {lease['id']}){note}"]
+
+    def status(self) -> tuple[list[str], dict | None]:
+        """Status lines, and the lease when there is one to show in a view."""
+        lease = self.current()
+        lines: list[str] = []
+        if lease is None:
+            ended = None
+            if self.lease_id:
+                from ..client import NotFound
+
+                try:
+                    ended = self.client.lease(self.lease_id)
+                except NotFound:
+                    ended = None
+                if ended is not None and ended["id"] == self.applied_id:
+                    self.forget(ended)
+            return status_lines(None, now=self.clock(), in_effect=False, environ=self.environ, ended=ended), None
+        if lease["state"] == "granted" and lease["id"] not in (self.applied_id, self.restart_needed_for):
+            lines.append(self.take_effect(lease))
+        in_effect = lease["id"] == self.applied_id
+        lines += status_lines(lease, now=self.clock(), in_effect=in_effect, environ=self.environ,
+                              frameworks=self.caps.describe(), used_mib=memory_used_mib() if in_effect else None)
+        return lines, lease
+
+    def offers(self) -> list[str]:
+        offers = self.client.offers()
+        if not offers:
+            return ["gpu: no slices are offered"]
+        lines = ["gpu: offers (available now, and how to ask)"]
+        for offer in offers:
+            lines.append(f"  {offer['label']:<34} {offer['available']:>3} available   "
+                         f"%gpu request {request_arguments(offer['spec'])}")
+        return lines
+
+    def list(self) -> list[str]:
+        leases = self.client.leases()
+        if not leases:
+            return ["gpu: you hold no GPU slices"]
+        lines = ["gpu: your leases (* this kernel)"]
+        for lease in leases:
+            mark = "*" if lease["holder"] == self.holder else " "
+            where = f" (position {lease['position']})" if lease.get("position") else ""
+            lines.append(f" {mark} {lease['id']}  {lease['holder']:<24} {lease['state']:<8} "
+                         f"{describe_lease(lease)}{where}")
+        return lines
+
+
+def request_arguments(spec: dict) -> str:
+    """The `%gpu request` arguments that ask for an offer's spec."""
+    model = f" --model '{spec['model']}'" if spec.get("model") else ""
+    if spec.get("kind") == "mig" or spec.get("profile"):
+        return f"--mig {spec['profile']}{model}"
+    if spec.get("kind") == "whole":
+        count = spec.get("count", 1)
+        return f"--whole{f' {count}' if count > 1 else ''}{model}"
+    size = f"{spec['memory_gib']:g}GB" if spec.get("memory_gib") else ""
+    return (f"--shared {size}" if spec.get("kind") == "shared" else size) + model
+
+
+@magics_class
+class GpuMagics(Magics):
+    """`%gpu`: this kernel's GPU slice."""
+
+    def __init__(self, shell, kernel_gpu: KernelGpu):
+        super().__init__(shell)
+        self.kernel_gpu = kernel_gpu
+
+    @line_magic
+    @magic_arguments()
+    @argument("action", nargs="?", default="status", choices=ACTIONS,
+              help="request a slice, release it, show its status (default), list the offers or all your leases")
+    @argument("size", nargs="*", help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB; "
+                                      "the smallest offer with that much (a MIG profile where one fits, else a "
+                                      "shared slice)")
+    @argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
+    @argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
+    @argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")
+    @argument("--model", help="only this GPU model, e.g. H100")
+    @argument("--wait", nargs="?", const="", metavar="DURATION",
+              help="queue if nothing fits now, and wait up to DURATION (e.g. 10m; no value: until granted), "
+                   "showing the queue position; interrupt the cell to withdraw")
+    @argument("--no-wait", action="store_true",
+              help="queue if nothing fits now, without waiting: %%gpu status shows the position and applies "
+                   "the slice once granted")
+    def gpu(self, line: str) -> None:
+        """Ask the GPU allocator for a slice for this kernel, see it, and give it back.
+
+        Without --wait or --no-wait, a request that cannot be granted now fails at once.
+        Examples: %gpu request 10GB; %gpu request --mig 1g.10gb --wait 10m; %gpu release
+        """
+        try:
+            args = parse_argstring(self.gpu, line)
+        except UsageError as err:
+            print(f"gpu: {err} (%gpu? shows the usage)", file=sys.stderr)
+            return
+        try:
+            self._run(args)
+        except Exception as err:
+            if not _is_expected(err):
+                raise
+            print(error_line(err, self.kernel_gpu.service_url), file=sys.stderr)
+
+    def _run(self, args) -> None:
+        if args.action != "request" and (args.size or args.mig or args.shared or args.whole or args.model
+                                         or args.wait is not None or args.no_wait):
+            raise InputError(f"'%gpu {args.action}' takes no size or options")
+        if args.action == "request":
+            spec = spec_from_args(" ".join(args.size), args.mig, args.shared, args.whole, args.model)
+            if args.wait is not None and args.no_wait:
+                raise InputError("give --wait or --no-wait, not both")
+            mode, timeout = "now", math.inf
+            if args.no_wait:
+                mode = "queue"
+            elif args.wait is not None:
+                mode, timeout = "wait", parse_duration(args.wait) if args.wait else math.inf
+            _say(self.kernel_gpu.request(spec, mode=mode, timeout=timeout))
+        elif args.action == "release":
+            _say(self.kernel_gpu.release())
+        elif args.action == "status":
+            lines, lease = self.kernel_gpu.status()
+            self._show_status(lines, lease)
+        elif args.action == "offers":
+            _say(self.kernel_gpu.offers())
+        else:
+            _say(self.kernel_gpu.list())
+
+    def _show_status(self, lines: list[str], lease: dict | None) -> None:
+        """A widget (with the same text for terminals) in a kernel; plain text elsewhere."""
+        if lease is None or not self.kernel_gpu.in_kernel:
+            _say(lines)
+            return
+        try:
+            from .widget import LeaseView
+        except ImportError:
+            _say(lines)
+            return
+        from IPython.display import display
+
+        notes = [line for line in lines if line.startswith("gpu: granted")]
+        _say(notes)
+        gpu = self.kernel_gpu
+        view = LeaseView(gpu.client, lease, environ=gpu.environ, in_effect=lease["id"] == gpu.applied_id,
+                         frameworks=gpu.caps.describe(), clock=gpu.clock, on_release=gpu.forget)
+        display(view)
+
+
+def _is_expected(err: Exception) -> bool:
+    """Errors the magic reports in one line: bad input and every answer of the service."""
+    if isinstance(err, InputError):
+        return True
+    from ..client import GpuAllocError
+
+    return isinstance(err, GpuAllocError)
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        print(line)

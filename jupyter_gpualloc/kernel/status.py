@@ -1,0 +1,132 @@
+"""Words for a lease as the kernel shows it: its slice, cap mechanism, memory and idle countdown.
+
+Pure functions of the lease JSON of REST API v1 and of `now`, shared by the plain-text status and
+the ipywidgets view.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..core.model import SliceSpec, SpecError
+from .sizes import format_duration, format_mib
+
+
+def describe_slice(slice_: Mapping[str, Any]) -> str:
+    """'MIG 1g.5gb on A100-SXM4-40GB (node0)', 'shared 8 GiB on L4 (node0)', '2 whole L4 (node0)'."""
+    where = f" on {slice_['model']}" if slice_.get("model") else ""
+    node = f" ({slice_['node']})" if slice_.get("node") else ""
+    if slice_["kind"] == "mig":
+        return f"MIG {slice_.get('profile')}{where}{node}"
+    if slice_["kind"] == "shared":
+        return f"shared {format_mib(slice_['memory_mib'])}{where}{node}"
+    count = len(slice_.get("gpu_uuids") or ())
+    return f"{count} whole GPUs{where}{node}" if count > 1 else f"whole GPU{where}{node}"
+
+
+def describe_request(lease: Mapping[str, Any]) -> str:
+    """What a lease asked for, e.g. '3g.40gb slice' or 'whole GPU on L4'."""
+    try:
+        return SliceSpec.from_json(lease["spec"]).describe()
+    except (SpecError, KeyError, TypeError):
+        return "GPU slice"
+
+
+def describe_lease(lease: Mapping[str, Any]) -> str:
+    """The slice of a granted lease, else what it waits for."""
+    return describe_slice(lease["slice"]) if lease.get("slice") else describe_request(lease)
+
+
+def cap_mechanism(slice_: Mapping[str, Any], environ: Mapping[str, str], frameworks: str = "") -> str:
+    """How the slice's memory limit is enforced in this kernel, strongest mechanism first."""
+    if slice_["kind"] == "mig":
+        return "MIG instance: memory and compute isolated by the GPU"
+    if slice_["kind"] == "whole":
+        return "whole GPU: no cap"
+    limit = format_mib(slice_["memory_mib"])
+    found = []
+    if environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+        found.append("MPS pinned-memory limit")
+    if "libvgpu" in environ.get("LD_PRELOAD", ""):
+        found.append("HAMi-core")
+    found.append(f"framework caps: {frameworks}" if frameworks else "framework caps on import")
+    return f"shared {limit}: " + "; ".join(found)
+
+
+def idle_seconds_left(lease: Mapping[str, Any], now: float) -> float | None:
+    """Seconds until the idle warning (0 once due), or None when idle release does not apply."""
+    timeout = lease.get("idle_timeout")
+    if lease.get("state") != "granted" or not timeout:
+        return None
+    last = lease.get("last_activity") or lease.get("granted_at") or now
+    return max(0.0, last + timeout - now)
+
+
+def idle_text(lease: Mapping[str, Any], now: float) -> str | None:
+    """The idle countdown of a granted lease, or None when idle release does not apply."""
+    left = idle_seconds_left(lease, now)
+    if left is None:
+        return None
+    if lease.get("idle_warned_at"):
+        return "warned: the slice is released soon unless this kernel is used (or extended)"
+    after = format_duration(lease["idle_timeout"])
+    if left <= 0:
+        return f"idle for over {after}: a warning is due"
+    return f"warning in {format_duration(left)} (released when idle for {after} plus a grace period)"
+
+
+def memory_text(used_mib: int | None, slice_: Mapping[str, Any]) -> str:
+    """'1.5 GiB of 8 GiB' or 'not measured (no GPU context in this kernel); 8 GiB available'."""
+    cap = format_mib(slice_["memory_mib"])
+    if used_mib is None:
+        return f"not measured (no GPU context in this kernel); {cap} available"
+    return f"{format_mib(used_mib)} of {cap}"
+
+
+def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool,
+                 environ: Mapping[str, str], frameworks: str = "", used_mib: int | None = None,
+                 ended: Mapping[str, Any] | None = None) -> list[str]:
+    """The plain-text status of this kernel's lease (or of its absence)."""
+    if lease is None:
+        if ended is not None:
+            reason = f": {ended['reason']}" if ended.get("reason") else ""
+            return [f"gpu: no GPU slice; lease {ended['id']} {ended['state']}{reason}"]
+        return ["gpu: this kernel holds no GPU slice (%gpu request 10GB asks for one)"]
+    if lease["state"] == "queued":
+        position = lease.get("position")
+        where = f" at position {position}" if position else ""
+        return [f"gpu: queued{where} for a {describe_request(lease)} (lease {lease['id']})",
+                "  %gpu release withdraws the request"]
+    slice_ = lease["slice"]
+    devices = slice_.get("visible_devices") or slice_.get("mig_uuid") or ",".join(slice_["gpu_uuids"])
+    effect = "in effect in this kernel" if in_effect else "applies when the kernel restarts"
+    lines = [f"gpu: {describe_slice(slice_)}, lease {lease['id']}",
+             f"  devices: CUDA_VISIBLE_DEVICES={devices} ({effect})",
+             f"  memory cap: {cap_mechanism(slice_, environ, frameworks)}",
+             f"  memory used: {memory_text(used_mib, slice_)}"]
+    idle = idle_text(lease, now)
+    if idle:
+        lines.append(f"  idle: {idle}")
+    return lines
+
+
+def error_line(err: Exception, service_url: str = "") -> str:
+    """One line for people about a failed call (InputError or a client error), starting 'gpu: '."""
+    from ..client import BadRequest, HolderBusy, NoCapacity, ServiceUnavailable, Unauthorized
+
+    if isinstance(err, NoCapacity):
+        return f"gpu: {err.reason} (use --wait to queue)"
+    if isinstance(err, HolderBusy):
+        return f"gpu: this kernel already holds lease {err.lease_id}: %gpu release it first"
+    if isinstance(err, Unauthorized):
+        return f"gpu: the gpualloc service refused this kernel's token ({err}): check GPUALLOC_TOKEN"
+    if isinstance(err, ServiceUnavailable):
+        if not err.status:
+            where = f" at {service_url}" if service_url else ""
+            return f"gpu: cannot reach the gpualloc service{where}: check that it runs, or set GPUALLOC_URL"
+        retry = f" (try again in {err.retry_after:g} s)" if err.retry_after else ""
+        return f"gpu: {err}{retry}"
+    message = str(err)
+    if isinstance(err, BadRequest) and err.field and message.startswith(f"{err.field}: "):
+        message = message[len(err.field) + 2:]
+    return f"gpu: {message}"

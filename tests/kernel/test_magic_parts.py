@@ -1,0 +1,87 @@
+"""The magic's pieces that need no kernel: holder names, specs, usage, status words."""
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_gpualloc.kernel.magics import Progress, kernel_holder, request_arguments, spec_from_args
+from jupyter_gpualloc.kernel.sizes import InputError
+from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, status_lines
+
+
+def test_holder_from_the_environment_else_the_connection_file():
+    assert kernel_holder({"GPUALLOC_HOLDER": "kernel:abc"}, "/run/kernel-zzz.json") == "kernel:abc"
+    assert kernel_holder({}, "/run/jupyter/kernel-4f2a-99.json") == "kernel:4f2a-99"
+    assert kernel_holder({}, None).startswith("kernel:pid-")
+
+
+@pytest.mark.parametrize("args, spec", [
+    (("10GB", None, None, None, None), {"kind": "any", "memory_gib": 10.0}),
+    (("", "3g.40gb", None, None, "H100"), {"kind": "mig", "profile": "3g.40gb", "model": "H100"}),
+    (("", None, "8GB", None, None), {"kind": "shared", "memory_gib": 8.0}),
+    (("", None, "1536MB", None, None), {"kind": "shared", "memory_gib": 1.5}),
+    (("", None, None, 2, "L4"), {"kind": "whole", "count": 2, "model": "L4"}),
+])
+def test_specs(args, spec):
+    assert spec_from_args(*args) == spec
+
+
+def test_offers_turn_into_request_arguments():
+    assert request_arguments({"kind": "mig", "profile": "1g.10gb", "model": "H100"}) == "--mig 1g.10gb --model 'H100'"
+    assert request_arguments({"kind": "shared", "memory_gib": 8, "model": "L4"}) == "--shared 8GB --model 'L4'"
+    assert request_arguments({"kind": "whole", "count": 2}) == "--whole 2"
+    assert request_arguments({"kind": "any", "memory_gib": 10}) == "10GB"
+
+
+def test_exactly_one_kind():
+    with pytest.raises(InputError, match="say what to request"):
+        spec_from_args("", None, None, None, None)
+    with pytest.raises(InputError, match=r"got a size and --shared"):
+        spec_from_args("4GB", None, "8GB", None, None)
+
+
+def test_usage_is_the_magics_help():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_gpualloc")
+    doc = " ".join(shell.find_line_magic("gpu").__doc__.split())
+    for words in ("%gpu [--mig PROFILE] [--shared SIZE] [--whole [N]] [--model MODEL] [--wait [DURATION]]",
+                  "--no-wait", "{request,release,status,offers,list}", "10GB, 10G, 10GiB or 10240MB"):
+        assert words in doc
+    shell.run_line_magic("unload_ext", "jupyter_gpualloc")
+
+
+SHARED = {"id": "l1", "state": "granted", "last_activity": 1000.0, "idle_timeout": 1800.0, "idle_warned_at": None,
+          "spec": {"kind": "shared", "memory_gib": 8},
+          "slice": {"kind": "shared", "node": "n0", "model": "L4", "gpu_uuids": ["GPU-1"], "memory_mib": 8192,
+                    "visible_devices": "GPU-1"}}
+
+
+def test_cap_mechanisms_strongest_first():
+    slice_ = SHARED["slice"]
+    env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M", "LD_PRELOAD": "/opt/hami/libvgpu.so"}
+    assert cap_mechanism(slice_, env, "PyTorch (fraction 0.35)") == (
+        "shared 8 GiB: MPS pinned-memory limit; HAMi-core; framework caps: PyTorch (fraction 0.35)")
+    assert cap_mechanism({**slice_, "kind": "whole"}, {}) == "whole GPU: no cap"
+
+
+def test_idle_countdown_words():
+    assert idle_text(SHARED, now=1000.0 + 60) == "warning in 29m (released when idle for 30m plus a grace period)"
+    assert idle_text(SHARED, now=1000.0 + 4000) == "idle for over 30m: a warning is due"
+    assert idle_text({**SHARED, "idle_warned_at": 2800.0}, now=2900.0).startswith("warned:")
+    assert idle_text({**SHARED, "idle_timeout": None}, now=0) is None
+
+
+def test_status_without_a_lease_and_while_queued():
+    assert status_lines(None, now=0, in_effect=False, environ={}) == [
+        "gpu: this kernel holds no GPU slice (%gpu request 10GB asks for one)"]
+    queued = {"id": "l2", "state": "queued", "position": 3, "spec": {"kind": "mig", "profile": "3g.40gb"}}
+    assert status_lines(queued, now=0, in_effect=False, environ={})[0] == (
+        "gpu: queued at position 3 for a 3g.40gb slice (lease l2)")
+
+
+def test_progress_in_a_terminal_rewrites_one_line(capsys):
+    progress = Progress(in_kernel=False)
+    progress.show("gpu: queued: position 12")
+    progress.show("gpu: queued: position 3")
+    progress.done("gpu: granted")
+    assert capsys.readouterr().out == ("\rgpu: queued: position 12" + "\rgpu: queued: position 3 "
+                                       + "\r" + "gpu: granted".ljust(23) + "\n")
