@@ -1,7 +1,8 @@
-"""`jupyter gpualloc serve|simulate|inventory`: the command line.
+"""`jupyter gpualloc serve|demo|simulate|inventory`: the command line.
 
-`serve` is a traitlets application (`--help-all` lists every option); the simulators and the
-inventory view are plain argparse commands that drive the same scheduler core.
+`serve` is a traitlets application (`--help-all` lists every option); `demo` starts the local
+JupyterHub demo; the simulators and the inventory view are plain argparse commands that drive
+the same scheduler core.
 """
 
 from __future__ import annotations
@@ -179,42 +180,6 @@ def render_inventory(backend) -> Iterable[str]:
             yield head + "  |" + "|".join(cells) + "|  " + (" ".join(names) or "no instances")
 
 
-# ---------------------------------------------------------------------------- demo
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def demo(args: argparse.Namespace, out: TextIO) -> int:
-    """The fleet, an interactive request stream through the core, and the openb trace replay."""
-    from .core import openb
-    from .core.devices.simulated import SimulatedBackend
-
-    fleet = EXAMPLES / "fleets" / "demo.yaml"
-    print("== The demo fleet ==", file=out)
-    for line in render_inventory(SimulatedBackend(fleet)):
-        print(line, file=out)
-    print("\n== Requests from notebooks, servers and jobs, replayed through the scheduler core ==", file=out)
-    requests = EXAMPLES / "requests" / "demo.jsonl"
-    for raw in requests.read_text().splitlines():
-        op = json.loads(raw)
-        spec = json.dumps(op.get("spec")) if op["op"] == "submit" else ""
-        print(f"  > {op['op']} {op.get('id', '')} {op.get('user', '')} {spec}".rstrip(), file=out)
-    print(file=out)
-    simulate_requests(argparse.Namespace(fleet=str(fleet), requests=str(requests), placement="default",
-                                         db=None), out)
-    try:
-        trace = openb.trace_dir()
-    except FileNotFoundError as err:
-        print(f"\n(openb replay skipped: {err})", file=out)
-        return 0
-    print(f"\n== The Alibaba openb trace ({trace.name}), FGD paper's protocol, seeds {args.seeds[0]}-{args.seeds[-1]} ==",
-          file=out)
-    print("   published at 100% arrived: FGD 95.23%, BestFit 92.86%", file=out)
-    simulate_openb(argparse.Namespace(nodes=None, pods=None, policy="default,fgd,bestfit", seeds=args.seeds,
-                                      json=False), out)
-    return 0
-
-
 # ---------------------------------------------------------------------------- main
 
 
@@ -240,10 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     rq.add_argument("--json", action="store_true", help="print JSON lines (the only format)")
     rq.set_defaults(func=simulate_requests)
 
-    dm = sub.add_parser("demo", help="show the scheduler core at work on the demo fleet and the openb trace")
-    dm.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="openb seeds")
-    dm.set_defaults(func=demo)
-
     inv = sub.add_parser("inventory", help="draw the fleet and its MIG layouts")
     inv.add_argument("--fleet", help="fleet file for the simulated backend")
     inv.add_argument("--backend", default=None, choices=["simulated", "nvml"],
@@ -258,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         from .service.app import main as serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["demo"]:
+        from .hub.demo import main as demo_main
+
+        return demo_main(argv[1:])
     args = build_parser().parse_args(argv)
     if getattr(args, "backend", "") is None:
         args.backend = "simulated" if args.fleet else "nvml"

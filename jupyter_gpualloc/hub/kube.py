@@ -1,0 +1,157 @@
+"""GPUKubeSpawner: KubeSpawner whose pods run on the lease's node with the lease's GPU resources.
+
+From a granted lease the pod gets: required node affinity to the lease's node; the NVIDIA device
+plugin's extended resources (`nvidia.com/mig-<profile>` in the mixed MIG strategy or
+`nvidia.com/gpu` in the single one, `nvidia.com/gpu` x count for whole GPUs, and configurable
+names for shared slices such as time-sliced `nvidia.com/gpu.shared` or HAMi's
+`nvidia.com/gpumem`); tolerations for GPU nodes; and the slice env (memory caps, service URL).
+The offers can also be published as KubeSpawner `profile_list` entries (`gpu_profile_list`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kubespawner import KubeSpawner
+from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
+
+from . import form
+from .mixin import GPUSpawnerMixin
+
+MIB_PER_GIB = 1024
+
+
+def resource_limits(slice_: Mapping[str, Any], *, mig_strategy: str = "mixed",
+                    shared_resources: Mapping[str, str] | None = None,
+                    gpu_resource: str = "nvidia.com/gpu") -> dict[str, str]:
+    """The extended resources a pod needs for a slice (values are strings, as Kubernetes wants).
+
+    `shared_resources` values are templates: `{memory_mib}`, `{memory_gib}`, `{percent}`
+    (of the GPU, rounded up) and `{milli}` are filled in from the slice.
+    """
+    kind = slice_["kind"]
+    if kind == "mig":
+        name = f"nvidia.com/mig-{slice_['profile']}" if mig_strategy == "mixed" else gpu_resource
+        return {name: "1"}
+    if kind == "whole":
+        return {gpu_resource: str(len(slice_["gpu_uuids"]))}
+    milli = int(slice_.get("milli", 1000))
+    values = {"memory_mib": int(slice_["memory_mib"]), "memory_gib": int(slice_["memory_mib"]) // MIB_PER_GIB,
+              "percent": -(-milli // 10), "milli": milli}
+    return {name: str(template).format(**values) for name, template in (shared_resources or {}).items()}
+
+
+def node_affinity(node: str, label: str = "kubernetes.io/hostname") -> dict[str, Any]:
+    """A NodeSelectorTerm pinning the pod to the lease's node."""
+    return {"matchExpressions": [{"key": label, "operator": "In", "values": [node]}]}
+
+
+def offers_profile_list(offers: list[dict], selected: str | None = None) -> list[dict]:
+    """The offers as KubeSpawner profile_list entries (slug = offer name)."""
+    names = [o["name"] for o in offers]
+    chosen = selected if selected in names else (names[0] if names else None)
+    return [{"display_name": o["label"], "slug": o["name"], "description": form.availability(o) or "no GPU",
+             "default": o["name"] == chosen, "kubespawner_override": {}} for o in offers]
+
+
+class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
+    """KubeSpawner on GPU slices from the scheduler service."""
+
+    gpu_mig_strategy = Unicode(
+        "mixed", help="""The NVIDIA device plugin's MIG strategy: 'mixed' (resources named
+        nvidia.com/mig-<profile>) or 'single' (MIG devices advertised as nvidia.com/gpu).""",
+    ).tag(config=True)
+    gpu_resource_name = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
+    gpu_shared_resources = Dict(
+        {"nvidia.com/gpu.shared": "1"},
+        help="""Extended resources requested for a shared slice; values are templates with
+        {memory_mib}, {memory_gib}, {percent} and {milli}. Time-slicing with renamed replicas:
+        {"nvidia.com/gpu.shared": "1"} (the default); HAMi: {"nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "{memory_mib}"}; empty: only the memory-cap env applies.""",
+    ).tag(config=True)
+    gpu_node_label = Unicode(
+        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
+    ).tag(config=True)
+    gpu_tolerations = List(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        help="Tolerations added to pods holding a GPU slice (GPU nodes are often tainted).",
+    ).tag(config=True)
+    gpu_device_env = Bool(
+        False, help="""Whether the pod's env names the devices (CUDA_VISIBLE_DEVICES and
+        NVIDIA_VISIBLE_DEVICES = the lease's UUIDs). Leave False when the device plugin assigns
+        the devices of the requested resources (it sets NVIDIA_VISIBLE_DEVICES itself).""",
+    ).tag(config=True)
+    gpu_profile_list = Bool(
+        False, help="""Publish the offers as KubeSpawner profile_list entries (KubeSpawner's own
+        form; the choice arrives as user_options {"profile": <offer name>}) instead of the
+        allocator's form.""",
+    ).tag(config=True)
+
+    @validate("gpu_mig_strategy")
+    def _check_mig_strategy(self, proposal):
+        if proposal["value"] not in ("mixed", "single"):
+            raise TraitError("gpu_mig_strategy must be 'mixed' or 'single'")
+        return proposal["value"]
+
+    @default("gpu_containers")
+    def _kube_containers_default(self) -> bool:
+        return True
+
+    def gpu_sets_visible_devices(self) -> bool:
+        return self.gpu_device_env
+
+    def gpu_option_keys(self) -> tuple[str, tuple[str, ...]]:
+        if self.gpu_profile_list:
+            return "profile", ("profile-option-",)
+        return super().gpu_option_keys()
+
+    async def get_options_form(self):
+        if not self.gpu_profile_list:
+            return await super().get_options_form()
+        previous = (self.orm_spawner.user_options or {}).get("profile") if self.orm_spawner else None
+        entries = offers_profile_list(await self.gpu_offers(), previous or self.gpu_default_offer)
+        return self._render_options_form(entries)
+
+    @default("options_from_form")
+    def _kube_options_from_form_default(self):
+        return self._options_from_form if self.gpu_profile_list else form.options_from_form
+
+    async def load_user_options(self):
+        """Nothing to load: the GPU choice was checked and kept by apply_user_options.
+
+        (KubeSpawner's own profile overrides do not apply: the GPU offers are the profiles.)
+        """
+
+    def gpu_pod_settings(self) -> dict[str, Any]:
+        """Extra resource limits, node affinity and tolerations for the lease now held."""
+        if not self._gpu_lease:
+            return {"extra_resource_limits": {}, "node_affinity_required": [], "tolerations": []}
+        slice_ = self._gpu_lease["slice"]
+        return {
+            "extra_resource_limits": resource_limits(slice_, mig_strategy=self.gpu_mig_strategy,
+                                                     shared_resources=self.gpu_shared_resources,
+                                                     gpu_resource=self.gpu_resource_name),
+            "node_affinity_required": [node_affinity(slice_["node"], self.gpu_node_label)],
+            "tolerations": list(self.gpu_tolerations),
+        }
+
+    async def get_pod_manifest(self):
+        """KubeSpawner's pod, with the lease's node affinity, GPU resources and tolerations added."""
+        self._gpu_init()
+        added = self.gpu_pod_settings()
+        saved = {name: getattr(self, name) for name in added}
+        try:
+            self.extra_resource_limits = {**saved["extra_resource_limits"], **added["extra_resource_limits"]}
+            self.node_affinity_required = _merged(saved["node_affinity_required"], added["node_affinity_required"])
+            self.tolerations = _merged(saved["tolerations"], added["tolerations"])
+            return await super().get_pod_manifest()
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+
+def _merged(configured: list | dict, extra: list) -> list | dict:
+    """KubeSpawner list-or-dict settings with our entries added (dict keys: gpualloc-<n>)."""
+    if isinstance(configured, dict):
+        return {**configured, **{f"gpualloc-{i}": item for i, item in enumerate(extra)}}
+    return [*configured, *extra]

@@ -1,0 +1,101 @@
+"""The hub side's link to the scheduler service: every call a spawner makes goes through here.
+
+The spawner acts *as the user*: the hub gives each spawner an API token of that user limited to
+`access:services!service=<name>` (`user_service_token`), so the service's ordinary JupyterHub
+authentication applies, quotas and group offers included, and no service-side "on behalf of"
+power is needed. The token is made by the hub itself (it outlives hub restarts in the hub's
+database, but the spawner only keeps it in memory: after a restart it makes a new one and deletes
+the old, found by its note).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from jupyterhub import orm
+from jupyterhub.scopes import get_scopes_for
+
+from ..client import GpuAllocClient, NotFound
+
+
+def access_scope(service_name: str) -> str:
+    return f"access:services!service={service_name}"
+
+
+def user_service_token(user: Any, service_name: str, note: str) -> str:
+    """A new token of JupyterHub `user` that may only reach the service; older ones with `note` go.
+
+    Raises PermissionError when the user lacks the access scope (the token would not work).
+    """
+    db = user.db
+    for old in list(user.orm_user.api_tokens):
+        if old.note == note:
+            db.delete(old)
+    db.commit()
+    scope = access_scope(service_name)
+    token = user.new_api_token(note=note, scopes=[scope])
+    orm_token = orm.APIToken.find(db, token)
+    held = get_scopes_for(orm_token)
+    if scope not in held and "access:services" not in held:
+        db.delete(orm_token)
+        db.commit()
+        raise PermissionError(
+            f"user {user.name} may not use the {service_name} service: grant the scope {scope} "
+            "to the user (e.g. in the 'user' role of c.JupyterHub.load_roles)")
+    return token
+
+
+def delete_token(user: Any, token: str) -> None:
+    """Revoke a token made by user_service_token (nothing if it is already gone)."""
+    found = orm.APIToken.find(user.db, token)
+    if found is not None:
+        user.db.delete(found)
+        user.db.commit()
+
+
+class ServiceLink:
+    """The service's API as one user sees it, reduced to what a spawner needs."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0):
+        self.client = GpuAllocClient(url, token, timeout=timeout, env={})
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def offers(self) -> list[dict]:
+        return await self.client.offers()
+
+    async def submit(self, spec: Mapping[str, Any], holder: str, *, idle_timeout: float | None = None,
+                     wait: float | None = None) -> dict:
+        """An interactive lease for `holder`: granted, or queued (wait None) / long-polled (wait N)."""
+        return await self.client.request_lease(spec, holder, priority="interactive", wait=wait,
+                                               idle_timeout=idle_timeout)
+
+    async def lease(self, lease_id: str) -> dict | None:
+        """The lease, or None when the service does not know it."""
+        try:
+            return await self.client.lease(lease_id)
+        except NotFound:
+            return None
+
+    async def release(self, lease_id: str) -> dict | None:
+        """End the lease; None when it had already ended or never existed."""
+        try:
+            return await self.client.release(lease_id)
+        except NotFound:
+            return None
+
+    async def heartbeat(self, holder: str) -> list[dict]:
+        return await self.client.heartbeat([holder])
+
+    async def gpu_memory_mib(self, gpu_uuid: str) -> int | None:
+        """A GPU's total memory from the inventory (for memory fractions), or None if not listed."""
+        for node in (await self.client.inventory())["nodes"]:
+            for gpu in node["gpus"]:
+                if gpu.get("uuid") == gpu_uuid:
+                    return gpu.get("memory_mib")
+        return None

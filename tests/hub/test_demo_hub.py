@@ -1,0 +1,135 @@
+"""End to end: the demo config's real JupyterHub, the scheduler service and real single-user servers.
+
+One hub for the module; the tests run in order and build on each other (who holds what).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from .conftest import Browser, server_environ
+
+H100 = "H100 80GB HBM3"
+
+
+def active_lease(hub, user: str) -> dict | None:
+    return next((l for l in hub.leases() if l["user"] == user and l["holder"] == "server"), None)
+
+
+def gpu_uuid(hub, model: str) -> str:
+    inventory = hub.service("GET", "inventory").json()
+    return next(g["uuid"] for n in inventory["nodes"] for g in n["gpus"] if g["model"] == model)
+
+
+def spawn(hub, user: str, user_options: dict, *, legacy_body: bool = False):
+    body = user_options if legacy_body else {"user_options": user_options}
+    return hub.api("POST", f"/users/{user}/server", body, token=hub.token(user))
+
+
+def check_env(hub, user: str) -> tuple[dict, dict]:
+    """The running server's environment and its lease; they must agree."""
+    server = hub.wait_ready(user)
+    env = server_environ(server["state"]["pid"])
+    lease = active_lease(hub, user)
+    assert lease is not None and lease["state"] == "granted"
+    assert server["state"]["gpu_lease_id"] == lease["id"] == env["GPUALLOC_LEASE_ID"]
+    assert env["CUDA_VISIBLE_DEVICES"] == lease["slice"]["visible_devices"]
+    assert env["GPUALLOC_URL"].endswith("/services/gpualloc/")
+    return env, lease
+
+
+def test_form_lists_the_offers_and_starts_a_mig_server(demo_hub):
+    browser = Browser(demo_hub, "alice")
+    browser.login()
+    html = browser.spawn_form()
+    for label in ("No GPU", "MIG 1g.10gb on A100 80GB", "Shared 8 GiB on L4", "Whole H100"):
+        assert label in html
+    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(4 free now)</small>" in html
+    reply = browser.submit("mig-1g.10gb")
+    assert reply.status_code == 302, reply.text[:2000]
+    env, lease = check_env(demo_hub, "alice")
+    assert lease["slice"]["kind"] == "mig" and lease["slice"]["profile"] == "1g.10gb"
+    assert env["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert "GPUALLOC_MEMORY_LIMIT_MIB" not in env
+    erin = Browser(demo_hub, "erin")
+    erin.login()
+    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(3 free now)</small>" in erin.spawn_form()
+
+
+def test_a_request_beyond_quota_fails_with_the_capacity_message(demo_hub):
+    reply = spawn(demo_hub, "carol", {"gpu": "whole-h100"})
+    assert reply.status_code == 503, reply.text
+    message = reply.json()["message"]
+    assert "You cannot have a whole GPU on H100 80GB HBM3 now" in message
+    assert "user quota for carol: at most 20 GiB of GPU memory" in message
+    assert active_lease(demo_hub, "carol") is None
+    assert demo_hub.server("carol") is None
+
+
+def test_rest_api_spawns_with_strictly_checked_user_options(demo_hub):
+    for options in ({"gpu": "mig-9g.99gb"}, {"gpu": "none", "image": "x"}, {"gpu": 7}):
+        reply = spawn(demo_hub, "dave", options)
+        assert reply.status_code == 400, (options, reply.text)
+        assert "offer" in reply.json()["message"] or "option" in reply.json()["message"]
+    assert active_lease(demo_hub, "dave") is None
+
+    assert spawn(demo_hub, "bob", {"gpu": "whole-h100"}).status_code in (201, 202)
+    assert spawn(demo_hub, "carol", {"gpu": "shared-8gb-l4"}, legacy_body=True).status_code in (201, 202)
+    bob_env, bob_lease = check_env(demo_hub, "bob")
+    assert bob_lease["slice"]["kind"] == "whole" and bob_env["CUDA_VISIBLE_DEVICES"] == gpu_uuid(demo_hub, H100)
+    carol_env, carol_lease = check_env(demo_hub, "carol")
+    assert carol_env["CUDA_VISIBLE_DEVICES"] == gpu_uuid(demo_hub, "L4")
+    assert carol_env["GPUALLOC_MEMORY_LIMIT_MIB"] == "8192"
+    assert carol_env["CUDA_DEVICE_MEMORY_LIMIT"] == "8192m"
+    assert abs(float(carol_env["GPUALLOC_MEMORY_FRACTION"]) - 8192 / 23034) < 1e-3
+    assert carol_env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    alice_env = server_environ(demo_hub.server("alice")["state"]["pid"])
+    assert len({alice_env["CUDA_VISIBLE_DEVICES"], bob_env["CUDA_VISIBLE_DEVICES"],
+                carol_env["CUDA_VISIBLE_DEVICES"]}) == 3
+
+
+def test_a_user_waits_in_the_queue_until_another_server_stops(demo_hub):
+    assert spawn(demo_hub, "dave", {"gpu": "whole-h100"}).status_code in (201, 202)  # "slow to start"
+    assert demo_hub.server("dave")["pending"] == "spawn" and not demo_hub.server("dave")["ready"]
+    events = demo_hub.progress("dave", until="position 1 in queue")
+    assert any(e["message"] == f"waiting for a whole GPU on {H100}: position 1 in queue" for e in events)
+    assert active_lease(demo_hub, "dave")["state"] == "queued"
+    bob_lease = active_lease(demo_hub, "bob")
+    assert demo_hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
+    demo_hub.wait_stopped("bob")
+    assert demo_hub.service("GET", f"leases/{bob_lease['id']}").json()["state"] == "released"
+    env, lease = check_env(demo_hub, "dave")
+    assert env["CUDA_VISIBLE_DEVICES"] == gpu_uuid(demo_hub, H100)
+    assert lease["granted_at"] >= bob_lease["created_at"]
+
+
+def test_a_hub_restart_keeps_the_leases(demo_hub):
+    before = {l["id"]: l for l in demo_hub.leases()}
+    assert {l["user"] for l in before.values()} == {"alice", "carol", "dave"}
+    pids = {u: demo_hub.server(u)["state"]["pid"] for u in ("alice", "carol", "dave")}
+    demo_hub.stop()
+    assert all(psutil.pid_exists(pid) for pid in pids.values())
+    demo_hub.start()
+    time.sleep(12)  # longer than the heartbeat TTL (10 s): only resumed heartbeats keep the leases
+    after = {l["id"]: l for l in demo_hub.leases()}
+    assert set(after) == set(before)
+    assert all(l["state"] == "granted" and l["slice"] == before[i]["slice"] for i, l in after.items())
+    assert all(time.time() - l["heartbeat_at"] < 5 for l in after.values())
+    for user, pid in pids.items():
+        server = demo_hub.server(user)
+        assert server["ready"] and server["state"]["pid"] == pid
+
+
+def test_a_killed_server_loses_its_slice_within_the_heartbeat_ttl(demo_hub):
+    lease = active_lease(demo_hub, "alice")
+    os.kill(demo_hub.server("alice")["state"]["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    while demo_hub.service("GET", f"leases/{lease['id']}").json()["state"] == "granted":
+        assert time.monotonic() - killed < 10, "the slice outlived the heartbeat TTL"
+        time.sleep(0.2)
+    assert demo_hub.service("GET", f"leases/{lease['id']}").json()["state"] == "released"
+    demo_hub.wait_stopped("alice")

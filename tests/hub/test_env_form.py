@@ -1,0 +1,114 @@
+"""The lease -> env mapping and the form's strict validation (no hub needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_gpualloc.core.model import Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec
+from jupyter_gpualloc.hub import form
+from jupyter_gpualloc.hub.env import SLICE_ENV_NAMES, slice_env
+
+URL = "http://127.0.0.1:8765/services/gpualloc/"
+
+
+def granted(sl: Slice) -> dict:
+    return Lease(id="L1", user="alice", holder="server", spec=SliceSpec(kind=sl.kind),
+                 priority=PriorityClass.INTERACTIVE, state=LeaseState.GRANTED, created_at=0.0, seq=1,
+                 slice=sl).to_json()
+
+
+MIG = Slice(SliceKind.MIG, "local", ("GPU-1",), 9984, profile="1g.10gb", start=6, mig_uuid="MIG-9", model="A100")
+SHARED = Slice(SliceKind.SHARED, "local", ("GPU-2",), 8192, milli=101, model="H100 80GB HBM3")
+WHOLE = Slice(SliceKind.WHOLE, "local", ("GPU-3", "GPU-4"), 23034, model="L4")
+
+
+def test_mig_lease_names_the_mig_device_only():
+    env = slice_env(granted(MIG), service_url=URL)
+    assert env == {"GPUALLOC_URL": URL, "GPUALLOC_LEASE_ID": "L1", "GPUALLOC_SLICE_KIND": "mig",
+                   "CUDA_VISIBLE_DEVICES": "MIG-9"}
+
+
+def test_whole_gpus_in_containers():
+    env = slice_env(granted(WHOLE), containers=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "GPU-3,GPU-4"
+    assert "GPUALLOC_MEMORY_LIMIT_MIB" not in env
+
+
+def test_shared_lease_gets_every_memory_cap():
+    env = slice_env(granted(SHARED), gpu_memory_mib=81920, mps=True)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-2"
+    assert env["GPUALLOC_MEMORY_LIMIT_MIB"] == "8192"
+    assert env["GPUALLOC_MEMORY_FRACTION"] == env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.1"
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "8192m"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert env["CUPY_GPU_MEMORY_LIMIT"] == str(8 * 1024 ** 3)
+    assert set(env) <= set(SLICE_ENV_NAMES)
+
+
+def test_shared_lease_without_mps_or_gpu_size_uses_the_share():
+    env = slice_env(granted(SHARED))
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
+    assert env["GPUALLOC_MEMORY_FRACTION"] == "0.101"
+
+
+def test_no_lease_hides_every_gpu():
+    assert slice_env(None, service_url=URL) == {"GPUALLOC_URL": URL, "CUDA_VISIBLE_DEVICES": ""}
+    assert slice_env(None, containers=True)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert slice_env(None, visible_devices=False) == {}
+
+
+def test_a_queued_lease_has_no_env():
+    lease = granted(MIG) | {"state": "queued", "slice": None}
+    with pytest.raises(ValueError, match="queued"):
+        slice_env(lease)
+
+
+def test_env_module_imports_without_jupyterhub():
+    code = ("import sys; import jupyter_gpualloc.hub.env; "
+            "bad = [m for m in ('jupyterhub', 'tornado', 'kubespawner') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+OFFERS = [form.no_gpu_offer(),
+          {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {"kind": "mig", "profile": "1g.10gb"},
+           "available": 4},
+          {"name": "whole-h100", "label": "Whole <H100>", "spec": {"kind": "whole"}, "available": 0}]
+
+
+def test_form_lists_offers_with_what_is_free():
+    html = form.render_form(OFFERS, "whole-h100")
+    assert html.count('type="radio"') == 3
+    assert "MIG 1g.10gb <small class=\"text-muted\">(4 free now)</small>" in html
+    assert "Whole &lt;H100&gt;" in html and "none free now: you will wait in the queue" in html
+    assert 'value="whole-h100" checked' in html and 'value="none" checked' not in html
+    assert 'value="none" checked' in form.render_form(OFFERS, "gone")
+
+
+def test_form_data_is_parsed_strictly():
+    assert form.options_from_form({"gpu": ["mig-1g.10gb"]}) == {"gpu": "mig-1g.10gb"}
+    for bad in ({}, {"gpu": []}, {"gpu": ["a", "b"]}, {"gpu": [" "]}, {"gpu": ["a"], "cmd": ["x"]}):
+        with pytest.raises(form.OptionsError):
+            form.options_from_form(bad)
+
+
+def test_user_options_must_name_an_offer():
+    assert form.choose_offer({"gpu": "mig-1g.10gb"}, OFFERS)["spec"]["profile"] == "1g.10gb"
+    assert form.choose_offer({}, OFFERS)["name"] == "none"
+    assert form.choose_offer(None, OFFERS, default="whole-h100")["name"] == "whole-h100"
+    cases = {
+        "no GPU offer named 'mig-7g'": {"gpu": "mig-7g"},
+        "unknown option 'image'": {"gpu": "none", "image": "x"},
+        "must be the name of an offer": {"gpu": 3},
+        "must be an object": ["gpu"],
+    }
+    for message, options in cases.items():
+        with pytest.raises(form.OptionsError, match=message):
+            form.choose_offer(options, OFFERS)
+    assert form.choose_offer({"profile": "none", "profile-option-none--image": "x"}, OFFERS, key="profile",
+                             extra_keys=("profile-option-",))["name"] == "none"
