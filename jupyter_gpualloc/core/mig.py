@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 from .model import MigInstance, MigProfile
@@ -240,68 +241,81 @@ class FirstFitPlacer(MigPlacer):
         return None
 
 
-def profile_capacity(layout: Layout, profile: MigProfile) -> int:
-    """How many more instances of `profile` alone this layout could take (lowest starts first,
-    which is optimal for one profile: its placements are aligned and of one size)."""
-    count = 0
+@lru_cache(maxsize=65536)
+def room_for(layout: Layout, profile: MigProfile) -> int:
+    """How many more instances of `profile` alone fit on a GPU with this layout."""
+    n = 0
     while True:
         starts = legal_starts(layout, profile)
         if not starts:
-            return count
+            return n
         layout = layout.with_instance(profile, starts[0])
-        count += 1
+        n += 1
 
 
-class KeepPlaceablePlacer(MigPlacer):
-    """Places so that what stays placeable is worth the most.
+@lru_cache(maxsize=65536)
+def _room_lost(layout: Layout, profile: MigProfile,
+               table: tuple[MigProfile, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """For each legal start of `profile`: the instances of each table profile that no longer fit."""
+    before = [room_for(layout, p) for p in table]
+    out = []
+    for start in legal_starts(layout, profile):
+        after = layout.with_instance(profile, start)
+        out.append((start, tuple(b - room_for(after, p) for b, p in zip(before, table))))
+    return tuple(out)
 
-    Each candidate (GPU, start) is scored by the capacity it costs: for every profile, how many
-    fewer instances of it the GPU could still take, weighted by the profile's compute slices and
-    by how often it has been asked for so far. The cheapest candidate wins; ties go to the
-    fullest GPU (so empty GPUs stay whole), then to the lowest GPU index and start.
+
+class DefaultPlacer(MigPlacer):
+    """Keeps the profiles that arrive most often, and the large ones, placeable.
+
+    Each candidate (GPU, legal start) costs what it takes away from the fleet: for every profile,
+    the instances of it that no longer fit, weighted by its compute slices and by its share of
+    the instances this placer has placed (each non-media profile starts with a count of one, so
+    a new placer treats them alike; a request that waits and is asked about again counts once,
+    when it is placed). The cheapest candidate wins; ties go to the fuller GPU, then the lower
+    index and start. It never refuses when some GPU has a legal start.
     """
 
     name = "default"
 
     def __init__(self) -> None:
-        self._seen: dict[int, int] = {}
-        self._cost_cache: dict[tuple, tuple[int, ...]] = {}
+        self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
-        self._seen[profile.profile_id] = self._seen.get(profile.profile_id, 0) + 1
-        total = sum(self._seen.values())
-        others = [p for p in profiles.values() if not p.media_extensions]
-        weights = {p.profile_id: p.compute_slices * (1 + self._seen.get(p.profile_id, 0)) / (1 + total)
-                   for p in others}
+        table = tuple(p for _, p in sorted(profiles.items()))
+        weights = self._weights(table)
         best: tuple | None = None
+        seen: set[Layout] = set()
         for index, layout in enumerate(layouts):
-            for start in legal_starts(layout, profile):
-                lost = self._lost(layout, profile, start, others)
-                cost = sum(weights[p.profile_id] * n for p, n in zip(others, lost))
-                key = (round(cost, 9), layout.free_memory_slices, index, start)
-                if best is None or key < best:
-                    best = key
-        return None if best is None else (best[2], best[3])
+            if layout in seen:  # an identical GPU earlier in the list wins every tie
+                continue
+            seen.add(layout)
+            for start, lost in _room_lost(layout, profile, table):
+                cost = sum(w * n for w, n in zip(weights, lost))
+                key = (-round(cost, 9), layout.compute_used, -index, -start)
+                if best is None or key > best[0]:
+                    best = (key, index, start)
+        if best is None:
+            return None
+        self._placed[profile.profile_id] = self._placed.get(profile.profile_id, 0) + 1
+        return best[1], best[2]
 
-    def _lost(self, layout: Layout, profile: MigProfile, start: int,
-              others: Sequence[MigProfile]) -> tuple[int, ...]:
-        key = (layout, profile.profile_id, start, tuple(p.profile_id for p in others))
-        lost = self._cost_cache.get(key)
-        if lost is None:
-            after = layout.with_instance(profile, start)
-            lost = tuple(profile_capacity(layout, p) - profile_capacity(after, p) for p in others)
-            self._cost_cache[key] = lost
-        return lost
+    def _weights(self, table: tuple[MigProfile, ...]) -> list[float]:
+        """Compute slices x share of placed instances (plus one of each non-media profile)."""
+        counts = [self._placed.get(p.profile_id, 0) + (0 if p.media_extensions else 1)
+                  for p in table]
+        total = sum(counts)
+        return [p.compute_slices * n / total for p, n in zip(table, counts)]
 
 
+_PLACERS: dict[str, type[MigPlacer]] = {"firstfit": FirstFitPlacer, "default": DefaultPlacer}
 MIG_PLACER_NAMES = ("firstfit", "default")
 
 
 def get_mig_placer(name: str = "default") -> MigPlacer:
-    """A MIG placer by name: `default` (keeps large profiles placeable) or `firstfit`."""
-    if name == "default":
-        return KeepPlaceablePlacer()
-    if name == "firstfit":
-        return FirstFitPlacer()
-    raise ValueError(f"unknown MIG placement {name!r}: choose one of {', '.join(MIG_PLACER_NAMES)}")
+    """A new placer of this name (one of MIG_PLACER_NAMES)."""
+    try:
+        return _PLACERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown MIG placer {name!r}: choose one of {', '.join(MIG_PLACER_NAMES)}") from None

@@ -1,0 +1,296 @@
+"""MIG catalogue, placement geometry (the consequences listed in reference/MIG.md) and placers."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jupyter_gpualloc.core.mig import (
+    COMPUTE_SLICES, MEMORY_SLICES, MIG_PLACER_NAMES, DefaultPlacer, FirstFitPlacer, Layout,
+    get_mig_placer, is_legal, known_models, legal_starts, lookup_model, resolve_model,
+    room_for, same_model)
+from jupyter_gpualloc.core.model import MigInstance
+
+A100 = lookup_model("A100-SXM4-40GB")
+P = A100.profiles
+G1, G1ME, G1DOUBLE, G2, G3, G4, G7 = (P[i] for i in (19, 20, 15, 14, 9, 5, 0))
+MIG_MODELS = [m for m in known_models() if m.mig_capable]
+
+
+def reachable(profiles):
+    """Every layout one GPU can reach from empty."""
+    seen = {Layout()}
+    frontier = [Layout()]
+    while frontier:
+        layout = frontier.pop()
+        for p in profiles.values():
+            for s in legal_starts(layout, p):
+                nxt = layout.with_instance(p, s)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    frontier.append(nxt)
+    return seen
+
+
+def layout_of(*placements):
+    layout = Layout()
+    for profile, start in placements:
+        assert start in legal_starts(layout, profile)
+        layout = layout.with_instance(profile, start)
+    return layout
+
+
+def inst(profile, start, n=0):
+    return MigInstance(f"MIG-{n}", profile.profile_id, start, profile.memory_slices)
+
+
+# --- consequences in MIG.md -------------------------------------------------------------------
+
+def test_compute_never_above_seven_and_one_slice_profiles_never_use_memory_slice_7():
+    layouts = reachable(P)
+    assert max(layout.compute_used for layout in layouts) == COMPUTE_SLICES
+    for layout in layouts:
+        for p in P.values():
+            for s in legal_starts(layout, p):
+                assert s + p.memory_slices <= MEMORY_SLICES
+                if p.memory_slices == 1:
+                    assert s != 7
+    for model in MIG_MODELS:
+        for p in model.profiles.values():
+            if p.memory_slices == 1:
+                assert 7 not in p.starts
+
+
+def test_3g_and_4g_fit_only_as_4g_at_0_and_3g_at_4():
+    both = [(s3, s4) for s3 in G3.starts for s4 in G4.starts
+            if is_legal([inst(G3, s3, 1), inst(G4, s4, 2)], P)]
+    assert both == [(4, 0)]
+    # first-fit puts the 3g at 0, and then the 4g no longer fits
+    ff = FirstFitPlacer()
+    layout = Layout()
+    _, s = ff.choose([layout], G3, P)
+    assert s == 0
+    assert ff.choose([layout.with_instance(G3, s)], G4, P) is None
+
+
+@pytest.mark.parametrize("order", [(G3, G4), (G4, G3)], ids=["3g-first", "4g-first"])
+def test_default_placer_fits_3g_and_4g_in_either_order(order):
+    placer = get_mig_placer("default")
+    layouts = [Layout()]
+    instances = []
+    for n, profile in enumerate(order):
+        _, start = placer.choose(layouts, profile, P)
+        layouts[0] = layouts[0].with_instance(profile, start)
+        instances.append(inst(profile, start, n))
+    assert {(i.profile_id, i.start) for i in instances} == {(G3.profile_id, 4), (G4.profile_id, 0)}
+    assert is_legal(instances, P)
+
+
+def test_three_1g_at_starts_1_3_5_block_every_2_slice_profile():
+    layout = layout_of((G1, 1), (G1, 3), (G1, 5))
+    assert layout.free_compute_slices == 4  # the room is there, the geometry forbids it
+    assert legal_starts(layout, G2) == []
+    # 1g.10gb keeps only its extra start 6 (slices 6-7), which 2g.10gb does not have
+    assert legal_starts(layout, G1DOUBLE) == [6]
+    assert legal_starts(layout_of((G1, 1), (G1, 3), (G1, 5), (G1, 6)), G1DOUBLE) == []
+
+
+def test_default_placer_keeps_2_slice_profiles_placeable_while_it_can():
+    placer = DefaultPlacer()
+    layout = Layout()
+    for k in range(1, 6):
+        _, start = placer.choose([layout], G1, P)
+        layout = layout.with_instance(G1, start)
+        # as many 2g instances still fit as after the best choice of k 1g starts
+        best = max(room_for(layout_of(*[(G1, s) for s in starts]), G2)
+                   for starts in combinations(range(7), k))
+        assert room_for(layout, G2) == best
+    assert {s for s in range(7) if layout.occupied >> s & 1} != {1, 3, 5}
+
+
+def test_at_most_one_media_extension_instance_per_gpu():
+    assert G1ME.media_extensions and G1ME.max_instances == 1
+    layout = layout_of((G1ME, 0))
+    assert legal_starts(layout, G1ME) == []
+    assert legal_starts(layout, G1) == [1, 2, 3, 4, 5, 6]
+    assert not is_legal([inst(G1ME, 0, 1), inst(G1ME, 2, 2)], P)
+    for model in MIG_MODELS:
+        me = [p for p in model.profiles.values() if p.media_extensions]
+        assert len(me) == 1 and me[0].max_instances == 1 and me[0].name.endswith("+me")
+
+
+def test_whole_gpu_profile_only_on_an_empty_gpu():
+    assert legal_starts(Layout(), G7) == [0]
+    for p in P.values():
+        if p is not G7:
+            assert legal_starts(layout_of((p, p.starts[-1])), G7) == []
+
+
+def test_is_legal_rejects_what_the_driver_would():
+    assert is_legal([], P)
+    assert is_legal([inst(G2, 0, 1), inst(G2, 2, 2), inst(G2, 4, 3), inst(G1, 6, 4)], P)
+    assert not is_legal([inst(G2, 0, 1), inst(G1, 1, 2)], P)           # shared memory slice
+    assert not is_legal([inst(G2, 6, 1)], P)                              # 2g may not start at 6
+    assert not is_legal([inst(G1, 7, 1)], P)                              # 1-slice never at 7
+    assert not is_legal([MigInstance("MIG-x", 14, 0, 1)], P)              # wrong size
+    assert not is_legal([MigInstance("MIG-x", 99, 0, 1)], P)              # unknown profile
+    assert not is_legal([inst(G4, 0, 1), inst(G3, 4, 2), inst(G1, 7, 3)], P)
+
+
+# --- catalogue --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling,canonical", [
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+    ("A100-80GB", "A100-SXM4-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-SXM4-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("H100-SXM5-80GB", "H100 80GB HBM3"),
+    ("H100-80GB", "H100 80GB HBM3"),
+    ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+    ("H100-NVL-94GB", "H100 NVL"),
+    ("NVIDIA H100 NVL", "H100 NVL"),
+    ("H200-141GB", "H200"),
+    ("NVIDIA H200", "H200"),
+    ("L4", "L4"),
+    ("NVIDIA L4", "L4"),
+    ("Tesla T4", "T4"),
+    ("T4", "T4"),
+    ("NVIDIA A10", "A10"),
+    ("l40s", "L40S"),
+    ("V100", "V100-SXM2-16GB"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+])
+def test_lookup_model_accepts_aliases(spelling, canonical):
+    model = lookup_model(spelling)
+    assert model is not None and model.name == canonical
+    assert same_model(spelling, canonical)
+
+
+@pytest.mark.parametrize("name,profile,memory_gib,sms", [
+    ("A100-SXM4-40GB", "1g.5gb", 4.75, 14), ("A100-SXM4-40GB", "1g.10gb", 9.62, 14),
+    ("A100-80GB", "3g.40gb", 39.25, 42), ("H100-80GB", "1g.20gb", 19.62, 26),
+    ("H100-NVL-94GB", "7g.94gb", 93.12, 132), ("H200-141GB", "1g.18gb", 16.00, 16),
+    ("H200-141GB", "2g.35gb", 32.50, 32), ("H200-141GB", "7g.141gb", 140.00, 132),
+])
+def test_profile_names_memory_and_sms_match_the_reference(name, profile, memory_gib, sms):
+    p = lookup_model(name).profile(profile)
+    assert p.memory_mib == round(memory_gib * 1024) and p.sms == sms
+
+
+def test_profile_ids_share_the_family_geometry():
+    for model in MIG_MODELS:
+        assert sorted(model.profiles) == [0, 5, 9, 14, 15, 19, 20]
+        for pid, p in model.profiles.items():
+            assert (p.compute_slices, p.memory_slices, p.max_instances, p.starts) == (
+                P[pid].compute_slices, P[pid].memory_slices, P[pid].max_instances, P[pid].starts)
+            assert p.name.startswith(f"{p.compute_slices}g.")
+            assert model.profile(pid) is p and model.profile(p.name) is p
+    with pytest.raises(KeyError):
+        A100.profile("5g.30gb")
+
+
+def test_non_mig_models_and_unknown_models():
+    for name in ("L4", "T4", "A10", "L40S", "V100"):
+        model = lookup_model(name)
+        assert not model.mig_capable and model.memory_mib > 0
+    assert lookup_model("RTX 9999") is None
+    unknown = resolve_model("NVIDIA RTX 9999", memory_mib=24576)
+    assert unknown.name == "RTX 9999" and unknown.memory_mib == 24576 and not unknown.mig_capable
+    assert resolve_model("A100-80GB").name == "A100-SXM4-80GB"
+    with pytest.raises(ValueError, match="memory_mib"):
+        resolve_model("RTX 9999")
+    assert not same_model("A100-80GB", "A100-40GB")
+    assert same_model("RTX 9999", "NVIDIA RTX-9999")
+
+
+# --- layouts ----------------------------------------------------------------------------------
+
+def test_layout_with_and_without_instance_round_trip():
+    base = layout_of((G4, 0), (G1, 6))
+    for p in P.values():
+        for s in legal_starts(base, p):
+            grown = base.with_instance(p, s)
+            assert grown != base and grown.count(p.profile_id) == base.count(p.profile_id) + 1
+            assert grown.compute_used == base.compute_used + p.compute_slices
+            assert grown.without_instance(p, s) == base
+    assert base.without_instance(G1, 6).without_instance(G4, 0) == Layout()
+    with pytest.raises(ValueError):
+        base.without_instance(G2, 4)
+    with pytest.raises(ValueError):
+        base.without_instance(G3, 4)
+    assert Layout.of([inst(G4, 0, 1), inst(G1, 6, 2)], P) == base
+    assert base.free_memory_slices == 3 and base.free_compute_slices == 2
+
+
+# --- placers ----------------------------------------------------------------------------------
+
+def test_get_mig_placer_by_name():
+    assert MIG_PLACER_NAMES == ("firstfit", "default")
+    assert isinstance(get_mig_placer(), DefaultPlacer)
+    assert get_mig_placer("firstfit").name == "firstfit"
+    assert get_mig_placer("default") is not get_mig_placer("default")
+    with pytest.raises(ValueError, match="firstfit"):
+        get_mig_placer("bestfit")
+
+
+def test_first_fit_takes_the_first_gpu_and_lowest_start():
+    full = layout_of((G7, 0))
+    assert FirstFitPlacer().choose([full, Layout(), Layout()], G1, P) == (1, 0)
+    assert FirstFitPlacer().choose([full], G1, P) is None
+
+
+def test_default_fills_partly_used_gpus_before_empty_ones():
+    used = layout_of((G4, 0))
+    assert DefaultPlacer().choose([Layout(), used, Layout()], G1, P) == (1, 6)
+    assert DefaultPlacer().choose([Layout(), used], G2, P) == (1, 4)
+    assert DefaultPlacer().choose([layout_of((G7, 0)), Layout()], G7, P) == (1, 0)
+    assert DefaultPlacer().choose([layout_of((G7, 0))], G1, P) is None
+
+
+def test_default_prefers_the_start_that_keeps_large_profiles():
+    assert DefaultPlacer().choose([Layout()], G3, P) == (0, 4)
+    assert DefaultPlacer().choose([Layout()], G2, P) == (0, 4)
+    assert DefaultPlacer().choose([Layout()], G1DOUBLE, P) == (0, 6)
+
+
+def test_default_learns_the_mix_it_is_asked_for():
+    """With 1g at 0, a 1g.10gb goes to 2 (3g still fits at 4) until 2g dominates the requests;
+    then it goes to 6, where 2g keeps both of its remaining starts."""
+    layout = layout_of((G1, 0))
+    fresh, learned = DefaultPlacer(), DefaultPlacer()
+    for _ in range(20):
+        learned.choose([Layout()], G2, P)
+    assert fresh.choose([layout], G1DOUBLE, P) == (0, 2)
+    assert learned.choose([layout], G1DOUBLE, P) == (0, 6)
+    assert room_for(layout.with_instance(G1DOUBLE, 6), G2) == 2
+    assert room_for(layout.with_instance(G1DOUBLE, 2), G3) == 1
+
+
+profile_ids = st.sampled_from(sorted(P))
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MIG_MODELS), gpus=st.integers(1, 4),
+       stream=st.lists(profile_ids, min_size=1, max_size=40),
+       placer_name=st.sampled_from(MIG_PLACER_NAMES))
+def test_placers_stay_legal_and_never_refuse_a_placeable_request(model, gpus, stream, placer_name):
+    profiles = model.profiles
+    placer = get_mig_placer(placer_name)
+    layouts = [Layout() for _ in range(gpus)]
+    instances = [[] for _ in range(gpus)]
+    for n, pid in enumerate(stream):
+        profile = profiles[pid]
+        placeable = any(legal_starts(layout, profile) for layout in layouts)
+        choice = placer.choose(layouts, profile, profiles)
+        assert (choice is not None) == placeable
+        if choice is None:
+            continue
+        g, start = choice
+        instances[g].append(MigInstance(f"MIG-{n}", pid, start, profile.memory_slices))
+        layouts[g] = layouts[g].with_instance(profile, start)
+        assert is_legal(instances[g], profiles)
+        assert Layout.of(instances[g], profiles) == layouts[g]
+        assert layouts[g].compute_used <= COMPUTE_SLICES
