@@ -1,0 +1,272 @@
+"""The Jupyter server extension: sidebar API, per-kernel slices, idle reports, the watchdog, embedded mode.
+
+Remote mode (JupyterHub, or GPUALLOC_URL / `service_url` set): the extension talks to the
+scheduler service with the server's credentials. Embedded mode (neither): it hosts the core
+in-process and serves REST API v1 itself at `<base_url>gpualloc/api/v1/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import sys
+import time
+from pathlib import Path
+
+from jupyter_client.provisioning.factory import KernelProvisionerFactory
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Float, Unicode, default, validate
+
+from ..client import GpuAllocClient, GpuAllocError, discover
+from ..core.devices import make_backend
+from ..core.devices.base import DeviceBackend, DeviceError
+from ..core.policy import SchedulerPolicy
+from ..core.store import sqlite_url
+from . import handlers
+from .embedded import URL_ROOT, EmbeddedScheduler
+from .events import GpuAllocEvents
+from .idle import KernelActivityMonitor
+from .kernelspecs import install_kernelspecs
+from .provisioner import KernelLink, install_link
+from .watchdog import Watchdog, cap_mechanisms
+
+PROVISIONER_ENTRY_POINT = "jupyter_gpualloc.server.provisioner:GpuAllocProvisioner"
+
+
+class GpuAllocExtension(ExtensionApp):
+    """GPU slices for this server's kernels, from the gpualloc scheduler (remote or embedded)."""
+
+    name = "gpualloc"
+    load_other_extensions = True
+    classes = [SchedulerPolicy, Watchdog]
+
+    mode = Unicode(
+        "auto", help="""remote: use the scheduler service (URL from service_url, $GPUALLOC_URL or
+        JupyterHub's); embedded: host the scheduler core in this server; auto: remote when a service
+        URL is configured or the server runs under JupyterHub, else embedded.""",
+    ).tag(config=True)
+    service_url = Unicode("", help="Remote mode: the service's root URL (its REST API is <url>api/v1/).").tag(config=True)
+    service_token = Unicode(
+        "", help="Remote mode: the token the server uses with the service. Default: $GPUALLOC_TOKEN, else $JUPYTERHUB_API_TOKEN.",
+    ).tag(config=True)
+    report_interval = Float(
+        30.0, help="""Seconds between activity reports of GPU kernels and heartbeats of every kernel;
+        keep it well under the scheduler's heartbeat_ttl.""",
+    ).tag(config=True)
+    kernel_wait_timeout = Float(
+        300.0, help="Seconds a kernel start waits for a queued slice before it fails.",
+    ).tag(config=True)
+    all_kernels = Bool(
+        True, help="""Launch every kernel without its own provisioner with the gpualloc provisioner, so
+        each gets the variables the %gpu magic needs (and a lease it obtained is applied on restart).""",
+    ).tag(config=True)
+    gpu_kernelspecs = Bool(
+        False, help="At start, install a kernelspec per offer, e.g. 'Python 3 (GPU 1g.10gb)'.",
+    ).tag(config=True)
+    kernelspec_prefix = Unicode(
+        "", help="Where gpu_kernelspecs are installed: a prefix (sys.prefix-like); empty: this environment's.",
+    ).tag(config=True)
+    backend = Unicode(
+        "", help="""Embedded mode (and the watchdog): where GPUs come from, simulated or nvml. Default:
+        simulated when a fleet is given, else nvml.""",
+    ).tag(config=True)
+    fleet = Unicode("", help="Fleet file (YAML or JSON) of the simulated backend.").tag(config=True)
+    process_dir = Unicode(
+        "", help="Simulated backend: directory where processes report their GPU memory (see report_process_memory).",
+    ).tag(config=True)
+    db_url = Unicode(help="Embedded mode: SQLAlchemy URL of the state database. Default: a SQLite file under the Jupyter data dir.").tag(config=True)
+    audit_log = Unicode("", help="Embedded mode: JSON-lines file of every scheduler event; empty: none.").tag(config=True)
+    tick_interval = Float(5.0, help="Embedded mode: seconds between scheduler ticks.").tag(config=True)
+    owner = Unicode(help="Embedded mode: the user every authenticated caller of this server is. Default: the OS user.").tag(config=True)
+    owner_is_admin = Bool(True, help="Embedded mode: whether the owner administers the allocator (drain, all leases, metrics).").tag(config=True)
+
+    @default("owner")
+    def _default_owner(self) -> str:
+        return getpass.getuser()
+
+    @default("db_url")
+    def _default_db_url(self) -> str:
+        path = Path(jupyter_data_dir()) / "gpualloc" / "gpualloc.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite_url(path)
+
+    @validate("mode")
+    def _check_mode(self, proposal) -> str:
+        if proposal["value"] not in ("auto", "remote", "embedded"):
+            raise ValueError("mode must be auto, remote or embedded")
+        return proposal["value"]
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def embedded_mode(self) -> bool:
+        if self.mode != "auto":
+            return self.mode == "embedded"
+        return not (self.service_url or os.environ.get("GPUALLOC_URL") or os.environ.get("JUPYTERHUB_API_TOKEN"))
+
+    def initialize_settings(self) -> None:
+        self._tasks: list[asyncio.Task] = []
+        self._callbacks: list[PeriodicCallback] = []
+        self._default_provisioner: str | None = None
+        self.events = GpuAllocEvents(self.serverapp.event_logger)
+        self.embedded: EmbeddedScheduler | None = None
+        device_backend: DeviceBackend | None = None
+        if self.embedded_mode:
+            self.embedded = EmbeddedScheduler.from_config(
+                backend=self.backend, fleet=self.fleet, process_dir=self.process_dir,
+                state_file=str(Path(self.db_url.replace("sqlite:///", "")).with_suffix(".mig.json"))
+                if self.db_url.startswith("sqlite:///") else "",
+                db_url=self.db_url, parent=self, user=self.owner, admin=self.owner_is_admin,
+                audit_log=self.audit_log, log=self.log)
+            device_backend = self.embedded.backend
+            self.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
+            self.kernel_token = self.server_token()
+        else:
+            endpoint = discover(self.service_url or None, self.service_token or None)
+            self.client = GpuAllocClient(endpoint.url, endpoint.token)
+            self.kernel_token = endpoint.token
+            device_backend = self._watchdog_backend()
+        km = self.serverapp.kernel_manager
+        self.monitor = KernelActivityMonitor(self.client, km, self.events, log=self.log)
+        self.watchdog = (Watchdog(device_backend, km, self.monitor.lease_of, self.events,
+                                  shared_slices=self.server_slices, parent=self)
+                         if device_backend is not None else None)
+        self.server_leases: list[dict] = []
+        self._link_kernels()
+        self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
+
+    def server_token(self) -> str:
+        return self.serverapp.identity_provider.token or ""
+
+    def embedded_url(self) -> str:
+        """This server's own gpualloc root as kernels reach it: http://127.0.0.1:PORT/<base_url>gpualloc/."""
+        app = self.serverapp
+        host = app.ip if app.ip not in ("", "0.0.0.0", "::", "*", "localhost") else "127.0.0.1"
+        scheme = "https" if app.certfile else "http"
+        return f"{scheme}://{host}:{app.port}{app.base_url}{URL_ROOT}/"
+
+    def _watchdog_backend(self) -> DeviceBackend | None:
+        """Remote mode: this machine's GPUs, to read their processes (None when there are none)."""
+        name = self.backend or ("simulated" if self.fleet else "nvml")
+        options = {"fleet": self.fleet, "process_dir": self.process_dir or None} if name == "simulated" else {}
+        try:
+            return make_backend(name, **options)
+        except DeviceError as err:
+            self.log.info("gpualloc: no watchdog (%s)", err)
+            return None
+
+    def _link_kernels(self) -> None:
+        factory = KernelProvisionerFactory.instance(parent=self.serverapp)
+        if "gpualloc" not in factory.provisioners:  # an editable checkout without installed entry points
+            from importlib.metadata import EntryPoint
+            factory.provisioners["gpualloc"] = EntryPoint(
+                "gpualloc", PROVISIONER_ENTRY_POINT, KernelProvisionerFactory.GROUP_NAME)
+        if self.all_kernels:
+            self._default_provisioner = factory.default_provisioner_name
+            factory.default_provisioner_name = "gpualloc"
+        install_link(KernelLink(self.client, self.client.url, self.kernel_token, self.monitor,
+                                self.kernel_wait_timeout))
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers.routes())
+        if self.embedded is not None:
+            # added as they are (URLSpecs with their kwargs), under the server's base URL
+            web_app = self.serverapp.web_app
+            web_app.add_handlers(".*$", self.embedded.handlers(web_app.settings["base_url"]))
+
+    def server_slices(self) -> list[dict]:
+        """Slices of the server's own leases (kernels without a lease inherit the server's env)."""
+        return [l["slice"] for l in self.server_leases if l.get("slice")]
+
+    def caps(self, lease: dict) -> list[str]:
+        return cap_mechanisms(lease, watchdog=self.watchdog is not None and self.watchdog.enabled)
+
+    # ------------------------------------------------------------ running
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        if self.embedded is not None and self.embedded_url() != self.client.url:
+            # the port was only settled when the server bound it
+            await self.client.close()
+            self.client = self.monitor.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
+            self._link_kernels()
+        if self.embedded is not None:
+            self.embedded.broker.add_listener(self._on_core_event)
+            self._every(self.tick_interval, self.embedded.tick)
+        else:
+            self._tasks.append(asyncio.ensure_future(self._relay_service_events()))
+        self._every(self.report_interval, self._report)
+        if self.watchdog is not None and self.watchdog.enabled:
+            self._every(self.watchdog.interval, self._watch)
+        if self.gpu_kernelspecs:
+            self._tasks.append(asyncio.ensure_future(self._install_kernelspecs()))
+
+    def _every(self, seconds: float, callback) -> None:
+        pc = PeriodicCallback(callback, seconds * 1000)
+        pc.start()
+        self._callbacks.append(pc)
+
+    def _on_core_event(self, event) -> None:
+        """Embedded mode: a core event into jupyter_events (a failure here must not fail the API call)."""
+        data = event.to_json()
+        try:
+            self.events.relay_lease_event(data)
+        except Exception:
+            self.log.exception("gpualloc: cannot emit %s", data["type"])
+        self._tasks.append(asyncio.ensure_future(self.monitor.on_event(data)))
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _relay_service_events(self) -> None:
+        """Remote mode: the service's event stream (this user's leases) into jupyter_events."""
+        delay = 1.0
+        while True:
+            try:
+                async for event in self.client.events():
+                    delay = 1.0
+                    self.events.relay_lease_event(event)
+                    await self.monitor.on_event(event)
+            except (GpuAllocError, OSError) as err:
+                self.log.warning("gpualloc: event stream interrupted (%s); reconnecting in %g s", err, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+
+    async def _report(self) -> None:
+        try:
+            await self.monitor.report()
+            self.server_leases = [l for l in await self.client.leases() if l["holder"] == "server"]
+        except GpuAllocError as err:
+            self.log.warning("gpualloc: activity report failed: %s", err)
+
+    async def _watch(self) -> None:
+        await self.watchdog.check(time.time())
+
+    async def _install_kernelspecs(self) -> None:
+        try:
+            offers = await self.client.offers()
+        except GpuAllocError as err:
+            self.log.warning("gpualloc: no GPU kernelspecs installed, the offers are unavailable: %s", err)
+            return
+        names = install_kernelspecs(offers, prefix=self.kernelspec_prefix or os.environ.get("CONDA_PREFIX")
+                                    or sys.prefix)
+        self.log.info("gpualloc: installed kernelspecs %s", ", ".join(names))
+
+    async def stop_extension(self) -> None:
+        """Stop the periodic work, shut the kernels down (releasing their slices), then close."""
+        for pc in self._callbacks:
+            pc.stop()
+        for task in self._tasks:
+            task.cancel()
+        km = self.serverapp.kernel_manager
+        for kernel_id in km.list_kernel_ids():
+            try:
+                await km.shutdown_kernel(kernel_id)
+            except Exception as err:  # e.g. a kernel whose start failed: nothing to release
+                self.log.warning("gpualloc: cannot shut down kernel %s: %s", kernel_id, err)
+        install_link(None)
+        if self._default_provisioner is not None:
+            KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner
+        await self.client.close()
+        if self.embedded is not None:
+            self.embedded.close()
+        elif self.watchdog is not None:
+            self.watchdog.backend.close()

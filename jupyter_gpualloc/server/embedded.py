@@ -1,0 +1,135 @@
+"""Embedded mode: the scheduler core hosted inside the Jupyter server, serving REST API v1 itself.
+
+With no JupyterHub and no service configured, `pip install` plus `jupyter lab` on one
+workstation is enough: the core runs in-process (SQLite file under the Jupyter data dir, NVML
+backend or a simulated fleet) and the service's own REST API v1 handlers are mounted at
+`<base_url>gpualloc/api/v1/`, authenticated by jupyter_server's identity provider and authorizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import time
+from typing import Any
+
+from jupyter_server.base.handlers import JupyterHandler
+from tornado import web
+from tornado.escape import url_escape
+from traitlets.config import Configurable
+
+from ..core.devices import make_backend
+from ..core.devices.base import DeviceBackend
+from ..core.policy import SchedulerPolicy
+from ..core.scheduler import Scheduler
+from ..core.store import Store
+from ..service import handlers as h
+from ..service.app import API_PATH, ROUTES, join_url, route_regex
+from ..service.auth import Forbidden, Identity
+from ..service.events import AuditLog, EventBroker
+from ..service.metrics import ServiceMetrics
+from ..service.openapi import openapi_document
+
+AUTH_RESOURCE = "gpualloc"
+URL_ROOT = "gpualloc"
+
+
+class JupyterServerAuthenticator:
+    """REST API v1 authentication by the Jupyter server's own identity provider and authorizer.
+
+    A Jupyter server has one owner: every caller the identity provider accepts (the server's
+    token, its login cookie, a kernel's GPUALLOC_TOKEN) and the authorizer lets use the
+    `gpualloc` resource acts as `user`, an administrator of the allocator when `admin`.
+    """
+
+    def __init__(self, user: str, admin: bool = True):
+        self.identity = Identity(user, admin)
+
+    async def identify(self, handler: JupyterHandler) -> Identity | None:
+        user = handler.identity_provider.get_user(handler)
+        if inspect.isawaitable(user):
+            user = await user
+        handler.current_user = handler._jupyter_current_user = user
+        if user is None:
+            return None
+        action = "read" if handler.request.method in ("GET", "HEAD", "OPTIONS") else "write"
+        allowed = handler.authorizer.is_authorized(handler, user, action, AUTH_RESOURCE)
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
+        if not allowed:
+            raise Forbidden(f"{user.username} may not {action} {AUTH_RESOURCE}")
+        return self.identity
+
+    def check_xsrf(self, handler: JupyterHandler) -> None:
+        """Cookie-authenticated (browser) writes need the server's XSRF token; token requests do not."""
+        JupyterHandler.check_xsrf_cookie(handler)
+
+
+def embedded_handler(cls: type[h.ApiHandler], paths: dict[str, str]) -> type:
+    """The service's handler class, running as a JupyterHandler in the server's web app.
+
+    `paths` (route name -> path template) serves reverse_url: tornado cannot reverse a pattern
+    whose base URL holds a %-escape (e.g. /a%40b/).
+    """
+
+    def reverse_url(self, name: str, *args: Any) -> str:
+        values = iter(url_escape(str(a), plus=False) for a in args)
+        return re.sub(r"\{[a-z_]+\}", lambda _: next(values), paths[name])
+
+    return type(f"Embedded{cls.__name__}", (cls, JupyterHandler),
+                {"auth_resource": AUTH_RESOURCE, "reverse_url": reverse_url})
+
+
+class EmbeddedScheduler:
+    """The core, its events and metrics, and the REST API v1 routes, inside the Jupyter server."""
+
+    def __init__(self, backend: DeviceBackend, db_url: str, policy: SchedulerPolicy, *, user: str,
+                 admin: bool = True, audit_log: str = "", log: logging.Logger | None = None):
+        self.log = log or logging.getLogger(__name__)
+        self.backend = backend
+        self.store = Store(db_url)
+        self.scheduler = Scheduler(backend, self.store, policy, now=time.time())
+        self.broker = EventBroker(AuditLog(audit_log) if audit_log else None, log=self.log)
+        self.metrics = ServiceMetrics(self.scheduler)
+        self.broker.add_listener(self.metrics.observe)
+        self.scheduler.subscribe(self.broker.publish)
+        self.ctx = h.ServiceContext(
+            scheduler=self.scheduler, broker=self.broker, metrics=self.metrics,
+            authenticator=JupyterServerAuthenticator(user, admin), backend_name=backend.name)
+
+    @classmethod
+    def from_config(cls, *, backend: str, fleet: str, process_dir: str, state_file: str, db_url: str,
+                    parent: Configurable, user: str, admin: bool, audit_log: str,
+                    log: logging.Logger) -> "EmbeddedScheduler":
+        """Build the backend (simulated when a fleet is given, else NVML) and the core."""
+        name = backend or ("simulated" if fleet else "nvml")
+        options: dict[str, Any] = {}
+        if name == "simulated":
+            options = {"fleet": fleet or None, "process_dir": process_dir or None,
+                       "state_file": state_file or None}
+        device_backend = make_backend(name, **options)
+        return cls(device_backend, db_url, SchedulerPolicy(parent=parent), user=user, admin=admin,
+                   audit_log=audit_log, log=log)
+
+    def handlers(self, base_url: str) -> list[web.URLSpec]:
+        """REST API v1 at `<base_url>gpualloc/api/v1/...`, the service's own handlers."""
+        api = join_url(base_url, URL_ROOT, API_PATH)
+        document = openapi_document(api)
+        paths = {name: api + template for template, _, name in ROUTES}
+        routes = []
+        for template, handler, name in ROUTES:
+            kwargs: dict[str, Any] = {"ctx": self.ctx}
+            if handler is h.OpenApiHandler:
+                kwargs["document"] = document
+            routes.append(web.url(api + route_regex(template), embedded_handler(handler, paths), kwargs))
+        return routes
+
+    def tick(self) -> None:
+        with self.metrics.timed("tick"):
+            self.scheduler.tick(time.time())
+
+    def close(self) -> None:
+        self.broker.close()
+        self.store.close()
+        self.backend.close()

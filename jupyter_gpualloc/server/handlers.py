@@ -1,0 +1,227 @@
+"""The sidebar's API under `<base_url>gpualloc/api/`: the caller's slices and kernels, offers, request,
+release, jobs, status and an event stream.
+
+Every handler is authenticated (`@web.authenticated`) and authorized (`@authorized`, resource
+`gpualloc`) by jupyter_server; the extension calls the scheduler with the server's credentials.
+The sidebar sends `no_track_activity=1`, so its polling does not count as server activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..client import GpuAllocError
+from .embedded import AUTH_RESOURCE
+from .events import kernel_of
+
+KEEPALIVE_SECONDS = 15.0
+
+
+class SidebarHandler(ExtensionHandlerMixin, APIHandler):
+    """Base: the extension's state, JSON bodies, and service errors as HTTP errors."""
+
+    auth_resource = AUTH_RESOURCE
+
+    def initialize(self, name: str = "gpualloc", *args: Any, **kwargs: Any) -> None:
+        super().initialize(name, *args, **kwargs)
+
+    @property
+    def ext(self):
+        return self.extensionapp
+
+    def body(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except ValueError as err:
+            raise web.HTTPError(400, f"body is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise web.HTTPError(400, "body must be a JSON object")
+        return data
+
+    async def service(self, coro):
+        """Await a client call; the service's error becomes this request's (status and message)."""
+        try:
+            return await coro
+        except GpuAllocError as err:
+            raise web.HTTPError(err.status if 400 <= err.status < 600 else 502, str(err)) from None
+
+    def lease_entry(self, lease: dict) -> dict[str, Any]:
+        """A lease as the sidebar shows it: plus its kernel (if on this server) and the caps in force."""
+        entry = dict(lease)
+        kernel_id = kernel_of(lease["holder"])
+        km = self.ext.serverapp.kernel_manager
+        entry["kernel"] = None
+        if kernel_id is not None and kernel_id in km:
+            kernel = km.get_kernel(kernel_id)
+            entry["kernel"] = {"id": kernel_id, "name": kernel.kernel_name,
+                               "execution_state": kernel.execution_state}
+        entry["caps"] = self.ext.caps(lease)
+        return entry
+
+
+class SlicesHandler(SidebarHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        leases = await self.service(self.ext.client.leases())
+        self.finish(json.dumps({"slices": [self.lease_entry(l) for l in leases]}))
+
+
+class KernelsHandler(SidebarHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        km = self.ext.serverapp.kernel_manager
+        leases = {kernel_of(l["holder"]): l for l in await self.service(self.ext.client.leases())}
+        kernels = []
+        for kernel_id in km.list_kernel_ids():
+            kernel = km.get_kernel(kernel_id)
+            lease = leases.get(kernel_id)
+            pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
+            kernels.append({
+                "id": kernel_id, "name": kernel.kernel_name, "execution_state": kernel.execution_state,
+                **self.ext.monitor.activity(kernel_id), "pid": pid,
+                "lease": self.lease_entry(lease) if lease else None})
+        self.finish(json.dumps({"kernels": kernels}))
+
+
+class OffersHandler(SidebarHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(json.dumps({"offers": await self.service(self.ext.client.offers())}))
+
+
+class RequestHandler(SidebarHandler):
+    """POST {"offer": name} or {"spec": {...}}, optional "kernel_id" (else the server holds it), "wait"."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        body = self.body()
+        unknown = set(body) - {"offer", "spec", "kernel_id", "wait"}
+        if unknown:
+            raise web.HTTPError(400, f"unknown field {sorted(unknown)[0]!r}")
+        spec = body.get("spec")
+        idle_timeout = None
+        if "offer" in body:
+            offers = {o["name"]: o for o in await self.service(self.ext.client.offers())}
+            offer = offers.get(body["offer"])
+            if offer is None:
+                raise web.HTTPError(400, f"no offer {body['offer']!r}")
+            spec, idle_timeout = offer["spec"], offer.get("idle_timeout")
+        if not isinstance(spec, dict):
+            raise web.HTTPError(400, "give an offer name or a spec object")
+        kernel_id = body.get("kernel_id")
+        if kernel_id is not None and kernel_id not in self.ext.serverapp.kernel_manager:
+            raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
+        holder = f"kernel:{kernel_id}" if kernel_id else "server"
+        wait = body.get("wait")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
+            raise web.HTTPError(400, "wait must be a number of seconds")
+        lease = await self.service(self.ext.client.request_lease(spec, holder, wait=wait, idle_timeout=idle_timeout))
+        if kernel_id and lease["state"] == "granted":
+            self.ext.monitor.attach(kernel_id, lease)
+        elif not kernel_id:
+            self.ext.monitor.extra_holders.add("server")
+        entry = self.lease_entry(lease)
+        if kernel_id:
+            entry["note"] = "restart the kernel to use the slice (it is applied when the kernel starts)"
+        self.set_status(201 if lease["state"] == "granted" else 202)
+        self.finish(json.dumps(entry))
+
+
+class ReleaseHandler(SidebarHandler):
+    """POST {"lease_id": id}."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        lease_id = self.body().get("lease_id")
+        if not isinstance(lease_id, str) or not lease_id:
+            raise web.HTTPError(400, "lease_id is required")
+        lease = await self.service(self.ext.client.release(lease_id))
+        kernel_id = kernel_of(lease["holder"])
+        if kernel_id is not None:
+            self.ext.monitor.detach(kernel_id)
+        self.finish(json.dumps(self.lease_entry(lease)))
+
+
+class JobsHandler(SidebarHandler):
+    """The caller's background jobs, as the batch leases they hold (holder job:<id>)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        leases = await self.service(self.ext.client.leases())
+        jobs = [{"id": l["holder"].split(":", 1)[1], "lease": self.lease_entry(l)}
+                for l in leases if l["holder"].startswith("job:")]
+        self.finish(json.dumps({"jobs": jobs}))
+
+
+class StatusHandler(SidebarHandler):
+    """Mode, API root, and the watchdog's settings."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        watchdog = self.ext.watchdog
+        self.finish(json.dumps({
+            "mode": "embedded" if self.ext.embedded is not None else "remote",
+            "api_url": self.ext.client.url,
+            "watchdog": None if watchdog is None else {"enabled": watchdog.enabled, "interval": watchdog.interval,
+                                                       "grace": watchdog.grace, "action": watchdog.action},
+        }))
+
+
+class EventsHandler(SidebarHandler):
+    """Server-sent events: each gpualloc event (lease.*, kernel.*, watchdog.*) as `data: {json}`."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        queue: asyncio.Queue = asyncio.Queue(maxsize=1000)
+
+        async def listener(event_type: str, data: dict) -> None:
+            if not queue.full():
+                queue.put_nowait({"type": event_type, **data})
+
+        remove = self.ext.events.add_listener(listener)
+        try:
+            self.write(": connected\n\n")
+            await self.flush()
+            while not self.request.connection.stream.closed():
+                try:
+                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+                    self.write(f"data: {json.dumps(event)}\n\n")
+                except asyncio.TimeoutError:
+                    self.write(": keepalive\n\n")
+                await self.flush()
+        except StreamClosedError:
+            pass
+        finally:
+            remove()
+
+
+def routes() -> list[tuple[str, type]]:
+    """(path, handler) pairs, under the server's base URL."""
+    return [
+        (r"/gpualloc/api/slices", SlicesHandler),
+        (r"/gpualloc/api/kernels", KernelsHandler),
+        (r"/gpualloc/api/offers", OffersHandler),
+        (r"/gpualloc/api/request", RequestHandler),
+        (r"/gpualloc/api/release", ReleaseHandler),
+        (r"/gpualloc/api/jobs", JobsHandler),
+        (r"/gpualloc/api/status", StatusHandler),
+        (r"/gpualloc/api/events", EventsHandler),
+    ]

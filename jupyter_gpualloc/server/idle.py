@@ -1,0 +1,89 @@
+"""Idle release, the server's side: report each GPU kernel's activity, heartbeat every kernel.
+
+The decision is the scheduler's (policy `idle_timeout`, `idle_grace`, `release_busy`): this
+monitor only tells it, every `report_interval`, each GPU kernel's last activity, whether a cell
+is running and how many clients are connected, and heartbeats every kernel's holder so a crashed
+server loses its slices after the heartbeat TTL. When the scheduler ends a kernel's lease
+(idle expiry, preemption), the monitor shuts that kernel down and emits `kernel.gpu_shutdown`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from ..client import GpuAllocClient, NotFound
+from .events import GpuAllocEvents, kernel_of
+
+ENDS_KERNEL = ("expired", "preempted")
+
+
+class KernelActivityMonitor:
+    """Which of this server's kernels hold which lease, and their activity reports."""
+
+    def __init__(self, client: GpuAllocClient, kernel_manager: Any, events: GpuAllocEvents,
+                 log: logging.Logger | None = None):
+        self.client = client
+        self.kernel_manager = kernel_manager
+        self.events = events
+        self.log = log or logging.getLogger(__name__)
+        self.leases: dict[str, dict] = {}  # kernel id -> its granted lease (JSON of REST API v1)
+        self.extra_holders: set[str] = set()  # other holders this server keeps alive (e.g. "server")
+
+    def attach(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
+        self.leases[kernel_id] = dict(lease)
+
+    def detach(self, kernel_id: str) -> dict | None:
+        return self.leases.pop(kernel_id, None)
+
+    def lease_of(self, kernel_id: str) -> dict | None:
+        return self.leases.get(kernel_id)
+
+    def activity(self, kernel_id: str) -> dict[str, Any]:
+        """What the scheduler is told about a kernel: last activity, busy, connections."""
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        connections = getattr(self.kernel_manager, "_kernel_connections", {}).get(kernel_id, 0)
+        last = getattr(kernel, "last_activity", None)
+        return {"last_activity": last.timestamp() if last is not None else None,
+                "busy": getattr(kernel, "execution_state", "") == "busy", "connections": int(connections)}
+
+    async def report(self) -> None:
+        """One round: heartbeat every kernel's holder, touch each GPU kernel's lease."""
+        running = set(self.kernel_manager.list_kernel_ids())
+        for kernel_id in set(self.leases) - running:
+            self.detach(kernel_id)
+        holders = [f"kernel:{k}" for k in sorted(running)] + sorted(self.extra_holders)
+        if holders:
+            for lease in await self.client.heartbeat(holders):
+                kernel_id = kernel_of(lease["holder"])
+                if kernel_id in running and kernel_id not in self.leases and lease["state"] == "granted":
+                    self.attach(kernel_id, lease)  # e.g. obtained by the %gpu magic inside the kernel
+        for kernel_id, lease in list(self.leases.items()):
+            try:
+                self.leases[kernel_id] = await self.client.touch(lease["id"], **self.activity(kernel_id))
+            except NotFound:
+                await self.lease_ended(kernel_id, await self.client.lease(lease["id"]))
+
+    async def on_event(self, event: Mapping[str, Any]) -> None:
+        """React at once to a scheduler event that ends one of this server's kernels' leases."""
+        data = event.get("data") or {}
+        kernel_id = kernel_of(data.get("holder"))
+        if kernel_id is not None and data.get("state") in ENDS_KERNEL:
+            await self.lease_ended(kernel_id, {"id": event.get("lease_id"), "state": data["state"],
+                                               "reason": data.get("reason", ""), "holder": data["holder"]})
+
+    async def lease_ended(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
+        """The scheduler ended a kernel's lease: shut the kernel down if its slice was taken away."""
+        held = self.leases.get(kernel_id)
+        if held is None or held["id"] != lease["id"]:
+            return
+        self.detach(kernel_id)
+        if lease["state"] not in ENDS_KERNEL or kernel_id not in self.kernel_manager:
+            return
+        reason = lease.get("reason", "")
+        self.log.warning("shutting down kernel %s: its GPU lease %s %s (%s)", kernel_id, lease["id"],
+                         lease["state"], reason)
+        await self.kernel_manager.shutdown_kernel(kernel_id)
+        self.events.emit("kernel.gpu_shutdown", kernel_id=kernel_id, lease_id=lease["id"],
+                         holder=f"kernel:{kernel_id}", state=lease["state"], reason=reason, action="shutdown",
+                         message=f"Kernel {kernel_id} was shut down: its GPU lease {lease['state']} ({reason}).")

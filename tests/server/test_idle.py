@@ -1,0 +1,40 @@
+"""Idle release with a short idle timeout: an idle kernel is warned, then shut down; a busy one is left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.conftest import MIG_KERNEL, extension_config, wait_for
+from tests.server.test_kernels import lease_of
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    return extension_config(tmp_path, SchedulerPolicy={"idle_timeout": 1.0, "idle_grace": 1.0})
+
+
+async def test_idle_kernel_is_warned_then_shut_down_while_a_busy_one_is_left_alone(gpualloc, jp_serverapp, events):
+    km = jp_serverapp.kernel_manager
+    idle = await km.start_kernel(kernel_name=MIG_KERNEL)
+    busy = await km.start_kernel(kernel_name=MIG_KERNEL)
+    idle_lease, busy_lease = lease_of(gpualloc, idle).id, lease_of(gpualloc, busy).id
+    client = km.get_kernel(busy).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=30)
+        client.execute("import time; time.sleep(60)")
+        await wait_for(lambda: km.get_kernel(busy).execution_state == "busy")
+        busy_since = len(events)  # (both kernels may be warned while they start: they are idle then)
+        await wait_for(lambda: idle not in km, timeout=15)
+        types = [(t, d.get("lease_id")) for t, d in events]
+        assert ("lease.idle_warning", idle_lease) in types
+        assert ("lease.expired", idle_lease) in types
+        assert types.index(("lease.idle_warning", idle_lease)) < types.index(("lease.expired", idle_lease))
+        shutdown = [d for t, d in events if t == "kernel.gpu_shutdown"]
+        assert shutdown and shutdown[0]["kernel_id"] == idle and shutdown[0]["state"] == "expired"
+        assert gpualloc.embedded.scheduler.lease(idle_lease).state.value == "expired"
+        assert busy in km and gpualloc.embedded.scheduler.lease(busy_lease).state.value == "granted"
+        assert ("lease.idle_warning", busy_lease) not in types[busy_since:]
+        assert ("lease.expired", busy_lease) not in types
+    finally:
+        client.stop_channels()

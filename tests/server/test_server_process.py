@@ -1,0 +1,162 @@
+"""`jupyter server` subprocesses: embedded mode over HTTP, and a SIGKILLed server's slices ending within the TTL."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
+from tests.hubfixture import free_port
+from tests.server.conftest import FLEET, MIG_KERNEL, OFFERS
+from tests.service.conftest import ALICE, TOKENS, ServiceProcess
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+SERVER_TOKEN = "server-token-123456"
+
+
+class JupyterServerProcess:
+    """`jupyter server` with the shipped jupyter-config enabling the extension, plus `config`."""
+
+    def __init__(self, workdir: Path, config: dict, env: dict[str, str] | None = None):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        config_dir = workdir / "config"
+        shutil.copytree(REPO / "jupyter-config", config_dir)  # where `pip install` puts it, as a user dir
+        (config_dir / "jupyter_server_config.json").write_text(json.dumps(config))
+        kernels = workdir / "data" / "kernels"
+        for name, spec in kernelspecs_for_offers(OFFERS).items():
+            (kernels / name).mkdir(parents=True)
+            (kernels / name / "kernel.json").write_text(json.dumps(spec))
+        clean = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("GPUALLOC_", "JUPYTERHUB_", "JUPYTER_"))}
+        self.env = {**clean, "JUPYTER_CONFIG_DIR": str(config_dir),
+                    "JUPYTER_DATA_DIR": str(workdir / "data"), "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
+                    "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> "JupyterServerProcess":
+        log = open(self.workdir / "server.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser", f"--port={self.port}",
+             "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={SERVER_TOKEN}",
+             f"--ServerApp.root_dir={self.workdir}"],
+            env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter server exited: {self.log_tail()}")
+            try:
+                if self.call("GET", "api/status")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"jupyter server did not start: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return (self.workdir / "server.log").read_text(errors="replace")[-4000:]
+
+    def call(self, method: str, path: str, body=None, token: str | None = SERVER_TOKEN, timeout: float = 60):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if token:
+            request.add_header("Authorization", f"token {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read().decode()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as err:
+            text = err.read().decode()
+            return err.code, json.loads(text) if text.startswith("{") else text
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(30)
+        self.proc = None
+
+
+@pytest.fixture
+def servers():
+    made: list[JupyterServerProcess] = []
+    yield made
+    for server in made:
+        kernels = [] if server.proc is None else psutil.Process(server.proc.pid).children(recursive=True)
+        server.stop()
+        for kernel in kernels:
+            if kernel.is_running():
+                kernel.kill()
+
+
+def test_embedded_mode_serves_rest_api_v1_and_is_listed(tmp_path, servers):
+    config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+              "SchedulerPolicy": {"offers": OFFERS}}
+    server = JupyterServerProcess(tmp_path, config)
+    listed = subprocess.run([sys.executable, "-m", "jupyter_server", "extension", "list"], env=server.env,
+                            capture_output=True, text=True, timeout=60)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)  # without the colours
+    assert "jupyter_gpualloc.server enabled" in text
+    assert re.search(r"jupyter_gpualloc\.server\s+OK", text)
+    servers.append(server.start())
+    assert server.call("GET", "gpualloc/api/v1/health", token=None)[1]["backend"] == "simulated"
+    assert server.call("GET", "gpualloc/api/v1/offers", token=None)[0] == 401
+    assert server.call("GET", "gpualloc/api/v1/offers", token="wrong-token")[0] == 401
+    status, offers = server.call("GET", "gpualloc/api/v1/offers")
+    assert status == 200 and [o["name"] for o in offers["offers"]] == [o["name"] for o in OFFERS]
+    status, lease = server.call("POST", "gpualloc/api/v1/leases", {"spec": {"profile": "1g.5gb"}, "holder": "server"})
+    assert status == 201 and lease["state"] == "granted" and lease["slice"]["mig_uuid"]
+    assert [l["id"] for l in server.call("GET", "gpualloc/api/v1/leases")[1]["leases"]] == [lease["id"]]
+    status, ended = server.call("DELETE", f"gpualloc/api/v1/leases/{lease['id']}")
+    assert status == 200 and ended["state"] == "released"
+    status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+    assert status == 201
+    held = [l for l in server.call("GET", "gpualloc/api/slices")[1]["slices"] if l["holder"] == f"kernel:{kernel['id']}"]
+    assert held and held[0]["state"] == "granted" and held[0]["kernel"]["name"] == MIG_KERNEL
+    assert server.call("DELETE", f"api/kernels/{kernel['id']}")[0] == 204
+    assert server.call("GET", "gpualloc/api/v1/leases")[1]["leases"] == []
+
+
+def test_killed_server_loses_its_kernels_slices_within_the_heartbeat_ttl(tmp_path, servers):
+    ttl = 3.0
+    service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config=(
+        f"c.SchedulerPolicy.heartbeat_ttl = {ttl}\nc.GpuAllocService.tick_interval = 0.5\n"
+        f"c.SchedulerPolicy.offers = {OFFERS!r}\n")).start()
+    try:
+        server = JupyterServerProcess(tmp_path / "server", {"GpuAllocExtension": {"report_interval": 0.5}},
+                                      env={"GPUALLOC_URL": service.url[:-len("api/v1/")], "GPUALLOC_TOKEN": ALICE})
+        servers.append(server.start())
+        status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+        assert status == 201, kernel
+        holder = f"kernel:{kernel['id']}"
+        leases = service.call("GET", "leases", token=ALICE).json()["leases"]
+        assert [(l["holder"], l["state"]) for l in leases] == [(holder, "granted")]
+        time.sleep(2 * ttl)  # the server's heartbeats keep it
+        assert service.call("GET", f"leases/{leases[0]['id']}", token=ALICE).json()["state"] == "granted"
+        kernels = psutil.Process(server.proc.pid).children(recursive=True)
+        server.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+        while service.call("GET", f"leases/{leases[0]['id']}", token=ALICE).json()["state"] == "granted":
+            assert time.monotonic() - killed_at < ttl + 3, "the slice outlived the heartbeat TTL"
+            time.sleep(0.2)
+        ended = service.call("GET", f"leases/{leases[0]['id']}", token=ALICE).json()
+        assert ended["state"] == "expired" and "no heartbeat" in ended["reason"]
+        for process in kernels:
+            if process.is_running():
+                process.kill()
+    finally:
+        service.kill()
