@@ -1,4 +1,4 @@
-"""The core's vocabulary: GPUs, MIG profiles, slice specs, slices, leases and jobs.
+"""The core's vocabulary: GPUs, MIG profiles, slice specs, slices, leases and events.
 
 Plain dataclasses and enums, shared by every other module. Sizes are MiB and milli-cores;
 times are float seconds passed in by the caller (never read from the wall here).
@@ -56,14 +56,6 @@ class LeaseState(str, Enum):
     @property
     def active(self) -> bool:
         return self in (LeaseState.QUEUED, LeaseState.GRANTED)
-
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 class SpecError(ValueError):
@@ -297,31 +289,6 @@ class Lease:
             "idle_timeout": self.idle_timeout,
             "reason": self.reason,
         }
-
-
-@dataclass
-class Job:
-    """A cell or notebook run in the background under a batch lease."""
-
-    id: str
-    user: str
-    name: str
-    spec: SliceSpec
-    state: JobState
-    created_at: float
-    lease_id: str | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    notebook_path: str = ""
-    output_path: str = ""
-    log_path: str = ""
-    exit_reason: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["spec"] = self.spec.to_json()
-        out["state"] = self.state.value
-        return out
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Persistence of leases, jobs, MIG instances and drained GPUs (SQLAlchemy; SQLite by default).
+"""Persistence of leases, MIG instances and drained GPUs (SQLAlchemy; SQLite by default).
 
 The scheduler writes every state change here, in one transaction, before announcing it, and
 rebuilds itself from `load()` when it starts again.
@@ -15,7 +15,7 @@ from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
+from .model import Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
 
 metadata = MetaData()
 
@@ -56,14 +56,6 @@ mig_instances = Table(
 drained_gpus = Table(
     "drained_gpus", metadata,
     Column("gpu_uuid", String(128), primary_key=True),
-)
-
-jobs = Table(
-    "jobs", metadata,
-    Column("id", String(64), primary_key=True),
-    Column("user", String(255), nullable=False, index=True),
-    Column("data", Text, nullable=False),
-    Column("state", String(16), nullable=False, index=True),
 )
 
 meta = Table(
@@ -134,13 +126,6 @@ class Store:
             if drained:
                 conn.execute(drained_gpus.insert().values(gpu_uuid=gpu_uuid))
 
-    def save_job(self, job: Job) -> None:
-        row = {"id": job.id, "user": job.user, "data": json.dumps(job.to_json()), "state": job.state.value}
-        stmt = self._insert(jobs)
-        with self.engine.begin() as conn:
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=["id"], set_={"data": stmt.excluded.data, "state": stmt.excluded.state}), row)
-
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
         """Active leases, recorded MIG instances, drained GPUs and the last sequence number."""
@@ -162,13 +147,6 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
         return _lease_from_row(row) if row else None
-
-    def load_jobs(self, user: str | None = None) -> list[Job]:
-        query = select(jobs.c.data)
-        if user is not None:
-            query = query.where(jobs.c.user == user)
-        with self.engine.connect() as conn:
-            return [_job_from_json(json.loads(r[0])) for r in conn.execute(query)]
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -201,10 +179,3 @@ def _lease_from_row(row) -> Lease:
         ended_at=row["ended_at"], last_activity=row["last_activity"], busy=row["busy"],
         idle_warned_at=row["idle_warned_at"], idle_timeout=row["idle_timeout"], reason=row["reason"],
     )
-
-
-def _job_from_json(data: dict) -> Job:
-    data = dict(data)
-    data["spec"] = SliceSpec.from_json(data["spec"])
-    data["state"] = JobState(data["state"])
-    return Job(**data)
