@@ -40,6 +40,37 @@ def published(data_dir: Path) -> tuple[dict, list[str]]:
     return table, sorted(workloads, key=lambda w: (w != "default", w))
 
 
+HOW_DEFAULT_DECIDES = """## How `default` decides, and why its ties matter
+
+`default` (`FragmentationAwarePolicy` in jupyter_gpualloc/core/placement.py) scores every feasible
+node by a tuple compared lexicographically, and takes the lowest node index among the best:
+
+1. the growth of FGD's fragmentation measure (against the typical pods of the workload), in 50
+   coarse sigmoid steps: floor(50 x sigmoid(-growth / 1000)). Placements whose fragmentation
+   differs by less than about 80 milli-GPU fall in one step, so the keys below decide them;
+2. not a fully idle node: idle nodes are what whole-GPU and multi-GPU pods need;
+3. a node whose GPU models no model-restricted typical pod asks for comes before a node whose models
+   some typical pod is restricted to: those GPUs are the only place such pods can go;
+4. among the unrestricted nodes, fewer GPUs first (small nodes absorb small pods and 8-GPU nodes stay
+   whole for multi-GPU pods); among the restricted ones, no size preference;
+5. for a GPU share, the GPU with the least free milli that still fits (best fit on the GPU).
+
+Ties decide most placements: whole-GPU and CPU-only pods change the fragmentation measure by the same
+amount on almost every node, so after key 1 the packing keys and the fixed node order choose. Breaking
+them at random spreads pods over empty nodes (FGD falls to about 90%); exact float scores replace the
+packing keys by noise in the measure (exact growth as a last key costs `default` about 0.4 points).
+Key 3 is what the 4 `gpuspec` lists need: without it, key 4 sent unrestricted pods into the small T4
+and P100 nodes, which are the only GPUs T4- and P100-restricted pods can use (gpuspec20, seed 42: 88.9%
+before; the table above has the figure with it). On lists without `gpu_spec` no typical pod is restricted, so key 3 is neutral
+there and `default` decides exactly as before.
+
+Key 1's step count is the one tuned number: near 50 the result moves by a few tenths of a point from
+one count to the next (46: 95.1, 48: 95.2, 50: 95.5, 52: 95.5, 56: 95.3, 64: 94.4, 100: 95.2 on seeds
+42-43 of the default list), so the coarse step is a design choice with a measured sensitivity, not a
+derived constant.
+"""
+
+
 def run_seed(job: tuple) -> tuple:
     pod_list, policy, seed = job
     folder = openb.trace_dir()
@@ -64,6 +95,8 @@ def main() -> None:
     parser.add_argument("--sweep-policies", default=None,
                         help="policies for the pod lists other than default (default: --policies)")
     parser.add_argument("--sweep-seeds", default=None, help="seeds for the other pod lists (default: --seeds)")
+    parser.add_argument("--sweep-baseline-seeds", default=None,
+                        help="seeds for policies other than default on the other pod lists (default: --sweep-seeds)")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
@@ -74,10 +107,14 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     sweep_policies = args.sweep_policies.split(",") if args.sweep_policies else policies
     sweep_seeds = parse_seeds(args.sweep_seeds) if args.sweep_seeds else seeds
+    baseline_seeds = parse_seeds(args.sweep_baseline_seeds) if args.sweep_baseline_seeds else sweep_seeds
     jobs = []
     for pod_list in lists:
-        pols, sds = (policies, seeds) if pod_list == "default" else (sweep_policies, sweep_seeds)
-        jobs += [(pod_list, p, s) for p in pols for s in sds]
+        if pod_list == "default":
+            jobs += [(pod_list, p, s) for p in policies for s in seeds]
+        else:
+            jobs += [(pod_list, p, s) for p in sweep_policies
+                     for s in (sweep_seeds if p == "default" else baseline_seeds)]
     jobs.sort(key=lambda j: j[1] in ("random", "dotprod", "bestfit"))  # slow policies first
     results: dict = defaultdict(list)
     times: dict = defaultdict(float)
@@ -102,12 +139,13 @@ def write_report(results, times, table, lists, wall, args) -> None:
              f"--pod-lists {args.pod_lists} --policies {args.policies} --seeds {args.seeds}"
              + (f" --sweep-policies {args.sweep_policies}" if args.sweep_policies else "")
              + (f" --sweep-seeds {args.sweep_seeds}" if args.sweep_seeds else "")
+             + (f" --sweep-baseline-seeds {args.sweep_baseline_seeds}" if args.sweep_baseline_seeds else "")
              + f"` in {wall:.0f} s wall on {args.workers} workers.", "",
-             "Protocol: shared/reference/OPENB.md (1,213 GPU nodes, 6,212 GPUs; pods sorted by name, shuffled per "
+             ("Protocol: shared/reference/OPENB.md (1,213 GPU nodes, 6,212 GPUs; pods sorted by name, shuffled per "
              "seed, inflated to 1.3x by resampling; arrival only; failures skipped). GPU allocation % = used "
              "milli-GPU / 6,212,000, at the first pod where arrived GPU request reaches 100% (and at the end, 130%). "
              "Published = FGD paper's per-seed results (mean / population sd over seeds 42-51); Go's random "
-             "sequence differs from ours, so seeds match only in number.", "",
+             "sequence differs from ours, so seeds match only in number."), "",
              "## Default pod list, all policies", "",
              "| policy | ours @100% | sd | ours @130% | sd | published @100% | sd | ours - published | s per seed |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -121,35 +159,48 @@ def write_report(results, times, table, lists, wall, args) -> None:
         pub_txt = f"{pub[0]:.2f} | {pub[1]:.2f} | {m100 - pub[0]:+.2f}" if pub else "- | - | -"
         lines.append(f"| {policy} | {m100:.2f} | {s100:.2f} | {m130:.2f} | {s130:.2f} | {pub_txt} | "
                      f"{times[('default', policy)] / len(runs):.1f} |")
+    targets = []
+    if ("default", "default") in results:
+        mean = stats(results[("default", "default")], "100")[0]
+        targets.append(f"`default` on the default pod list at 100% arrived, mean >= 95.50: "
+                       f"{'met' if mean >= 95.5 else 'missed'} ({mean:.2f} over "
+                       f"{len(results[('default', 'default')])} seeds).")
     sweep = [p for p in POLICY_NAMES if any((w, p) in results for w in lists if w != "default")]
     if sweep:
-        lines += ["", "## All pod lists at 100% arrived (ours, published in brackets)", "",
-                  "| pod list | seeds | " + " | ".join(sweep) + " | default - FGD published |",
-                  "|---|---:|" + "---:|" * len(sweep) + "---:|"]
+        lines += ["", "## All pod lists at 100% arrived", "",
+                  "Ours: mean (population sd, seeds run); FGD published: mean (sd) over seeds 42-51.", "",
+                  "| pod list | " + " | ".join(f"ours {p}" for p in sweep)
+                  + " | FGD published | default - FGD published |",
+                  "|---|" + "---:|" * len(sweep) + "---:|---:|"]
         wins = total = 0
         for w in lists:
-            cells, n = [], 0
+            cells = []
             for p in sweep:
                 runs = results.get((w, p))
                 if not runs:
                     cells.append("-")
                     continue
-                n = len(runs)
-                mean = stats(runs, "100")[0]
-                pub = table.get((w, PUBLISHED_NAMES.get(p, "")))
-                cells.append(f"{mean:.2f} ({pub[0]:.2f})" if pub else f"{mean:.2f}")
+                mean, sd = stats(runs, "100")
+                cells.append(f"{mean:.2f} ({sd:.2f}, {len(runs)} seeds)")
+            pub = table.get((w, "06-FGD"))
+            pub_txt = f"{pub[0]:.2f} ({pub[1]:.2f})" if pub else "-"
             diff = "-"
-            if (w, "default") in results and (w, "06-FGD") in table:
-                d = stats(results[(w, "default")], "100")[0] - table[(w, "06-FGD")][0]
+            if (w, "default") in results and pub:
+                d = stats(results[(w, "default")], "100")[0] - pub[0]
                 diff = f"{d:+.2f}"
                 wins += d >= 0
                 total += 1
-            lines.append(f"| {w} | {n} | " + " | ".join(cells) + f" | {diff} |")
+            lines.append(f"| {w} | " + " | ".join(cells) + f" | {pub_txt} | {diff} |")
         if total:
             lines += ["", f"`default` reaches FGD's published figure on {wins} of {total} pod lists."]
+            targets.append(f"`default` at least FGD's published figure on at least 12 of the 17 pod lists: "
+                           f"{'met' if wins >= 12 and total == 17 else 'missed'} ({wins} of {total}).")
     if ("default", "default") in results and results[("default", "default")][0].get("curve") is not None:
         plot(results)
         lines += ["", "![GPU allocation vs arrived load](openb_alloc.png)"]
+    if targets:
+        lines += ["", "## Targets of issue 7", ""] + [f"- {t}" for t in targets]
+    lines += ["", HOW_DEFAULT_DECIDES]
     (DOCS / "openb.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class ClusterView:
         self.state_id = np.array([self._intern(i) for i in range(n)], dtype=np.int64)
         self._allowed_cache: dict[frozenset, np.ndarray] = {}
 
-    def copy(self) -> "ClusterView":
+    def copy(self) -> ClusterView:
         other = object.__new__(ClusterView)
         other.nodes = self.nodes
         for name in ("cpu_free", "mem_free", "gpu_model", "_gpu_real", "_enabled", "gpu_vis",
@@ -340,7 +340,7 @@ class PlacementPolicy(ABC):
     name: str = "abstract"
 
     def choose(self, view: ClusterView, demand: Demand,
-               node_mask: "np.ndarray | None" = None) -> tuple[int, tuple[int, ...]] | None:
+               node_mask: np.ndarray | None = None) -> tuple[int, tuple[int, ...]] | None:
         """(node index, GPU indices on that node; () for num_gpu == 0), or None when no node is feasible."""
         candidates = np.flatnonzero(view.feasible(demand, node_mask))
         if candidates.size == 0:
@@ -481,18 +481,33 @@ class SpreadPolicy(PlacementPolicy):
 class _StateScored(PlacementPolicy):
     """A policy whose node score depends only on the node's interned state (cached per state)."""
 
+    max_cached = 2_000_000
+
     def __init__(self, typical: Sequence[tuple[Demand, float]] | None):
         self.frag = Fragmentation(typical or [])
-        self._scores: dict[tuple[int, Demand], tuple] = {}
+        self._scores: dict[Demand, dict[int, tuple]] = {}  # demand -> state id -> (score, entries)
+        self._cached = 0
+
+    def _table(self, demand: Demand) -> dict[int, tuple]:
+        table = self._scores.get(demand)
+        if table is None:
+            table = self._scores[demand] = {}
+        return table
+
+    def _evaluate_into(self, table: dict[int, tuple], sid: int, demand: Demand) -> tuple:
+        if self._cached >= self.max_cached:
+            for other in self._scores.values():
+                other.clear()
+            self._cached = 0
+        hit = table[sid] = self.evaluate(_INTERN.states[sid], demand)
+        self._cached += 1
+        return hit
 
     def state_choice(self, sid: int, demand: Demand) -> tuple:
         """(score tuple, best GPU entries) for a node in state `sid`; cached."""
-        hit = self._scores.get((sid, demand))
-        if hit is None:
-            if len(self._scores) > 2_000_000:
-                self._scores.clear()
-            hit = self._scores[(sid, demand)] = self.evaluate(_INTERN.states[sid], demand)
-        return hit
+        table = self._table(demand)
+        hit = table.get(sid)
+        return hit if hit is not None else self._evaluate_into(table, sid, demand)
 
     @abstractmethod
     def evaluate(self, key: tuple, demand: Demand) -> tuple:
@@ -505,11 +520,15 @@ class _StateScored(PlacementPolicy):
 
     def pick_node(self, view, demand, candidates):
         sids = view.state_id[candidates]
-        unique, inverse = np.unique(sids, return_inverse=True)
-        scores = [self.state_choice(int(s), demand)[0] for s in unique.tolist()]
+        unique = np.unique(sids).tolist()
+        table = self._table(demand)
+        scores = []
+        for sid in unique:
+            hit = table.get(sid)
+            scores.append((hit if hit is not None else self._evaluate_into(table, sid, demand))[0])
         best = max(scores)
-        tied = [i for i, score in enumerate(scores) if score == best]
-        hits = inverse == tied[0] if len(tied) == 1 else np.isin(inverse, tied)
+        tied = [sid for sid, score in zip(unique, scores) if score == best]
+        hits = sids == tied[0] if len(tied) == 1 else np.isin(sids, tied)
         return candidates[int(np.argmax(hits))]
 
     def pick_gpus(self, view, demand, node):
@@ -547,24 +566,39 @@ class FgdPolicy(_StateScored):
 
 
 class FragmentationAwarePolicy(_StateScored):
-    """Our default: fragmentation growth in coarse steps, then keep idle nodes and big nodes whole.
+    """Our default: fragmentation growth in coarse steps, then keep idle, big and needed nodes whole.
 
     Score, compared lexicographically (higher is better), ties to the lowest node index:
     1. floor(`levels` x sigmoid(-growth / 1000)) of the node's fragmentation growth (FGD's
        measure against `typical`); coarse on purpose, so placements whose fragmentation differs
        little are decided by the packing keys below instead of by noise in the measure;
     2. not a fully idle node (idle nodes are what whole-GPU and multi-GPU demands need);
-    3. fewer GPUs on the node (small nodes absorb small demands, 8-GPU nodes stay whole);
-    4. for a share, the GPU with the least free milli that fits (best fit on the GPU).
+    3. a node whose GPU models no model-restricted typical demand asks for, before one whose
+       models some do (those GPUs are the only place such demands can go);
+    4. among the former, fewer GPUs on the node (small nodes absorb small demands, 8-GPU nodes
+       stay whole); among the latter no size preference, since a small node of a model that
+       restricted demands need is exactly what must not be filled first;
+    5. for a share, the GPU with the least free milli that fits (best fit on the GPU).
     """
 
     name = "default"
     levels = 50
 
+    def __init__(self, typical: Sequence[tuple[Demand, float]] | None):
+        super().__init__(typical)
+        self.restricted_models = frozenset().union(
+            *(t.model_ids for t in self.frag.typical if t.num_gpu and t.model_ids is not None))
+
+    def size_keys(self, key: tuple) -> tuple[int, int]:
+        """Keys 3 and 4 for a node state: (not needed by restricted demands, -GPUs if not)."""
+        needed = any(m in self.restricted_models for m, _ in key[1])
+        return (0, 0) if needed else (1, -len(key[1]))
+
     def evaluate(self, key, demand):
         before = self.frag.of_state(key)
         options = _entry_options(key, demand, self._allowed_ids(demand))
         idle_node = int(bool(key[1]) and all(f == MILLI for _, f in key[1]))
+        size = self.size_keys(key)
         if demand.is_share:
             placements = [[entry] for entry in options]
         else:
@@ -573,7 +607,7 @@ class FragmentationAwarePolicy(_StateScored):
         for entries in placements:
             growth = self.frag.of_state(self.frag.after(key, demand, entries)) - before
             step = int(self.levels / (1.0 + math.exp(min(growth / 1000.0, 700.0))))
-            score = (step, -idle_node, -len(key[1]), -(entries[0][1] if entries else 0))
+            score = (step, -idle_node, *size, -(entries[0][1] if entries else 0))
             if best is None or score > best:
                 best, chosen = score, entries[:1]
             elif score == best:

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from jupyter_gpualloc.core.placement import (
-    POLICY_NAMES, ClusterView, Demand, Fragmentation, NodeCapacity, get_policy)
+    POLICY_NAMES,
+    ClusterView,
+    Demand,
+    Fragmentation,
+    NodeCapacity,
+    get_policy,
+)
 
 
 def node(name, gpus=0, model="A100", cpu=64_000, mem=256_000):
@@ -174,3 +180,19 @@ def test_unknown_policy_and_bad_demand():
         get_policy("nope")
     with pytest.raises(ValueError):
         Demand(num_gpu=1, gpu_milli=0)
+
+
+def test_default_fills_small_nodes_first_unless_restricted_demands_need_their_model():
+    def cluster():
+        view = ClusterView([node("t4", 2, "T4"), node("a100x8", 8), node("a100x4", 4)])
+        for i in range(3):
+            view.allocate(i, (0,), Demand(num_gpu=1, gpu_milli=1000))  # no node is idle
+        return view
+
+    whole = Demand(cpu_milli=1000, num_gpu=1, gpu_milli=1000)
+    open_typical = [(share(500), 1.0)]
+    assert get_policy("default", typical=open_typical).choose(cluster(), whole)[0] == 0
+    # a few typical pods may only use T4: the T4 node is theirs, so the whole GPU goes elsewhere,
+    # and among the nodes nobody is restricted to, the smaller one is filled first
+    restricted = [(share(500), 0.99), (Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"T4"})), 0.01)]
+    assert get_policy("default", typical=restricted).choose(cluster(), whole)[0] == 2
