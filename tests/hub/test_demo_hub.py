@@ -48,7 +48,7 @@ def test_form_lists_the_offers_and_starts_a_mig_server(demo_hub):
     html = browser.spawn_form()
     for label in ("No GPU", "MIG 1g.10gb on A100 80GB", "Shared 8 GiB on L4", "Whole H100"):
         assert label in html
-    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(4 free now)</small>" in html
+    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(14 free now)</small>" in html
     reply = browser.submit("mig-1g.10gb")
     assert reply.status_code == 302, reply.text[:2000]
     env, lease = check_env(demo_hub, "alice")
@@ -57,7 +57,7 @@ def test_form_lists_the_offers_and_starts_a_mig_server(demo_hub):
     assert "GPUALLOC_MEMORY_LIMIT_MIB" not in env
     erin = Browser(demo_hub, "erin")
     erin.login()
-    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(3 free now)</small>" in erin.spawn_form()
+    assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(13 free now)</small>" in erin.spawn_form()
 
 
 def test_a_request_beyond_quota_fails_with_the_capacity_message(demo_hub):
