@@ -10,7 +10,6 @@ import pytest
 
 from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 FLEET = Path(__file__).with_name("fleet.yaml")
 OFFERS = [
