@@ -1,6 +1,7 @@
 """The `gpualloc` kernel provisioner: a kernel's slice, before launch, and the %gpu magic's link to the service.
 
-Every kernel it launches gets GPUALLOC_URL, GPUALLOC_TOKEN and GPUALLOC_HOLDER=kernel:<id>. A
+Every kernel it launches gets GPUALLOC_URL, GPUALLOC_TOKEN and GPUALLOC_HOLDER=kernel:<id>, and an
+IPython kernel loads the %gpu magic (`--ext=jupyter_gpualloc`). A
 kernel whose kernelspec asks for a slice (`metadata.kernel_provisioner.config.spec`) gets a
 `kernel:<id>` lease before launch, with CUDA_VISIBLE_DEVICES and the cap variables in its env.
 On restart the kernel's active lease (however it was obtained, e.g. by the %gpu magic) is found
@@ -25,6 +26,7 @@ from ..hub.env import SLICE_ENV_NAMES, slice_env
 from .idle import KernelActivityMonitor
 
 POLL_SECONDS = 1.0
+MAGIC_EXTENSION = "jupyter_gpualloc"
 
 
 @dataclass
@@ -103,6 +105,8 @@ class GpuAllocProvisioner(LocalProvisioner):
             return kwargs  # a plain kernel, as LocalProvisioner would start it
         env = kwargs["env"]
         env.update(link.base_env(self.kernel_id))
+        if any("ipykernel" in part for part in kwargs.get("cmd", ())):
+            kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]  # %gpu is there from the start
         lease = await self._active_lease(link)
         if lease is None and self.spec:
             lease = await link.client.request_lease(self.spec, self.holder, priority=self.priority,

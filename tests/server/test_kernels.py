@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,8 @@ async def test_every_kernel_can_reach_the_api_with_its_env(gpualloc, jp_serverap
     env = kernel_env(km, kernel_id)
     assert "GPUALLOC_LEASE_ID" not in env and lease_of(gpualloc, kernel_id) is None
     assert env["GPUALLOC_HOLDER"] == f"kernel:{kernel_id}"
+    cmdline = Path(f"/proc/{km.get_kernel(kernel_id).provisioner.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--ext=jupyter_gpualloc" in cmdline  # the %gpu magic is loaded at start
     http = AsyncHTTPClient()
     response = await http.fetch(env["GPUALLOC_URL"] + "api/v1/user",
                                 headers={"Authorization": f"token {env['GPUALLOC_TOKEN']}"})
