@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.hubfixture import find_proxy, free_port
+from tests.processes import start_logged, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "hub_config" / "jupyterhub_config.py"
@@ -77,23 +78,15 @@ class DemoHub:
         return env
 
     def start(self, timeout: float = 60) -> "DemoHub":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(CONFIG)],
-                                     cwd=self.workdir, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyterhub exited {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/services/gpualloc/api/v1/health", timeout=2).status_code == 200 \
-                        and requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the demo hub did not come up within {timeout} s:\n{self.log_tail()}")
+        self.proc = start_logged([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(CONFIG)],
+                                 self.log_path, cwd=self.workdir, env=self.env())
+
+        def ready() -> bool:
+            return (requests.get(self.url + "/services/gpualloc/api/v1/health", timeout=2).status_code == 200
+                    and requests.get(self.url + "/hub/api/", timeout=2).status_code == 200)
+
+        wait_until_ready(self.proc, ready, "the demo hub", self.log_tail, timeout)
+        return self
 
     def stop(self) -> None:
         """Stop the hub (SIGTERM: it stops its proxy and service; servers keep running)."""

@@ -21,6 +21,7 @@ from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
 from tests.hubfixture import free_port
 from tests.server.conftest import FLEET, MIG_KERNEL, OFFERS
 from tests.service.conftest import ALICE, TOKENS, ServiceProcess
+from tests.processes import start_logged, wait_until_ready
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -49,24 +50,14 @@ class JupyterServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "JupyterServerProcess":
-        log = open(self.workdir / "server.log", "ab")
-        self.proc = subprocess.Popen(
+        self.proc = start_logged(
             [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser", f"--port={self.port}",
              "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={SERVER_TOKEN}",
              f"--ServerApp.root_dir={self.workdir}"],
-            env=self.env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited: {self.log_tail()}")
-            try:
-                if self.call("GET", "api/status")[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"jupyter server did not start: {self.log_tail()}")
+            self.workdir / "server.log", env=self.env, cwd=self.workdir)
+        wait_until_ready(self.proc, lambda: self.call("GET", "api/status")[0] == 200, "jupyter server",
+                         self.log_tail, timeout)
+        return self
 
     def log_tail(self) -> str:
         return (self.workdir / "server.log").read_text(errors="replace")[-4000:]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.hubfixture import free_port
+from tests.processes import start_logged, wait_until_ready
 
 FLEET = Path(__file__).with_name("fleet.yaml")
 TOKENS = {
@@ -68,20 +68,11 @@ class ServiceProcess:
                 "--audit-log", str(self.audit_log), *self.args]
 
     def start(self, timeout: float = 30) -> "ServiceProcess":
-        log = open(self.workdir / "service.log", "ab")
-        self.proc = subprocess.Popen(self.command(), cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, "JUPYTERHUB_API_TOKEN": ""})
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited {self.proc.returncode}: {self.log_tail()}")
-            try:
-                if self.call("GET", "health").status == 200:
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"service did not start: {self.log_tail()}")
+        self.proc = start_logged(self.command(), self.workdir / "service.log", cwd=self.workdir,
+                                 env={**os.environ, "JUPYTERHUB_API_TOKEN": ""})
+        wait_until_ready(self.proc, lambda: self.call("GET", "health").status == 200, "the service",
+                         self.log_tail, timeout)
+        return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
