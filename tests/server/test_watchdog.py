@@ -38,7 +38,7 @@ async def run_in_kernel(km, kernel_id: str, code: str) -> str:
 
 @pytest.fixture
 def jp_server_config(tmp_path):
-    return extension_config(tmp_path, Watchdog={"action": "shutdown", "grace": 1.0, "interval": 0.3})
+    return extension_config(tmp_path, Watchdog={"action": "shutdown", "grace": 3.0, "interval": 0.3})
 
 
 async def test_over_cap_process_under_a_kernel_is_warned_then_its_kernel_shut_down(
@@ -55,7 +55,7 @@ async def test_over_cap_process_under_a_kernel_is_warned_then_its_kernel_shut_do
     assert owners[child] == kernel_id
     assert owners[km.get_kernel(kernel_id).provisioner.pid] == kernel_id
 
-    await wait_for(lambda: kernel_id not in km, timeout=15)
+    await wait_for(lambda: kernel_id not in km, timeout=20)
     kinds = [t for t, d in events if t.startswith("watchdog.")]
     assert kinds[:2] == ["watchdog.over_cap", "watchdog.action"]
     warning = next(d for t, d in events if t == "watchdog.over_cap")
