@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -70,11 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     runtime.mkdir(parents=True, exist_ok=True)
     print(GUIDE.format(url=f"http://{args.ip}:{args.port}", runtime=runtime), flush=True)
     hub = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(args.config.resolve())]
-    proc = subprocess.Popen(hub, cwd=runtime, env=demo_env(runtime, args.ip, args.port, proxy))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        return proc.wait()
+    os.chdir(runtime)
+    # This process becomes the hub, so Ctrl-C and SIGTERM reach it (and it stops its proxy and service).
+    os.execve(hub[0], hub, demo_env(runtime, args.ip, args.port, proxy))
 
 
 if __name__ == "__main__":
