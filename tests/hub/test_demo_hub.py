@@ -5,11 +5,17 @@ One hub for the module; the tests run in order and build on each other (who hold
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import time
+import uuid
 
 import psutil
+import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from .conftest import Browser, server_environ
 
@@ -58,6 +64,50 @@ def test_form_lists_the_offers_and_starts_a_mig_server(demo_hub):
     erin = Browser(demo_hub, "erin")
     erin.login()
     assert "MIG 1g.10gb on A100 80GB <small class=\"text-muted\">(13 free now)</small>" in erin.spawn_form()
+
+
+def run_cell(hub, user: str, kernel_id: str, code: str) -> str:
+    """Execute `code` in a kernel of the user's server over its websocket; the cell's stdout and stderr."""
+    async def run() -> str:
+        url = hub.url.replace("http", "ws", 1) + f"/user/{user}/api/kernels/{kernel_id}/channels"
+        ws = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {hub.token(user)}"}))
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
+                       "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False}}))
+        out = []
+        try:
+            while True:
+                msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    return "".join(out)
+        finally:
+            ws.close()
+
+    return asyncio.run(run())
+
+
+def test_a_kernel_in_a_server_asks_for_its_own_slice_with_the_magic(demo_hub):
+    reply = requests.post(demo_hub.url + "/user/alice/api/kernels", json={"name": "python3"}, timeout=60,
+                          headers={"Authorization": f"token {demo_hub.token('alice')}"})
+    assert reply.status_code == 201, reply.text
+    kernel_id = reply.json()["id"]
+    out = run_cell(demo_hub, "alice", kernel_id, "%gpu request --shared 4GB --model L4")  # no %load_ext needed
+    assert out.startswith("gpu: granted shared 4 GiB on L4"), out
+    lease = next(l for l in demo_hub.leases() if l["holder"] == f"kernel:{kernel_id}")
+    assert lease["user"] == "alice" and lease["state"] == "granted"
+    assert run_cell(demo_hub, "alice", kernel_id, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip() \
+        == lease["slice"]["visible_devices"]
+    assert run_cell(demo_hub, "alice", kernel_id, "%gpu release").startswith("gpu: released")
+    requests.delete(demo_hub.url + f"/user/alice/api/kernels/{kernel_id}", timeout=60,
+                    headers={"Authorization": f"token {demo_hub.token('alice')}"})
+    assert not any(l["holder"] == f"kernel:{kernel_id}" for l in demo_hub.leases())
 
 
 def test_a_request_beyond_quota_fails_with_the_capacity_message(demo_hub):
