@@ -606,7 +606,9 @@ class FragmentationAwarePolicy(_StateScored):
         best, chosen = None, []
         for entries in placements:
             growth = self.frag.of_state(self.frag.after(key, demand, entries)) - before
-            step = int(self.levels / (1.0 + math.exp(min(growth / 1000.0, 700.0))))
+            # ceil - 1, not floor: a placement that leaves fragmentation exactly as it was shares its
+            # step with a small increase, so any placement that reduces fragmentation beats it.
+            step = math.ceil(self.levels / (1.0 + math.exp(min(growth / 1000.0, 700.0)))) - 1
             score = (step, -idle_node, *size, -(entries[0][1] if entries else 0))
             if best is None or score > best:
                 best, chosen = score, entries[:1]
