@@ -34,6 +34,7 @@ CHILD = textwrap.dedent("""
              {"kind": "whole", "model": "T4"}, {"kind": "mig", "profile": "2g.10gb"}]
     rng = random.Random(7)
     for i in range(100000):
+        sys.stdin.readline()  # the test paces the operations, so it knows which one its kill interrupts
         active = s.leases()
         if active and rng.random() < 0.4:
             victim = rng.choice(active).id
@@ -50,23 +51,22 @@ CHILD = textwrap.dedent("""
 
 def test_sigkill_mid_stream_loses_nothing(tmp_path):
     url = sqlite_url(tmp_path / "crash.sqlite")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(FLEET), url],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(FLEET), url], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    snapshot, doing, lines = {}, None, 0
+    snapshot = {}
     try:
-        for line in child.stdout:
-            record = json.loads(line)
-            if "doing" in record:
-                doing = record
-            else:
-                snapshot, doing = record, None
-            lines += 1
-            if lines >= 301:  # odd: the kill lands while an operation is in flight
-                break
+        for _ in range(150):  # operations run to completion, one at a time
+            child.stdin.write("\n")
+            child.stdin.flush()
+            child.stdout.readline()
+            snapshot = json.loads(child.stdout.readline())
+        child.stdin.write("\n")  # one more, killed while it runs
+        child.stdin.flush()
+        doing = json.loads(child.stdout.readline())
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-    assert doing is not None and len(snapshot) > 3
+    assert "doing" in doing and len(snapshot) > 3
 
     recovered = Scheduler(SimulatedBackend(FLEET), Store(url), SchedulerPolicy(heartbeat_ttl=0, preemption=False),
                           now=1e6)
