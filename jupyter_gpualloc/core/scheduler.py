@@ -383,8 +383,8 @@ class Scheduler:
             free_cpu, free_mem = self._node_free(ni)
             nodes.append({"name": node.name, "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
                           "free_cpu_milli": free_cpu, "free_memory_mib": free_mem, "gpus": gpus})
-        return {"nodes": nodes, "queue": {p.value: sum(1 for l in self.queue() if l.priority is p)
-                                          for p in PriorityClass}}
+        waiting = [self._leases[i].priority for i in self._queue]
+        return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass}}
 
     def offers(self, user: str | None = None, groups: Sequence[str] = ()) -> list[dict]:
         """The slice choices policy offers this user, with how many could be granted now."""
@@ -460,8 +460,9 @@ class Scheduler:
         elif now - lease.idle_warned_at >= self.policy.idle_grace:
             self._end(lease, LeaseState.EXPIRED, now, f"idle for {now - idle_since:.0f} s")
 
-    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str) -> None:
-        if lease.state is LeaseState.GRANTED:
+    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True) -> None:
+        """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here)."""
+        if lease.state is LeaseState.GRANTED and holds:
             self._free(lease, now)
         if lease.id in self._queue:
             self._queue.remove(lease.id)
@@ -672,16 +673,8 @@ class Scheduler:
         for p in gs.profiles.values():
             free_existing = sum(1 for i in gs.instances.values()
                                 if i.profile_id == p.profile_id and i.uuid not in gs.owner)
-            extra = 0
-            if gs.gpu.mig_mode is MigMode.DYNAMIC and not gs.drained:
-                lay = layout
-                while True:
-                    starts = mig.legal_starts(lay, p)
-                    if not starts:
-                        break
-                    lay = lay.with_instance(p, starts[0])
-                    extra += 1
-            out[p.name] = free_existing + (0 if gs.drained else extra)
+            new = mig.room_for(layout, p) if gs.gpu.mig_mode is MigMode.DYNAMIC else 0
+            out[p.name] = 0 if gs.drained else free_existing + new
         return out
 
     def _count_available(self, plans: Sequence[_Plan]) -> int:
@@ -936,8 +929,7 @@ class Scheduler:
                 self._queue.append(lease.id)
             elif not self._reattach(lease):
                 self._emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
-                lease.state = LeaseState.QUEUED  # nothing of it is held here: end it without freeing
-                self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device")
+                self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
         for gs in self._gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
                 for mig_uuid in [u for u in gs.created if u not in gs.owner]:
