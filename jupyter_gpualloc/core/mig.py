@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .model import MigInstance, MigProfile
 
 MEMORY_SLICES = 8
@@ -253,30 +255,80 @@ def room_for(layout: Layout, profile: MigProfile) -> int:
         n += 1
 
 
-@lru_cache(maxsize=65536)
-def _room_lost(layout: Layout, profile: MigProfile,
-               table: tuple[MigProfile, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """For each legal start of `profile`: the instances of each table profile that no longer fit."""
-    before = [room_for(layout, p) for p in table]
-    out = []
-    for start in legal_starts(layout, profile):
-        after = layout.with_instance(profile, start)
-        out.append((start, tuple(b - room_for(after, p) for b, p in zip(before, table))))
-    return tuple(out)
+class _LayoutGraph:
+    """Every layout one GPU can reach under a profile table, and where each profile leads.
+
+    Layouts are grouped by occupied memory slices: a new instance always occupies more, so
+    values can be computed level by level, from full GPUs down to the empty one."""
+
+    def __init__(self, table: tuple[MigProfile, ...], roots: tuple[Layout, ...]):
+        self.index: dict[Layout, int] = {}
+        self.layouts: list[Layout] = []
+        for root in roots:
+            self._add(root)
+        succ: list[list[list[int]]] = []
+        i = 0
+        while i < len(self.layouts):
+            row = []
+            for p in table:
+                row.append([self._add(self.layouts[i].with_instance(p, s))
+                            for s in legal_starts(self.layouts[i], p)])
+            succ.append(row)
+            i += 1
+        width = max((len(t) for row in succ for t in row), default=0) or 1
+        self.succ = np.full((len(self.layouts), len(table), width), -1, dtype=np.int64)
+        for i, row in enumerate(succ):
+            for k, targets in enumerate(row):
+                self.succ[i, k, :len(targets)] = targets
+        used = np.array([bin(layout.occupied).count("1") for layout in self.layouts])
+        self.levels = [np.flatnonzero(used == n) for n in range(MEMORY_SLICES, -1, -1)]
+        self.gains = np.array([p.compute_slices for p in table], dtype=float)
+
+    def _add(self, layout: Layout) -> int:
+        if layout not in self.index:
+            self.index[layout] = len(self.layouts)
+            self.layouts.append(layout)
+        return self.index[layout]
+
+    def values(self, shares: np.ndarray, discount: float) -> np.ndarray:
+        """Per layout: the compute slices a GPU in it expects to take from the requests to come,
+        if it faced them alone. Each request draws a profile by `shares`; one that fits goes where
+        it leaves the most value; the n-th request from now counts `discount`**n."""
+        value = np.zeros(len(self.layouts))
+        for level in self.levels:
+            if not level.size:
+                continue
+            targets = self.succ[level]                       # [layout, profile, start]
+            fits = targets[:, :, 0] >= 0
+            after = np.where(targets >= 0, value[targets], -np.inf).max(axis=2)
+            after[~fits] = 0.0
+            placed = (fits * shares * (self.gains + discount * after)).sum(axis=1)
+            stays = (shares * ~fits).sum(axis=1)             # requests that do not fit leave it as is
+            value[level] = placed / (1.0 - discount * stays)
+        return value
+
+
+@lru_cache(maxsize=64)
+def _layout_graph(table: tuple[MigProfile, ...], roots: tuple[Layout, ...]) -> _LayoutGraph:
+    return _LayoutGraph(table, roots)
 
 
 class DefaultPlacer(MigPlacer):
-    """Keeps the profiles that arrive most often, and the large ones, placeable.
+    """Places each instance where it costs its GPU the least expected future.
 
-    Each candidate (GPU, legal start) costs what it takes away from the fleet: for every profile,
-    the instances of it that no longer fit, weighted by its compute slices and by its share of
-    the instances this placer has placed (each non-media profile starts with a count of one, so
-    a new placer treats them alike; a request that waits and is asked about again counts once,
-    when it is placed). The cheapest candidate wins; ties go to the fuller GPU, then the lower
-    index and start. It never refuses when some GPU has a legal start.
+    A GPU's value is the compute slices it can expect to take from the requests to come if it
+    faced them alone (`_LayoutGraph.values`), a request `discount` further ahead counting
+    `discount` times less. Profiles are expected in the shares of the instances this placer has
+    placed, on top of `prior_count` of each non-media profile: a new placer expects every profile
+    alike and learns the real mix over its first hundred or so placements (a request that waits
+    and is asked about again counts once, when it is placed). The candidate (GPU, legal start)
+    whose GPU loses the least value wins; ties go to the fuller GPU, then the lower index and
+    start. It never refuses when some GPU has a legal start.
     """
 
     name = "default"
+    discount = 0.9  # about the next ten requests matter; see docs/benchmarks/mig.md
+    prior_count = 10
 
     def __init__(self) -> None:
         self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
@@ -284,16 +336,20 @@ class DefaultPlacer(MigPlacer):
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
         table = tuple(p for _, p in sorted(profiles.items()))
-        weights = self._weights(table)
+        graph = _layout_graph(table, (Layout(),))
+        if any(layout not in graph.index for layout in layouts):  # not reachable from empty
+            graph = _layout_graph(table, (Layout(), *dict.fromkeys(layouts)))
+        value = graph.values(self._shares(table), self.discount)
         best: tuple | None = None
         seen: set[Layout] = set()
         for index, layout in enumerate(layouts):
             if layout in seen:  # an identical GPU earlier in the list wins every tie
                 continue
             seen.add(layout)
-            for start, lost in _room_lost(layout, profile, table):
-                cost = sum(w * n for w, n in zip(weights, lost))
-                key = (-round(cost, 9), layout.compute_used, -index, -start)
+            before = value[graph.index[layout]]
+            for start in legal_starts(layout, profile):
+                change = value[graph.index[layout.with_instance(profile, start)]] - before
+                key = (round(change, 9), layout.compute_used, -index, -start)
                 if best is None or key > best[0]:
                     best = (key, index, start)
         if best is None:
@@ -301,12 +357,11 @@ class DefaultPlacer(MigPlacer):
         self._placed[profile.profile_id] = self._placed.get(profile.profile_id, 0) + 1
         return best[1], best[2]
 
-    def _weights(self, table: tuple[MigProfile, ...]) -> list[float]:
-        """Compute slices x share of placed instances (plus one of each non-media profile)."""
-        counts = [self._placed.get(p.profile_id, 0) + (0 if p.media_extensions else 1)
-                  for p in table]
-        total = sum(counts)
-        return [p.compute_slices * n / total for p, n in zip(table, counts)]
+    def _shares(self, table: tuple[MigProfile, ...]) -> np.ndarray:
+        """Each profile's share of the placed instances plus `prior_count` of each non-media one."""
+        prior = [0 if p.media_extensions else self.prior_count for p in table]
+        counts = np.array([self._placed.get(p.profile_id, 0) + n for p, n in zip(table, prior)], dtype=float)
+        return counts / counts.sum()
 
 
 _PLACERS: dict[str, type[MigPlacer]] = {"firstfit": FirstFitPlacer, "default": DefaultPlacer}

@@ -21,7 +21,8 @@ class SchedulerPolicy(Configurable):
 
     mig_placement = Unicode(
         "default",
-        help="How a MIG instance's GPU and start are chosen: default (keeps large profiles placeable) or firstfit.",
+        help="How a MIG instance's GPU and start are chosen: default (where its GPU loses the least "
+             "expected future compute) or firstfit (first GPU, lowest legal start).",
     ).tag(config=True)
 
     mig_changes = Unicode(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from itertools import combinations
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +9,7 @@ from hypothesis import strategies as st
 from jupyter_gpualloc.core.mig import (
     COMPUTE_SLICES, MEMORY_SLICES, MIG_PLACER_NAMES, DefaultPlacer, FirstFitPlacer, Layout,
     get_mig_placer, is_legal, known_models, legal_starts, lookup_model, resolve_model,
-    room_for, same_model)
+    _layout_graph, room_for, same_model)
 from jupyter_gpualloc.core.model import MigInstance
 
 A100 = lookup_model("A100-SXM4-40GB")
@@ -98,17 +96,55 @@ def test_three_1g_at_starts_1_3_5_block_every_2_slice_profile():
     assert legal_starts(layout_of((G1, 1), (G1, 3), (G1, 5), (G1, 6)), G1DOUBLE) == []
 
 
-def test_default_placer_keeps_2_slice_profiles_placeable_while_it_can():
+def expected_compute(layout, table, shares, discount, memo):
+    """The placer's value of a layout, by its definition: the compute slices a lone GPU expects
+    from the requests to come, the n-th discounted by discount**n, each fitting request placed
+    where it keeps the most value (a request that fits nowhere leaves the layout as it is)."""
+    if layout in memo:
+        return memo[layout]
+    placed, stays = 0.0, 0.0
+    for profile, share in zip(table, shares):
+        starts = legal_starts(layout, profile)
+        if not starts:
+            stays += share
+            continue
+        best = max(expected_compute(layout.with_instance(profile, s), table, shares, discount, memo)
+                   for s in starts)
+        placed += share * (profile.compute_slices + discount * best)
+    # v = placed + discount * stays * v, solved for v
+    memo[layout] = value = placed / (1 - discount * stays)
+    return value
+
+
+@pytest.mark.parametrize("model", MIG_MODELS, ids=lambda m: m.name)
+def test_default_placer_values_every_layout_by_its_definition(model):
     placer = DefaultPlacer()
-    layout = Layout()
-    for k in range(1, 6):
-        _, start = placer.choose([layout], G1, P)
-        layout = layout.with_instance(G1, start)
-        # as many 2g instances still fit as after the best choice of k 1g starts
-        best = max(room_for(layout_of(*[(G1, s) for s in starts]), G2)
-                   for starts in combinations(range(7), k))
-        assert room_for(layout, G2) == best
-    assert {s for s in range(7) if layout.occupied >> s & 1} != {1, 3, 5}
+    placer.choose([Layout()], model.profiles[19], model.profiles)  # learns one 1g.5gb-class instance
+    table = tuple(p for _, p in sorted(model.profiles.items()))
+    shares = placer._shares(table)
+    graph = _layout_graph(table, (Layout(),))
+    assert set(graph.layouts) == reachable(model.profiles)
+    values = graph.values(shares, placer.discount)
+    memo = {}
+    for layout in graph.layouts:
+        assert values[graph.index[layout]] == pytest.approx(
+            expected_compute(layout, table, shares, placer.discount, memo), rel=1e-12)
+    full = [layout for layout in graph.layouts if not any(legal_starts(layout, p) for p in table)]
+    assert full and all(values[graph.index[layout]] == 0 for layout in full)
+
+
+def test_default_placer_takes_the_candidate_that_loses_least_value():
+    placer = DefaultPlacer()
+    table = tuple(p for _, p in sorted(P.items()))
+    graph = _layout_graph(table, (Layout(),))
+    values = graph.values(placer._shares(table), placer.discount)
+    layouts = [layout_of((G1, 1)), layout_of((G4, 0)), Layout()]
+    g, start = placer.choose(layouts, G2, P)
+    chosen = values[graph.index[layouts[g].with_instance(G2, start)]] - values[graph.index[layouts[g]]]
+    for i, layout in enumerate(layouts):
+        for s in legal_starts(layout, G2):
+            other = values[graph.index[layout.with_instance(G2, s)]] - values[graph.index[layout]]
+            assert chosen >= other - 1e-9
 
 
 def test_at_most_one_media_extension_instance_per_gpu():
@@ -244,7 +280,7 @@ def test_first_fit_takes_the_first_gpu_and_lowest_start():
 
 def test_default_fills_partly_used_gpus_before_empty_ones():
     used = layout_of((G4, 0))
-    assert DefaultPlacer().choose([Layout(), used, Layout()], G1, P) == (1, 6)
+    assert DefaultPlacer().choose([Layout(), used, Layout()], G1, P)[0] == 1
     assert DefaultPlacer().choose([Layout(), used], G2, P) == (1, 4)
     assert DefaultPlacer().choose([layout_of((G7, 0)), Layout()], G7, P) == (1, 0)
     assert DefaultPlacer().choose([layout_of((G7, 0))], G1, P) is None
