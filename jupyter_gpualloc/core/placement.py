@@ -293,15 +293,19 @@ class Fragmentation:
         for t in self.typical:
             if t.num_gpu == 0 or cpu_free < t.cpu_milli:
                 total += t.weight * idle
-                continue
-            if t.model_ids is None:
-                usable = idle
-                frag = sum(f for _, f in gpus if f < t.per_gpu)
             else:
-                usable = sum(f for m, f in gpus if m in t.model_ids)
-                frag = sum(f for m, f in gpus if m not in t.model_ids or f < t.per_gpu)
-            total += t.weight * (idle if usable < t.total else frag)
+                total += t.weight * self._fragment(t, cpu_free, gpus, idle)
         return total
+
+    def _fragment(self, t: _Typical, cpu_free: int, gpus: tuple, idle: int) -> int:
+        """Idle milli that `t` cannot use on a node whose free CPU has room for at least one `t`."""
+        if t.model_ids is None:
+            usable = idle
+            frag = sum(f for _, f in gpus if f < t.per_gpu)
+        else:
+            usable = sum(f for m, f in gpus if m in t.model_ids)
+            frag = sum(f for m, f in gpus if m not in t.model_ids or f < t.per_gpu)
+        return idle if usable < t.total else frag
 
     def after(self, key: tuple, demand: Demand, gpu_entries: Sequence[tuple[int, int]]) -> tuple:
         """The state key after placing `demand` on GPUs with these (model id, free) entries."""
@@ -311,6 +315,30 @@ class Fragmentation:
             remaining.remove(entry)
             remaining.append((entry[0], entry[1] - demand.per_gpu_milli))
         return (cpu_free - demand.cpu_milli, tuple(sorted(remaining)))
+
+
+class ShareCopiesFragmentation(Fragmentation):
+    """FGD's measure, except that a typical GPU share can use only as many of a node's GPUs as the
+    node's free CPU has room for copies of it (the GPUs with the most free milli).
+
+    FGD counts every GPU a share fits on as usable once the CPU fits one copy, so it does not see
+    GPUs stranded by CPU (a node with 12 free cores cannot feed eight 4-core shares) until the CPU
+    is all but gone. Nodes with a GPU model some model-restricted typical demand needs keep FGD's
+    rule: measured on the openb gpuspec pod lists, the copy count costs there what it gains
+    elsewhere (docs/benchmarks/openb.md)."""
+
+    def __init__(self, typical: Sequence[tuple[Demand, float]]):
+        super().__init__(typical)
+        self.restricted_models = frozenset().union(
+            *(t.model_ids for t in self.typical if t.num_gpu and t.model_ids is not None))
+
+    def _fragment(self, t, cpu_free, gpus, idle):
+        if (t.num_gpu != 1 or t.per_gpu >= MILLI or t.cpu_milli == 0
+                or any(m in self.restricted_models for m, _ in gpus)):
+            return super()._fragment(t, cpu_free, gpus, idle)
+        fitting = sorted((f for m, f in gpus if f >= t.per_gpu and (t.model_ids is None or m in t.model_ids)),
+                         reverse=True)
+        return idle - sum(fitting[:cpu_free // t.cpu_milli])
 
 
 def _sigmoid_score(delta: float) -> int:
@@ -482,9 +510,10 @@ class _StateScored(PlacementPolicy):
     """A policy whose node score depends only on the node's interned state (cached per state)."""
 
     max_cached = 2_000_000
+    measure: type[Fragmentation] = Fragmentation
 
     def __init__(self, typical: Sequence[tuple[Demand, float]] | None):
-        self.frag = Fragmentation(typical or [])
+        self.frag = self.measure(typical or [])
         self._scores: dict[Demand, dict[int, tuple]] = {}  # demand -> state id -> (score, entries)
         self._cached = 0
 
@@ -569,8 +598,9 @@ class FragmentationAwarePolicy(_StateScored):
     """Our default: fragmentation growth in coarse steps, then keep idle, big and needed nodes whole.
 
     Score, compared lexicographically (higher is better), ties to the lowest node index:
-    1. floor(`levels` x sigmoid(-growth / 1000)) of the node's fragmentation growth (FGD's
-       measure against `typical`); coarse on purpose, so placements whose fragmentation differs
+    1. ceil(`levels` x sigmoid(-growth / 1000)) - 1 of the node's fragmentation growth (FGD's
+       measure against `typical`, with shares limited to the copies the node's CPU can hold:
+       `ShareCopiesFragmentation`); coarse on purpose, so placements whose fragmentation differs
        little are decided by the packing keys below instead of by noise in the measure;
     2. not a fully idle node (idle nodes are what whole-GPU and multi-GPU demands need);
     3. a node whose GPU models no model-restricted typical demand asks for, before one whose
@@ -582,16 +612,12 @@ class FragmentationAwarePolicy(_StateScored):
     """
 
     name = "default"
-    levels = 50
-
-    def __init__(self, typical: Sequence[tuple[Demand, float]] | None):
-        super().__init__(typical)
-        self.restricted_models = frozenset().union(
-            *(t.model_ids for t in self.frag.typical if t.num_gpu and t.model_ids is not None))
+    measure = ShareCopiesFragmentation
+    levels = 100
 
     def size_keys(self, key: tuple) -> tuple[int, int]:
         """Keys 3 and 4 for a node state: (not needed by restricted demands, -GPUs if not)."""
-        needed = any(m in self.restricted_models for m, _ in key[1])
+        needed = any(m in self.frag.restricted_models for m, _ in key[1])
         return (0, 0) if needed else (1, -len(key[1]))
 
     def evaluate(self, key, demand):

@@ -9,6 +9,7 @@ from jupyter_gpualloc.core.placement import (
     Demand,
     Fragmentation,
     NodeCapacity,
+    ShareCopiesFragmentation,
     get_policy,
 )
 
@@ -152,6 +153,23 @@ def test_fragmentation_measure():
     assert frag.of_state(view.state(0)) == pytest.approx(0.25 * 1300 + 0.5 * 300 + 0.25 * 1300)
     view.allocate(0, (), Demand(cpu_milli=63_000))
     assert frag.of_state(view.state(0)) == pytest.approx(1300)  # no CPU left for any typical pod
+
+
+def test_share_copies_fragmentation_counts_gpus_the_cpu_cannot_feed():
+    typical = [(share(500, cpu=4000), 1.0)]
+    view = ClusterView([node("a", 8, cpu=12_000)])
+    # 12 cores feed three 4-core shares: FGD counts all 8 idle GPUs usable, the copy count 3
+    assert Fragmentation(typical).of_state(view.state(0)) == 0
+    assert ShareCopiesFragmentation(typical).of_state(view.state(0)) == pytest.approx(5000)
+    view.allocate(0, (0,), share(700, cpu=0))
+    view.allocate(0, (1,), share(200, cpu=0))
+    # the three usable GPUs are those with the most free milli: 1000, 1000, 1000 (not 800 or 300)
+    assert ShareCopiesFragmentation(typical).of_state(view.state(0)) == pytest.approx(8000 - 900 - 3000)
+    # whole-GPU and CPU-free typical demands, and nodes a model-restricted demand needs, keep FGD's rule
+    for other in ([(Demand(num_gpu=1, gpu_milli=1000, cpu_milli=4000), 1.0)], [(share(500, cpu=0), 1.0)],
+                  typical + [(Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"A100"})), 0.0001)]):
+        assert (ShareCopiesFragmentation(other).of_state(view.state(0))
+                == pytest.approx(Fragmentation(other).of_state(view.state(0))))
 
 
 def test_fgd_places_share_where_it_fragments_least():
