@@ -289,15 +289,20 @@ class Fragmentation:
         idle = sum(f for _, f in gpus)
         if idle == 0:
             return 0.0
+        fragment = self._rule(gpus)
         total = 0.0
         for t in self.typical:
             if t.num_gpu == 0 or cpu_free < t.cpu_milli:
                 total += t.weight * idle
             else:
-                total += t.weight * self._fragment(t, cpu_free, gpus, idle)
+                total += t.weight * fragment(t, cpu_free, gpus, idle)
         return total
 
-    def _fragment(self, t: _Typical, cpu_free: int, gpus: tuple, idle: int) -> int:
+    def _rule(self, gpus: tuple):
+        """The fragment rule for a node with these (model id, free) GPUs."""
+        return self._fgd_fragment
+
+    def _fgd_fragment(self, t: _Typical, cpu_free: int, gpus: tuple, idle: int) -> int:
         """Idle milli that `t` cannot use on a node whose free CPU has room for at least one `t`."""
         if t.model_ids is None:
             usable = idle
@@ -332,10 +337,15 @@ class ShareCopiesFragmentation(Fragmentation):
         self.restricted_models = frozenset().union(
             *(t.model_ids for t in self.typical if t.num_gpu and t.model_ids is not None))
 
-    def _fragment(self, t, cpu_free, gpus, idle):
-        if (t.num_gpu != 1 or t.per_gpu >= MILLI or t.cpu_milli == 0
-                or any(m in self.restricted_models for m, _ in gpus)):
-            return super()._fragment(t, cpu_free, gpus, idle)
+    def _rule(self, gpus):
+        if any(m in self.restricted_models for m, _ in gpus):
+            return self._fgd_fragment
+        return self._copies_fragment
+
+    def _copies_fragment(self, t: _Typical, cpu_free: int, gpus: tuple, idle: int) -> int:
+        """FGD's fragment, except that a share can use only its CPU-fed copies' GPUs."""
+        if t.num_gpu != 1 or t.per_gpu >= MILLI or t.cpu_milli == 0:
+            return self._fgd_fragment(t, cpu_free, gpus, idle)
         fitting = sorted((f for m, f in gpus if f >= t.per_gpu and (t.model_ids is None or m in t.model_ids)),
                          reverse=True)
         return idle - sum(fitting[:cpu_free // t.cpu_milli])
