@@ -335,25 +335,24 @@ class DefaultPlacer(MigPlacer):
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
+        first: dict[Layout, int] = {}  # an identical GPU earlier in the list wins every tie
+        for index, layout in enumerate(layouts):
+            first.setdefault(layout, index)
+        candidates = [(index, layout, start) for layout, index in first.items()
+                      for start in legal_starts(layout, profile)]
+        if not candidates:
+            return None
         table = tuple(p for _, p in sorted(profiles.items()))
         graph = _layout_graph(table, (Layout(),))
-        if any(layout not in graph.index for layout in layouts):  # not reachable from empty
-            graph = _layout_graph(table, (Layout(), *dict.fromkeys(layouts)))
+        if any(layout not in graph.index for layout in first):  # not reachable from empty
+            graph = _layout_graph(table, (Layout(), *first))
         value = graph.values(self._shares(table), self.discount)
         best: tuple | None = None
-        seen: set[Layout] = set()
-        for index, layout in enumerate(layouts):
-            if layout in seen:  # an identical GPU earlier in the list wins every tie
-                continue
-            seen.add(layout)
-            before = value[graph.index[layout]]
-            for start in legal_starts(layout, profile):
-                change = value[graph.index[layout.with_instance(profile, start)]] - before
-                key = (round(change, 9), layout.compute_used, -index, -start)
-                if best is None or key > best[0]:
-                    best = (key, index, start)
-        if best is None:
-            return None
+        for index, layout, start in candidates:
+            change = value[graph.index[layout.with_instance(profile, start)]] - value[graph.index[layout]]
+            key = (round(change, 9), layout.compute_used, -index, -start)
+            if best is None or key > best[0]:
+                best = (key, index, start)
         self._placed[profile.profile_id] = self._placed.get(profile.profile_id, 0) + 1
         return best[1], best[2]
 
