@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from jupyter_gpualloc.cli import parse_seeds
+from tests.core.test_openb import trace_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FLEET = ROOT / "examples" / "fleets" / "demo.yaml"
@@ -78,6 +79,7 @@ def test_bad_fleet_is_one_line_naming_the_place(tmp_path):
     assert "nodes[0].gpus[0].model" in proc.stderr
 
 def test_simulate_openb_bestfit_one_seed_is_near_the_paper():
+    trace_or_skip()
     proc = run_cli("simulate", "openb", "--policy", "bestfit", "--seeds", "42", "--json")
     result = json.loads(proc.stdout)
     assert result["policy"] == "bestfit" and result["seeds"] == [42]

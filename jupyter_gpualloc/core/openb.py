@@ -24,6 +24,7 @@ from .placement import ClusterView, Demand, NodeCapacity, get_policy
 INFLATION = 1.3
 TYPICAL_COVERAGE = 0.95
 DATA_ENV = "GPUALLOC_SHARED_DATA"
+TRACE_SUBDIR = Path("alibaba-gpu-v2023") / "csv"
 
 
 @dataclass(frozen=True)
@@ -49,21 +50,30 @@ class Pod:
 
 
 def default_data_dir() -> Path:
-    """The shared data folder: $GPUALLOC_SHARED_DATA, else a `shared/data` beside a parent folder."""
+    """The shared data folder: $GPUALLOC_SHARED_DATA when it holds `alibaba-gpu-v2023/csv`, else a
+    `shared/data` beside a parent folder of this package."""
     env = os.environ.get(DATA_ENV)
-    if env:
+    if env and (Path(env) / TRACE_SUBDIR).is_dir():
         return Path(env)
     here = Path(__file__).resolve()
     for parent in here.parents:
         candidate = parent / "shared" / "data"
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(f"no shared/data folder above {here}; set {DATA_ENV}")
+    raise FileNotFoundError(f"no openb trace: set {DATA_ENV} to the folder holding openb_pod_list_default.csv "
+                            "(cluster-trace-gpu-v2023/csv of github.com/alibaba/clusterdata)")
 
 
 def trace_dir(data_dir: Path | None = None) -> Path:
-    """Folder of the openb CSV files."""
-    return (data_dir or default_data_dir()) / "alibaba-gpu-v2023" / "csv"
+    """Folder of the openb CSV files: $GPUALLOC_SHARED_DATA, else `alibaba-gpu-v2023/csv` in the data folder.
+
+    $GPUALLOC_SHARED_DATA may also name a data folder that holds `alibaba-gpu-v2023/csv`.
+    """
+    env = os.environ.get(DATA_ENV)
+    if data_dir is None and env:
+        folder = Path(env)
+        return folder if any(folder.glob("openb_*.csv")) else folder / TRACE_SUBDIR
+    return (data_dir or default_data_dir()) / TRACE_SUBDIR
 
 
 def load_nodes(path: str | Path) -> list[NodeCapacity]:

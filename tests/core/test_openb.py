@@ -73,23 +73,30 @@ def test_typical_pods_cover_95_percent_with_normalised_frequencies():
     assert sum(w for _, w in typical) == pytest.approx(1.0)
 
 
-def test_default_data_dir_env_override(tmp_path, monkeypatch):
-    monkeypatch.setenv(openb.DATA_ENV, str(tmp_path))
-    assert openb.default_data_dir() == tmp_path
+def test_the_env_names_the_folder_of_csv_files_or_a_data_folder_above_it(tmp_path, monkeypatch):
+    csv_folder = tmp_path / "data" / "alibaba-gpu-v2023" / "csv"
+    csv_folder.mkdir(parents=True)
+    monkeypatch.setenv(openb.DATA_ENV, str(tmp_path / "data"))
+    assert openb.trace_dir() == csv_folder and openb.default_data_dir() == tmp_path / "data"
+    write(csv_folder / "openb_pod_list_default.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    monkeypatch.setenv(openb.DATA_ENV, str(csv_folder))
+    assert openb.trace_dir() == csv_folder
 
 
-def _trace_or_skip() -> Path:
+def trace_or_skip() -> Path:
+    """The folder of the openb CSV files, or skip: the repository does not ship the trace."""
     try:
         folder = openb.trace_dir()
     except FileNotFoundError:
-        pytest.skip("openb trace not available")
-    if not (folder / "openb_pod_list_default.csv").exists():
-        pytest.skip("openb trace not available")
+        folder = None
+    if folder is None or not (folder / "openb_pod_list_default.csv").exists():
+        pytest.skip(f"needs the openb trace (cluster-trace-gpu-v2023/csv of github.com/alibaba/clusterdata): "
+                    f"set {openb.DATA_ENV} to the folder holding its CSV files")
     return folder
 
 
 def test_default_trace_typical_pods_and_bestfit_matches_published():
-    folder = _trace_or_skip()
+    folder = trace_or_skip()
     pods = openb.load_pods(folder / "openb_pod_list_default.csv")
     assert len(openb.typical_pods(pods)) == 35
     result = openb.replay(folder / "openb_node_list_gpu_node.csv", folder / "openb_pod_list_default.csv",
