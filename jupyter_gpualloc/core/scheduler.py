@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import mig
+from . import mig, names
 from .devices.base import DeviceBackend, DeviceError
 from .model import (
     MIB_PER_GIB,
@@ -534,9 +534,14 @@ class Scheduler:
     # ------------------------------------------------------------ placement
     def _plans_for(self, spec: SliceSpec) -> list[_Plan]:
         """Every concrete way to satisfy a spec in this fleet, preferred first; SpecError if none."""
+        models = names.models_named(spec.model, [g.model for g in self._model_groups]) if spec.model else None
         groups = [g for g in self._model_groups
-                  if (not spec.model or mig.same_model(g.model, spec.model))
+                  if (models is None or g.model in models)
                   and (not spec.node or spec.node in g.per_node)]
+        if spec.profile:
+            where = (f" on {spec.model}" if spec.model else "") + (f" on node {spec.node}" if spec.node else "")
+            names.check_profile(spec.profile, {g.model: [p.name for p in g.profiles.values()]
+                                               for g in groups if g.is_mig}, where)
         plans: list[_Plan] = []
         if spec.kind in (SliceKind.MIG, SliceKind.ANY):
             for g in groups:
