@@ -14,6 +14,15 @@ from typing import Any
 
 MIB_PER_GIB = 1024
 MILLI_PER_GPU = 1000
+NAME_MAX_LENGTH = 255  # user, holder, model and node names: the store's String(255) columns
+PROFILE_PATTERN = r"[0-9]+g\.[0-9]+gb(\+me)?"
+# The largest values a spec may ask for: far above any machine, far below float and int overflow.
+SPEC_LIMITS = {"memory_gib": 2 ** 20, "memory_mib": 2 ** 30, "count": 1024,
+               "cpu_milli": 10 ** 9, "host_memory_mib": 2 ** 40}
+# Characters no name may hold: C0/C1 controls, invisible format marks (zero-width, bidi controls
+# and isolates, BOM) and, in Python strings only, lone UTF-16 surrogates, which no store can encode.
+UNPRINTABLE = r"\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
+_UNSTORABLE = re.compile(f"[{UNPRINTABLE}\ud800-\udfff]")
 
 
 class SliceKind(str, Enum):
@@ -154,17 +163,18 @@ class SliceSpec:
             raise SpecError("spec.memory_gib", "give memory_gib or memory_mib, not both")
         if "memory_gib" in data:
             gib = data["memory_gib"]
-            if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
-                raise SpecError("spec.memory_gib", "must be a positive number")
+            if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not math.isfinite(gib) \
+                    or not 0 < gib <= SPEC_LIMITS["memory_gib"]:
+                raise SpecError("spec.memory_gib", f"must be a number above 0, at most {SPEC_LIMITS['memory_gib']}")
             memory_mib = math.ceil(gib * MIB_PER_GIB)
         if "memory_mib" in data:
-            memory_mib = _positive_int(data["memory_mib"], "spec.memory_mib")
-        profile = _optional_str(data.get("profile"), "spec.profile")
-        if profile is not None and not re.fullmatch(r"\d+g\.\d+gb(\+me)?", profile):
+            memory_mib = _bounded_int(data["memory_mib"], "spec.memory_mib", 1)
+        profile = _optional_name(data.get("profile"), "spec.profile")
+        if profile is not None and not re.fullmatch(PROFILE_PATTERN, profile):
             raise SpecError("spec.profile", "must look like 1g.10gb or 3g.40gb")
         if profile is not None and kind not in (SliceKind.MIG, SliceKind.ANY):
             raise SpecError("spec.profile", "only a mig slice has a profile")
-        count = _positive_int(data.get("count", 1), "spec.count")
+        count = _bounded_int(data.get("count", 1), "spec.count", 1)
         if count > 1 and kind not in (SliceKind.WHOLE, SliceKind.ANY):
             raise SpecError("spec.count", "only whole GPUs come in counts above 1")
         if kind is SliceKind.SHARED and memory_mib == 0:
@@ -175,11 +185,11 @@ class SliceSpec:
             kind=kind,
             memory_mib=memory_mib,
             profile=profile,
-            model=_optional_str(data.get("model"), "spec.model"),
+            model=_optional_name(data.get("model"), "spec.model"),
             count=count,
-            node=_optional_str(data.get("node"), "spec.node"),
-            cpu_milli=_non_negative_int(data.get("cpu_milli", 0), "spec.cpu_milli"),
-            host_memory_mib=_non_negative_int(data.get("host_memory_mib", 0), "spec.host_memory_mib"),
+            node=_optional_name(data.get("node"), "spec.node"),
+            cpu_milli=_bounded_int(data.get("cpu_milli", 0), "spec.cpu_milli", 0),
+            host_memory_mib=_bounded_int(data.get("host_memory_mib", 0), "spec.host_memory_mib", 0),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -306,21 +316,28 @@ class Event:
                 "user": self.user, "data": self.data}
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(name, "must be a positive integer")
+def check_name(value: Any, field_name: str, max_length: int = NAME_MAX_LENGTH) -> str:
+    """A user, holder, model or node name the store can keep and people can read; else SpecError."""
+    if not isinstance(value, str) or not value:
+        raise SpecError(field_name, "must be a non-empty string")
+    if len(value) > max_length:
+        raise SpecError(field_name, f"must be at most {max_length} characters")
+    if _UNSTORABLE.search(value):
+        raise SpecError(field_name, "must not hold control, invisible formatting or lone surrogate characters")
+    if value != value.strip():
+        raise SpecError(field_name, "must not start or end with whitespace")
     return value
 
 
-def _non_negative_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecError(name, "must be a non-negative integer")
+def _bounded_int(value: Any, name: str, minimum: int) -> int:
+    """An integer (2.0 counts as 2) from `minimum` to the field's limit in SPEC_LIMITS."""
+    limit = SPEC_LIMITS[name.removeprefix("spec.")]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
+        raise SpecError(name, f"must be an integer from {minimum} to {limit}")
     return value
 
 
-def _optional_str(value: Any, name: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise SpecError(name, "must be a non-empty string")
-    return value.strip()
+def _optional_name(value: Any, name: str) -> str | None:
+    return None if value is None else check_name(value, name)

@@ -117,7 +117,7 @@ def test_unknown_profile_is_a_spec_error_naming_the_field(mixed):
     assert err.value.field == "spec.profile"
     with pytest.raises(SpecError) as err:
         mixed.scheduler.submit("a", "kernel:1", shared(200), now=0)
-    assert err.value.field == "spec.memory_gib"
+    assert err.value.field == "spec.memory_mib"  # the API names it as the request did
     with pytest.raises(SpecError) as err:
         mixed.scheduler.submit("a", "nonsense", shared(2), now=0)
     assert err.value.field == "holder"
