@@ -1,4 +1,4 @@
-"""The core's vocabulary: GPUs, MIG profiles, slice specs, slices, leases and events.
+"""The core's vocabulary: GPUs, MIG profiles, slice specs, slices, leases, jobs and events.
 
 Plain dataclasses and enums, shared by every other module. Sizes are MiB and milli-cores;
 times are float seconds passed in by the caller (never read from the wall here).
@@ -299,6 +299,76 @@ class Lease:
             "idle_timeout": self.idle_timeout,
             "reason": self.reason,
         }
+
+
+class JobState(str, Enum):
+    """A job's life: queued -> running -> succeeded | failed | cancelled | timed_out (preempted: back to queued)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def active(self) -> bool:
+        return self in (JobState.QUEUED, JobState.RUNNING)
+
+
+@dataclass
+class Job:
+    """A cell or notebook run in the background; it holds one `job:<id>` lease per attempt.
+
+    `source` is {"kind": "cell", "code", "inputs", "outputs", "inputs_file"} or
+    {"kind": "notebook", "path", "parameters"}; paths are relative to `workdir`.
+    """
+
+    id: str
+    user: str
+    name: str
+    spec: SliceSpec
+    priority: PriorityClass
+    preemptible: bool
+    source: dict[str, Any]
+    workdir: str
+    kernel_name: str
+    state: JobState
+    created_at: float
+    groups: tuple[str, ...] = ()
+    timeout: float | None = None
+    retries: int = 0
+    attempts: int = 0
+    preemptions: int = 0
+    lease_id: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    reason: str = ""
+    rerun_of: str | None = None
+
+    @property
+    def holder(self) -> str:
+        return f"job:{self.id}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "user": self.user, "name": self.name, "spec": self.spec.to_json(),
+            "priority": self.priority.value, "preemptible": self.preemptible, "source": dict(self.source),
+            "workdir": self.workdir, "kernel_name": self.kernel_name, "state": self.state.value,
+            "created_at": self.created_at, "groups": list(self.groups), "timeout": self.timeout,
+            "retries": self.retries, "attempts": self.attempts, "preemptions": self.preemptions,
+            "lease_id": self.lease_id, "started_at": self.started_at, "ended_at": self.ended_at,
+            "reason": self.reason, "rerun_of": self.rerun_of,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Job":
+        fields = dict(data)
+        fields["spec"] = SliceSpec.from_json(fields["spec"])
+        fields["priority"] = PriorityClass(fields["priority"])
+        fields["state"] = JobState(fields["state"])
+        fields["groups"] = tuple(fields["groups"])
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from .model import (
     SliceKind,
     SliceSpec,
     SpecError,
+    check_name,
 )
 from .placement import ClusterView, Demand, NodeCapacity, get_policy
 from .policy import SchedulerPolicy
@@ -224,8 +225,7 @@ class Scheduler:
                lease_id: str | None = None, idle_timeout: float | None = None) -> Lease:
         """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait)."""
         _check_holder(holder)
-        if not user:
-            raise SpecError("user", "must be non-empty")
+        check_name(user, "user")
         for active in self._leases.values():
             if active.user == user and active.holder == holder:
                 raise HolderBusy(active.id)
@@ -548,6 +548,8 @@ class Scheduler:
                 if g.is_mig:
                     profile = self._pick_profile(g.profiles, spec)
                     if profile is not None:
+        if spec.node and not any(spec.node in g.per_node for g in self._model_groups):
+            raise SpecError("spec.node", f"no node {spec.node!r} with GPUs in this fleet")
                         plans.append(_Plan(SliceKind.MIG, g.model, profile.memory_mib, profile=profile))
         plain = [g for g in groups if not g.is_mig and spec.memory_mib <= g.memory_mib]
         if spec.kind in (SliceKind.SHARED, SliceKind.ANY) and spec.count == 1 and spec.memory_mib \
@@ -562,7 +564,7 @@ class Scheduler:
                 if max(counts) >= spec.count:
                     plans.append(_Plan(SliceKind.WHOLE, g.model, g.memory_mib * spec.count, count=spec.count))
         if not plans:
-            raise SpecError(_spec_field(spec), f"no GPU in this fleet can provide a {spec.describe()}")
+            raise SpecError(_unmet_field(spec, groups), f"no GPU in this fleet can provide a {spec.describe()}")
         kind_rank = {SliceKind.MIG: 0, SliceKind.SHARED: 1, SliceKind.WHOLE: 2}
         plans.sort(key=lambda p: (kind_rank[p.kind], p.memory_mib))
         return plans
@@ -792,7 +794,7 @@ class Scheduler:
         if not best:
             return None
         for victim in best:
-            self._end(victim, LeaseState.PREEMPTED, now, f"preempted for an interactive request of {lease.user}")
+            self._end(victim, LeaseState.PREEMPTED, now, "preempted for an interactive request")
         return self._place(lease, plans, reserved)
 
     def _preemptible_on(self, gs: _GpuState) -> list[Lease]:
@@ -972,19 +974,18 @@ def _nominal_mib(profile: MigProfile) -> int:
 
 
 def _check_holder(holder: str) -> None:
-    if not isinstance(holder, str) or not (
-            holder == "server" or any(holder.startswith(p) and len(holder) > len(p)
+    check_name(holder, "holder")
+    if not (holder == "server" or any(holder.startswith(p) and len(holder) > len(p)
                                       for p in ("server:", "kernel:", "job:"))):
         raise SpecError("holder", "must be 'server', 'server:<name>', 'kernel:<id>' or 'job:<id>'")
 
 
-def _spec_field(spec: SliceSpec) -> str:
+def _unmet_field(spec: SliceSpec, groups: list) -> str:
+    """The spec field to blame when nothing fits: the first constraint no candidate GPU meets."""
     if spec.profile:
         return "spec.profile"
-    if spec.model:
-        return "spec.model"
-    if spec.node:
-        return "spec.node"
-    if spec.memory_mib:
-        return "spec.memory_gib"
-    return "spec.kind"
+    if not groups:
+        return "spec.node" if spec.node else "spec.model" if spec.model else "spec.kind"
+    if spec.count > 1:
+        return "spec.count"
+    return "spec.memory_mib" if spec.memory_mib else "spec.kind"

@@ -1,4 +1,4 @@
-"""Persistence of leases, MIG instances and drained GPUs (SQLAlchemy; SQLite by default).
+"""Persistence of leases, jobs, MIG instances and drained GPUs (SQLAlchemy; SQLite by default).
 
 The scheduler writes every state change here, in one transaction, before announcing it, and
 rebuilds itself from `load()` when it starts again.
@@ -15,7 +15,7 @@ from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from .model import Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
+from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
 
 metadata = MetaData()
 
@@ -62,6 +62,16 @@ meta = Table(
     "meta", metadata,
     Column("key", String(64), primary_key=True),
     Column("value", Text, nullable=False),
+)
+
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("state", String(16), nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+    Column("data", Text, nullable=False),
 )
 
 
@@ -126,6 +136,17 @@ class Store:
             if drained:
                 conn.execute(drained_gpus.insert().values(gpu_uuid=gpu_uuid))
 
+    def save_jobs(self, changed: list[Job]) -> None:
+        """One transaction: upsert job records."""
+        if not changed:
+            return
+        upsert = self._insert(jobs)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in jobs.c if c.name != "id"})
+        with self.engine.begin() as conn:
+            conn.execute(upsert, [{"id": j.id, "user": j.user, "state": j.state.value, "created_at": j.created_at,
+                                   "data": json.dumps(j.to_json())} for j in changed])
+
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
         """Active leases, recorded MIG instances, drained GPUs and the last sequence number."""
@@ -147,6 +168,40 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
         return _lease_from_row(row) if row else None
+
+
+    def load_jobs(self, *, user: str | None = None, active_only: bool = False, limit: int | None = None) -> list[Job]:
+        """Job records, newest first (of one user, and only queued or running ones, when asked)."""
+        query = select(jobs.c.data).order_by(jobs.c.created_at.desc())
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        if active_only:
+            query = query.where(jobs.c.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]))
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            return [Job.from_json(json.loads(row[0])) for row in conn.execute(query)]
+
+    def load_job(self, job_id: str) -> Job | None:
+        with self.engine.connect() as conn:
+            raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
+        return Job.from_json(json.loads(raw)) if raw else None
+
+
+    def save_usage(self, segments: list[UsageSegment]) -> None:
+        """One transaction: insert each segment, or move the end of one already stored."""
+        if segments:
+            with self.engine.begin() as conn:
+                conn.execute(self._upsert_usage, [_usage_row(seg) for seg in segments])
+
+    def load_usage(self, since: float, until: float, user: str | None = None) -> list[UsageSegment]:
+        """Segments that overlap [since, until), of one user or everyone, oldest first."""
+        query = select(usage).where(usage.c.end > since, usage.c.start < until)
+        if user is not None:
+            query = query.where(usage.c.user == user)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
+        return [_usage_from_row(row) for row in rows]
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -1,0 +1,173 @@
+"""The job state machine in the core, over a simulated fleet and a real SQLite file (no servers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+from jupyter_gpualloc.core.jobs import JobConflict, JobRequest, Jobs
+from jupyter_gpualloc.core.model import JobState, LeaseState, PriorityClass, SliceSpec, SpecError
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import NotFound, QuotaExceeded, Scheduler
+from jupyter_gpualloc.core.store import Store, sqlite_url
+
+FLEET = {"nodes": [{"name": "n0", "cpu_milli": 64000, "memory_mib": 262144,
+                    "gpus": [{"model": "L4", "count": 1}]}]}
+WHOLE = {"kind": "whole", "model": "L4"}
+
+
+class Core:
+    """Scheduler + jobs over one SQLite file, restartable."""
+
+    def __init__(self, tmp_path, **policy):
+        self.url = sqlite_url(tmp_path / "gpualloc.sqlite")
+        self.backend = SimulatedBackend(FLEET)
+        self.policy = policy
+        self.events: list = []
+        self.build(0.0)
+
+    def build(self, now: float) -> None:
+        self.store = Store(self.url)
+        self.scheduler = Scheduler(self.backend, self.store, SchedulerPolicy(**self.policy), now=now)
+        self.scheduler.subscribe(self.events.append)
+        self.jobs = Jobs(self.scheduler, now=now, listeners=[self.events.append])
+
+    def restart(self, now: float) -> None:
+        self.store.close()
+        self.build(now)
+
+    def types(self, prefix: str = "job.") -> list[str]:
+        return [e.type for e in self.events if e.type.startswith(prefix)]
+
+
+def request(spec=WHOLE, **extra) -> JobRequest:
+    body = {"spec": spec, "workdir": "/tmp", "source": {"kind": "cell", "code": "x = 1"}, **extra}
+    return JobRequest.from_json(body)
+
+
+@pytest.fixture
+def core(tmp_path):
+    made = Core(tmp_path)
+    yield made
+    made.store.close()
+
+
+def test_a_job_queues_a_batch_lease_then_runs_and_succeeds(core):
+    job = core.jobs.submit("alice", request(), now=1.0)
+    lease = core.scheduler.lease(job.lease_id)
+    assert (lease.holder, lease.priority, lease.state) == (f"job:{job.id}", PriorityClass.BATCH, LeaseState.GRANTED)
+    assert job.state is JobState.QUEUED and core.jobs.view(job, 1.0)["position"] == 0
+    core.jobs.start(job.id, now=2.0)
+    assert job.state is JobState.RUNNING and job.attempts == 1
+    with pytest.raises(JobConflict):
+        core.jobs.start(job.id, now=2.0)
+    core.jobs.finish(job.id, 1, "succeeded", now=5.0)
+    assert core.jobs.job(job.id).state is JobState.SUCCEEDED
+    assert core.scheduler.lease(lease.id).state is LeaseState.RELEASED
+    assert core.jobs.view(core.jobs.job(job.id), 9.0)["runtime_s"] == 3.0
+    assert core.types() == ["job.queued", "job.started", "job.succeeded"]
+
+
+def test_jobs_wait_behind_each_other_and_interactive_requests_go_first(core):
+    first = core.jobs.submit("alice", request(), now=1.0)
+    second = core.jobs.submit("alice", request(), now=2.0)
+    assert core.jobs.view(second, 2.0)["position"] == 1
+    core.jobs.start(first.id, now=3.0)
+    interactive = core.scheduler.submit("bob", "kernel:k1", SliceSpec.from_json(WHOLE), now=4.0)
+    # the running job is preemptible: the interactive request takes its GPU at once
+    assert interactive.state is LeaseState.GRANTED
+    assert first.state is JobState.QUEUED and first.preemptions == 1 and first.lease_id is None
+    assert "job.preempted" in core.types()
+    core.jobs.tick(5.0)
+    order = [l.holder for l in core.scheduler.queue()]
+    assert order == [f"job:{second.id}", f"job:{first.id}"]
+    core.scheduler.release(interactive.id, now=6.0)
+    core.jobs.start(second.id, now=6.0)
+    core.jobs.finish(second.id, 1, "succeeded", now=7.0)
+    core.jobs.start(first.id, now=7.0)
+    assert first.attempts == 2
+    core.jobs.finish(first.id, 2, "succeeded", now=8.0)
+    assert core.jobs.job(first.id).state is JobState.SUCCEEDED
+
+
+def test_a_non_preemptible_job_is_not_preempted(core):
+    job = core.jobs.submit("alice", request(preemptible=False), now=1.0)
+    core.jobs.start(job.id, now=2.0)
+    waiting = core.scheduler.submit("bob", "kernel:k1", SliceSpec.from_json(WHOLE), now=3.0)
+    assert waiting.state is LeaseState.QUEUED and job.state is JobState.RUNNING
+
+
+def test_retries_then_failure_and_timeout(core):
+    job = core.jobs.submit("alice", request(retries=1), now=1.0)
+    core.jobs.start(job.id, now=2.0)
+    core.jobs.finish(job.id, 1, "failed", "ZeroDivisionError", now=3.0)
+    assert job.state is JobState.QUEUED and job.lease_id is not None
+    core.jobs.start(job.id, now=4.0)
+    core.jobs.finish(job.id, 2, "timed_out", "over 1 s", now=5.0)
+    assert core.jobs.job(job.id).state is JobState.TIMED_OUT
+    assert core.types()[-1] == "job.timed_out"
+    with pytest.raises(JobConflict):
+        core.jobs.finish(job.id, 2, "succeeded", now=6.0)
+
+
+def test_cancel_queued_and_running(core):
+    running = core.jobs.submit("alice", request(), now=1.0)
+    queued = core.jobs.submit("alice", request(), now=1.0)
+    core.jobs.start(running.id, now=2.0)
+    core.jobs.cancel(queued.id, now=3.0, by="alice")
+    core.jobs.cancel(running.id, now=3.0, by="alice")
+    assert [core.jobs.job(j.id).state for j in (running, queued)] == [JobState.CANCELLED] * 2
+    assert core.scheduler.leases() == []
+    with pytest.raises(JobConflict):
+        core.jobs.cancel(running.id, now=4.0, by="alice")
+    rerun = core.jobs.rerun(running.id, now=5.0)
+    assert rerun.rerun_of == running.id and rerun.state is JobState.QUEUED
+
+
+def test_a_running_job_whose_runner_died_is_requeued_after_a_restart(tmp_path):
+    core = Core(tmp_path, heartbeat_ttl=60.0)
+    job = core.jobs.submit("alice", request(), now=1.0)
+    core.jobs.start(job.id, now=2.0)
+    core.restart(10.0)
+    assert core.jobs.job(job.id).state is JobState.RUNNING  # its runner may still be alive
+    core.scheduler.tick(100.0)  # no heartbeat for a TTL: the runner is dead
+    core.jobs.tick(100.0)
+    again = core.jobs.job(job.id)
+    assert again.state is JobState.QUEUED and "interrupted" in again.reason and again.lease_id
+    core.store.close()
+
+
+def test_requeue_interrupted_off_fails_the_job(tmp_path):
+    core = Core(tmp_path, requeue_interrupted=False)
+    job = core.jobs.submit("alice", request(), now=1.0)
+    core.jobs.start(job.id, now=2.0)
+    core.restart(3.0)
+    core.jobs.finish(job.id, 1, "interrupted", "the server restarted", now=4.0)
+    assert core.jobs.job(job.id).state is JobState.FAILED
+    assert core.scheduler.leases() == []
+    core.store.close()
+
+
+def test_quotas_count_jobs(tmp_path):
+    core = Core(tmp_path, quotas={"alice": {"slices": 1}, "carol": {"memory_gib": 10}})
+    core.scheduler.submit("alice", "kernel:k", SliceSpec.from_json({"kind": "shared", "memory_gib": 2}), now=0.0)
+    job = core.jobs.submit("alice", request(), now=1.0)
+    assert "quota" in core.scheduler.lease(job.lease_id).reason
+    with pytest.raises(QuotaExceeded):
+        core.jobs.submit("carol", request(), now=1.0)
+    assert [j.user for j in core.jobs.jobs()] == ["alice"]
+    core.store.close()
+
+
+def test_requests_are_checked_field_by_field(core):
+    with pytest.raises(SpecError) as err:
+        request(source={"kind": "cell", "code": "x", "inputs": ["a b"]})
+    assert err.value.field == "source.inputs"
+    with pytest.raises(SpecError) as err:
+        request(priority="interactive") and core.jobs.submit("alice", request(priority="interactive"), now=0)
+    assert err.value.field == "priority"
+    with pytest.raises(SpecError) as err:
+        JobRequest.from_json({"spec": WHOLE, "workdir": "rel", "source": {"kind": "cell", "code": "x"}})
+    assert err.value.field == "workdir"
+    with pytest.raises(NotFound):
+        core.jobs.job("nope")
