@@ -118,28 +118,6 @@ class SchedulerPolicy(Configurable):
         help="Sizes (GiB) of the shared slices offered on each non-MIG GPU model when offers are derived from the fleet.",
     ).tag(config=True)
 
-    quotas = Dict(
-        help="""Per-user limits, e.g. {"alice": {"slices": 2, "memory_gib": 40, "whole_gpus": 1},
-        "*": {"slices": 4}}; "*" applies to users without an entry. Missing keys are unlimited.""",
-    ).tag(config=True)
-
-    group_quotas = Dict(
-        help="""Per-group limits over all the group's members together, same keys as quotas,
-        e.g. {"students": {"memory_gib": 80}}.""",
-    ).tag(config=True)
-
-    offers = List(
-        help="""Slice choices offered to users (spawner form, %gpu offers, sidebar). Each is
-        {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {...REST spec...},
-        "idle_timeout": seconds (optional), "groups": [...] (optional: only these groups)}.
-        Empty: offers are derived from the fleet (each MIG profile, shares and whole GPUs per model).""",
-    ).tag(config=True)
-
-    shared_offer_gib = List(
-        [8, 16],
-        help="Sizes (GiB) of the shared slices offered on each non-MIG GPU model when offers are derived from the fleet.",
-    ).tag(config=True)
-
     @validate("mig_changes")
     def _check_mig_changes(self, proposal: dict[str, Any]) -> str:
         if proposal["value"] not in ("dynamic", "static"):
