@@ -118,10 +118,55 @@ class SchedulerPolicy(Configurable):
         help="Sizes (GiB) of the shared slices offered on each non-MIG GPU model when offers are derived from the fleet.",
     ).tag(config=True)
 
+    usage_quotas = Dict(
+        help="""GPU-hours over a time window, e.g. {"*": {"gpu_hours": 40, "window": "7d"},
+        "students": {"gpu_hours": 200, "window": "calendar_week", "per": "group"}}. Windows are
+        rolling ("24h", "7d", "2w") or calendar periods in UTC ("calendar_day", "calendar_week"
+        from Monday 00:00, "calendar_month"). An entry per "user" (the default) is keyed by user
+        name, "*" covering users without one; an entry per "group" limits the group's members
+        together. A request is refused once a quota is used up.""",
+    ).tag(config=True)
+
+    usage_enforcement = Unicode(
+        "warn",
+        help="""What happens to a running lease when a usage quota it counts against is used up:
+        warn (an event, the lease keeps its slice) or release (released like an idle lease).""",
+    ).tag(config=True)
+
+    usage_warn_fraction = Float(
+        0.9,
+        help="Fraction of a usage quota at which running leases are warned (usage.warning event).",
+    ).tag(config=True)
+
+    usage_release_jobs = Bool(
+        False,
+        help="""Whether usage_enforcement = "release" also releases jobs' leases; by default a job
+        finishes its current attempt.""",
+    ).tag(config=True)
+
+    usage_metrics_per_user = Bool(
+        True,
+        help="""Whether the gpualloc_gpu_hours_total metric has a user label (turn off on large
+        hubs to keep the number of series small).""",
+    ).tag(config=True)
+
     @validate("mig_changes")
     def _check_mig_changes(self, proposal: dict[str, Any]) -> str:
         if proposal["value"] not in ("dynamic", "static"):
             raise ValueError("mig_changes must be 'dynamic' or 'static'")
+        return proposal["value"]
+
+    @validate("usage_quotas")
+    def _check_usage_quotas(self, proposal: dict[str, Any]) -> dict:
+        from .usage import parse_quota
+        for who, entry in proposal["value"].items():
+            parse_quota(who, entry)
+        return proposal["value"]
+
+    @validate("usage_enforcement")
+    def _check_usage_enforcement(self, proposal: dict[str, Any]) -> str:
+        if proposal["value"] not in ("warn", "release"):
+            raise ValueError("usage_enforcement must be 'warn' or 'release'")
         return proposal["value"]
 
     @validate("quotas", "group_quotas")

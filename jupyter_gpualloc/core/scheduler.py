@@ -45,6 +45,7 @@ from .model import (
 from .placement import ClusterView, Demand, NodeCapacity, get_policy
 from .policy import SchedulerPolicy
 from .store import Store
+from .usage import UsageLedger
 
 
 class SchedulerError(Exception):
@@ -147,6 +148,7 @@ class Scheduler:
         self._load_fleet()
         self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
         self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
+        self.usage = UsageLedger(store, self.policy, self.policy.offers or self._derived_offers(), now=now)
         self._recover(now)
 
     # ------------------------------------------------------------------ fleet
@@ -243,6 +245,9 @@ class Scheduler:
         never = self._quota_block(lease, plans, assume_empty=True)
         if never is not None:
             raise never
+        used_up = self.usage.refusal(user, lease.groups, now)
+        if used_up is not None:
+            raise QuotaExceeded(used_up.scope, "gpu_hours", used_up.limit, used_up.sentence())
         blocked = self._quota_block(lease, plans)
         if blocked is not None and (priority is PriorityClass.INTERACTIVE or not wait):
             raise blocked
@@ -290,6 +295,7 @@ class Scheduler:
         if lease.idle_warned_at is not None and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
             lease.idle_warned_at = None
             self._emit("lease.idle_cleared", now, lease)
+        self.usage.accrue([lease], now)
         self._touch_lease(lease)
         self._commit()
         return lease
@@ -305,6 +311,7 @@ class Scheduler:
             if lease.user == user and (wanted is None or lease.holder in wanted):
                 lease.heartbeat_at = now
                 alive.append(lease)
+        self.usage.accrue(alive, now)
         return alive
 
     def tick(self, now: float) -> list[Event]:
@@ -315,6 +322,11 @@ class Scheduler:
                 self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
             elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
                 self._check_idle(lease, now)
+        granted = [l for l in self._leases.values() if l.state is LeaseState.GRANTED]
+        for action in self.usage.enforce(granted, now):
+            self._emit(action.event, now, action.lease, **action.status.to_json())
+            if action.release:
+                self._end(action.lease, LeaseState.EXPIRED, now, f"usage quota used up: {action.status.sentence()}")
         self._schedule(now)
         return self._commit()
 
@@ -462,6 +474,7 @@ class Scheduler:
 
     def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True) -> None:
         """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here)."""
+        self.usage.stop(lease, now)
         if lease.state is LeaseState.GRANTED and holds:
             self._free(lease, now)
         if lease.id in self._queue:
@@ -526,6 +539,7 @@ class Scheduler:
         lease.state = LeaseState.GRANTED
         lease.slice = sl
         lease.granted_at = now
+        self.usage.start(lease, now)
         lease.last_activity = max(lease.last_activity or 0.0, now)
         lease.reason = ""
         self._touch_lease(lease)
@@ -937,6 +951,8 @@ class Scheduler:
             elif not self._reattach(lease):
                 self._emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
                 self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
+            else:
+                self.usage.start(lease, now)
         for gs in self._gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
                 for mig_uuid in [u for u in gs.created if u not in gs.owner]:

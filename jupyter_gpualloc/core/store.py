@@ -64,6 +64,24 @@ meta = Table(
     Column("value", Text, nullable=False),
 )
 
+# One row per lease, UTC day and stretch of accrual: [start, end) within that day, at a constant
+# share of GPUs (`gpus`) and GiB of GPU memory (`gib`).
+usage = Table(
+    "usage", metadata,
+    Column("lease_id", String(64), primary_key=True),
+    Column("start", Float, primary_key=True),
+    Column("end", Float, nullable=False),
+    Column("day", String(10), nullable=False, index=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("groups", Text, nullable=False, default="[]"),
+    Column("model", String(128), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("offer", String(255), nullable=False, default=""),
+    Column("holder_kind", String(16), nullable=False),
+    Column("gpus", Float, nullable=False),
+    Column("gib", Float, nullable=False),
+)
+
 
 jobs = Table(
     "jobs", metadata,
@@ -80,6 +98,38 @@ class InstanceRecord:
     gpu_uuid: str
     instance: MigInstance
     created_by_core: bool
+
+
+@dataclass(frozen=True)
+class UsageSegment:
+    """Accrual of one lease over [start, end) within one UTC day."""
+
+    lease_id: str
+    start: float
+    end: float
+    day: str
+    user: str
+    groups: tuple[str, ...]
+    model: str
+    kind: str
+    offer: str
+    holder_kind: str
+    gpus: float
+    gib: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class MigIntent:
+    """The core is about to create (or has created, unrecorded) an instance of `profile_id` at `start`."""
+
+    id: str
+    gpu_uuid: str
+    profile_id: int
+    start: int
 
 
 @dataclass
@@ -108,6 +158,9 @@ class Store:
         upsert = self._insert(leases)
         self._upsert_leases = upsert.on_conflict_do_update(
             index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in leases.c if c.name != "id"})
+        upsert = self._insert(usage)
+        self._upsert_usage = upsert.on_conflict_do_update(
+            index_elements=["lease_id", "start"], set_={"end": upsert.excluded.end})
         upsert = self._insert(meta)
         self._upsert_meta_row = upsert.on_conflict_do_update(
             index_elements=["key"], set_={"value": upsert.excluded.value})
@@ -203,6 +256,21 @@ class Store:
             rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
         return [_usage_from_row(row) for row in rows]
 
+    def save_usage(self, segments: list[UsageSegment]) -> None:
+        """One transaction: insert each segment, or move the end of one already stored."""
+        if segments:
+            with self.engine.begin() as conn:
+                conn.execute(self._upsert_usage, [_usage_row(seg) for seg in segments])
+
+    def load_usage(self, since: float, until: float, user: str | None = None) -> list[UsageSegment]:
+        """Segments that overlap [since, until), of one user or everyone, oldest first."""
+        query = select(usage).where(usage.c.end > since, usage.c.start < until)
+        if user is not None:
+            query = query.where(usage.c.user == user)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
+        return [_usage_from_row(row) for row in rows]
+
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
@@ -234,3 +302,16 @@ def _lease_from_row(row) -> Lease:
         ended_at=row["ended_at"], last_activity=row["last_activity"], busy=row["busy"],
         idle_warned_at=row["idle_warned_at"], idle_timeout=row["idle_timeout"], reason=row["reason"],
     )
+
+
+def _usage_row(seg: UsageSegment) -> dict:
+    return {"lease_id": seg.lease_id, "start": seg.start, "end": seg.end, "day": seg.day, "user": seg.user,
+            "groups": json.dumps(list(seg.groups)), "model": seg.model, "kind": seg.kind, "offer": seg.offer,
+            "holder_kind": seg.holder_kind, "gpus": seg.gpus, "gib": seg.gib}
+
+
+def _usage_from_row(row) -> UsageSegment:
+    return UsageSegment(
+        lease_id=row["lease_id"], start=row["start"], end=row["end"], day=row["day"], user=row["user"],
+        groups=tuple(json.loads(row["groups"])), model=row["model"], kind=row["kind"], offer=row["offer"],
+        holder_kind=row["holder_kind"], gpus=row["gpus"], gib=row["gib"])

@@ -1,0 +1,425 @@
+"""Usage: GPU-hours of granted leases, kept per UTC day, reports over them, and usage quotas.
+
+A lease accrues from its grant to its end at its share of GPUs: a MIG slice counts its compute
+slices over its GPU's, a shared slice its memory cap over its GPU's memory, whole GPUs their
+count. It also accrues GiB-hours of the GPU memory it holds. Accrual is written to the store
+whenever the holder shows it is alive (touch, heartbeat) and when the lease ends, so a crash
+loses nothing before the last sign of life; after a restart a recovered lease accrues again
+from the moment the new process starts.
+
+`usage_quotas` limit GPU-hours over a window, rolling ("7d", "24h") or calendar ("calendar_day",
+"calendar_week" from Monday 00:00 UTC, "calendar_month"), per user or per group. The scheduler
+asks `refusal()` before it accepts a request and `enforce()` on every tick; both take the time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Sequence
+
+from . import mig
+from .model import MIB_PER_GIB, Lease, SliceKind, SliceSpec
+from .store import Store, UsageSegment
+
+SECONDS_PER_HOUR = 3600.0
+REPORT_DIMENSIONS = ("user", "group", "model", "kind", "offer", "holder_kind", "day")
+CALENDAR_WINDOWS = ("calendar_day", "calendar_week", "calendar_month")
+_ROLLING = re.compile(r"(\d+(?:\.\d+)?)([hdw])")
+_UNIT_SECONDS = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+# ---------------------------------------------------------------- measures
+def gpu_share(sl) -> float:
+    """How many GPUs a slice amounts to (MIG: compute slices over the GPU's; shared: memory cap
+    over GPU memory; whole: the count)."""
+    if sl.kind is SliceKind.MIG:
+        model = mig.lookup_model(sl.model)
+        if model is not None and model.mig_capable:
+            full = max(p.compute_slices for p in model.profiles.values())
+            return model.profile(sl.profile).compute_slices / full
+        found = re.match(r"(\d+)g\.", sl.profile or "")
+        return int(found.group(1)) / mig.COMPUTE_SLICES if found else 1.0
+    if sl.kind is SliceKind.SHARED:
+        return sl.memory_mib / sl.gpu_memory_mib if sl.gpu_memory_mib else 1.0
+    return float(len(sl.gpu_uuids))
+
+
+def memory_gib(sl) -> float:
+    """GiB of GPU memory a slice holds (whole GPUs: all of each)."""
+    per_gpu = len(sl.gpu_uuids) if sl.kind is SliceKind.WHOLE else 1
+    return sl.memory_mib * per_gpu / MIB_PER_GIB
+
+
+def holder_kind(holder: str) -> str:
+    """'server', 'kernel' or 'job'."""
+    return holder.split(":", 1)[0]
+
+
+def offer_name(spec: SliceSpec, offers: Iterable[dict]) -> str:
+    """The name of the offer whose spec this request is (empty for a request of its own)."""
+    asked = spec.to_json()
+    for offer in offers:
+        try:
+            if SliceSpec.from_json(offer["spec"]).to_json() == asked:
+                return offer["name"]
+        except (KeyError, ValueError):
+            continue
+    return ""
+
+
+# --------------------------------------------------------------------- time
+def utc_day(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
+
+
+def next_midnight(t: float) -> float:
+    """The first UTC midnight strictly after t."""
+    day = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (day + timedelta(days=1)).timestamp()
+
+
+@dataclass(frozen=True)
+class Window:
+    """A usage window: rolling (`seconds` back from now) or a calendar period in UTC."""
+
+    name: str
+    seconds: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> "Window":
+        if text in CALENDAR_WINDOWS:
+            return cls(text)
+        found = _ROLLING.fullmatch(text) if isinstance(text, str) else None
+        if found is None or float(found.group(1)) <= 0:
+            raise ValueError(f"window {text!r}: use a rolling length like '24h', '7d', '2w' "
+                             f"or one of {', '.join(CALENDAR_WINDOWS)}")
+        return cls(text, float(found.group(1)) * _UNIT_SECONDS[found.group(2)])
+
+    @property
+    def rolling(self) -> bool:
+        return self.name not in CALENDAR_WINDOWS
+
+    def bounds(self, now: float) -> tuple[float, float | None]:
+        """(start, end) of the window containing now; a rolling window has no end."""
+        if self.rolling:
+            return now - self.seconds, None
+        t = datetime.fromtimestamp(now, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        if self.name == "calendar_day":
+            start, end = t, t + timedelta(days=1)
+        elif self.name == "calendar_week":
+            start = t - timedelta(days=t.weekday())
+            end = start + timedelta(days=7)
+        else:
+            start = t.replace(day=1)
+            end = (start + timedelta(days=32)).replace(day=1)
+        return start.timestamp(), end.timestamp()
+
+    def longest_seconds(self) -> float:
+        """The furthest back this window ever reaches."""
+        return self.seconds if self.rolling else {"calendar_day": 1, "calendar_week": 7,
+                                                  "calendar_month": 31}[self.name] * 86400.0
+
+    def describe(self) -> str:
+        if self.rolling:
+            return f"in the last {self.name}"
+        return {"calendar_day": "today", "calendar_week": "this week", "calendar_month": "this month"}[self.name]
+
+
+def parse_quota(who: str, entry: dict) -> tuple[float, Window, str]:
+    """(GPU-hours, window, 'user' or 'group') of one usage_quotas entry; ValueError names the problem."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"usage quota for {who!r} must be a dict")
+    unknown = set(entry) - {"gpu_hours", "window", "per"}
+    if unknown:
+        raise ValueError(f"usage quota for {who!r}: unknown key {sorted(unknown)[0]!r} (use gpu_hours, window, per)")
+    hours = entry.get("gpu_hours")
+    if isinstance(hours, bool) or not isinstance(hours, (int, float)) or hours < 0:
+        raise ValueError(f"usage quota for {who!r}: gpu_hours must be a non-negative number")
+    per = entry.get("per", "user")
+    if per not in ("user", "group"):
+        raise ValueError(f"usage quota for {who!r}: per must be 'user' or 'group'")
+    if per == "group" and who == "*":
+        raise ValueError("usage quota '*' applies to each user: it cannot be per group")
+    try:
+        window = Window.parse(entry.get("window", "7d"))
+    except ValueError as err:
+        raise ValueError(f"usage quota for {who!r}: {err}") from None
+    return float(hours), window, per
+
+
+def format_time(t: float) -> str:
+    """'Mon 00:00 UTC' within a week, else '2026-12-01 00:00 UTC'."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%a %Y-%m-%d %H:%M UTC")
+
+
+# ------------------------------------------------------------------ verdicts
+@dataclass(frozen=True)
+class QuotaStatus:
+    """Where one user or group stands against one usage quota."""
+
+    scope: str  # "user" or "group"
+    who: str
+    limit: float
+    window: Window
+    used: float
+    resets_at: float | None  # calendar: the window's end; rolling: when usage falls under the limit
+
+    @property
+    def fraction(self) -> float:
+        return self.used / self.limit if self.limit else float("inf")
+
+    def sentence(self) -> str:
+        owner = "you have" if self.scope == "user" else f"group {self.who} has"
+        text = f"{owner} used {self.used:.2f} of {self.limit:g} GPU-hours {self.window.describe()}"
+        if self.resets_at is not None:
+            verb = "resets" if not self.window.rolling else "falls under the limit"
+            text += f" ({verb} {format_time(self.resets_at)})"
+        return text
+
+    def to_json(self) -> dict:
+        return {"scope": self.scope, "who": self.who, "gpu_hours": round(self.used, 6), "limit": self.limit,
+                "window": self.window.name, "resets_at": self.resets_at, "message": self.sentence()}
+
+
+@dataclass(frozen=True)
+class UsageAction:
+    """What a tick decided for one running lease: an event to announce, maybe a release."""
+
+    lease: Lease
+    event: str  # "usage.warning" or "usage.exceeded"
+    status: QuotaStatus
+    release: bool
+
+
+@dataclass
+class _Accrual:
+    """A granted lease being accrued: its current segment and how far it is stored."""
+
+    template: UsageSegment
+    segment_start: float
+    stored_to: float
+
+
+@dataclass
+class _Totals:
+    gpu_hours: float = 0.0
+    gib_hours: float = 0.0
+    leases: set = field(default_factory=set)
+
+
+# -------------------------------------------------------------------- ledger
+class UsageLedger:
+    """Accrues granted leases into the store and answers reports and usage quotas."""
+
+    def __init__(self, store: Store, policy, offers: Sequence[dict], *, now: float):
+        self.store = store
+        self.policy = policy
+        self.offers = list(offers)
+        self._running: dict[str, _Accrual] = {}
+        self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
+        self._quotas = [(who, *parse_quota(who, entry)) for who, entry in policy.usage_quotas.items()]
+        self._horizon = max((w.longest_seconds() for _, _, w, _ in self._quotas), default=0.0)
+        self._recent: dict[tuple[str, float], UsageSegment] = {}
+        self._pruned_at = now
+        if self._horizon:
+            for seg in store.load_usage(now - self._horizon, float("inf")):
+                self._recent[(seg.lease_id, seg.start)] = seg
+
+    # ------------------------------------------------------------ accrual
+    def start(self, lease: Lease, now: float) -> None:
+        """Begin accruing a lease just granted (or recovered after a restart) from now."""
+        sl = lease.slice
+        template = UsageSegment(
+            lease_id=lease.id, start=now, end=now, day=utc_day(now), user=lease.user, groups=tuple(lease.groups),
+            model=sl.model, kind=sl.kind.value, offer=offer_name(lease.spec, self.offers),
+            holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
+        self._running[lease.id] = _Accrual(template, now, now)
+
+    def accrue(self, leases: Iterable[Lease], now: float) -> None:
+        """Store the accrual of these leases up to now (those not being accrued are skipped)."""
+        segments = [seg for lease in leases for seg in self._advance(lease.id, now)]
+        self._save(segments, now)
+
+    def stop(self, lease: Lease, now: float) -> None:
+        """Store a lease's final accrual up to its end and stop accruing it."""
+        segments = self._advance(lease.id, now)
+        self._running.pop(lease.id, None)
+        for key in [k for k in self._warned if k[0] == lease.id]:
+            del self._warned[key]
+        self._save(segments, now)
+
+    def _advance(self, lease_id: str, now: float) -> list[UsageSegment]:
+        """Move a running lease's stored accrual to now: one segment per UTC day touched."""
+        acc = self._running.get(lease_id)
+        if acc is None:
+            return []
+        out = []
+        for seg in self._pending(acc, now):
+            out.append(seg)
+            acc.segment_start, acc.stored_to = seg.start, seg.end
+        if acc.stored_to >= next_midnight(acc.segment_start):
+            acc.segment_start = acc.stored_to
+        return out
+
+    @staticmethod
+    def _pending(acc: _Accrual, now: float) -> list[UsageSegment]:
+        """The segments from the last stored point to now, without storing them."""
+        out, start, stored = [], acc.segment_start, acc.stored_to
+        while now > stored:
+            midnight = next_midnight(start)
+            if stored >= midnight:
+                start = midnight
+                continue
+            end = min(now, midnight)
+            out.append(replace(acc.template, start=start, end=end, day=utc_day(start)))
+            stored = end
+        return out
+
+    def _save(self, segments: list[UsageSegment], now: float) -> None:
+        if not segments:
+            return
+        self.store.save_usage(segments)
+        if self._horizon:
+            for seg in segments:
+                self._recent[(seg.lease_id, seg.start)] = seg
+
+    def segments(self, since: float, until: float, now: float, user: str | None = None) -> list[UsageSegment]:
+        """Stored segments overlapping [since, until) plus running leases' accrual not stored yet."""
+        found = self.store.load_usage(since, until, user)
+        for acc in self._running.values():
+            if user is None or acc.template.user == user:
+                found.extend(s for s in self._pending(acc, now) if s.end > since and s.start < until)
+        return found
+
+    # ------------------------------------------------------------ reports
+    def report(self, since: float, until: float, by: str, now: float, user: str | None = None) -> list[dict]:
+        """GPU-hours and GiB-hours in [since, until) (clipped at now) per value of `by`, largest first.
+
+        A lease of several groups counts fully in each of them; a lease without one under group "".
+        """
+        if by not in REPORT_DIMENSIONS:
+            raise ValueError(f"by must be one of {', '.join(REPORT_DIMENSIONS)}")
+        until = min(until, now)
+        totals: dict[str, _Totals] = {}
+        for seg in self.segments(since, until, now, user):
+            seconds = min(seg.end, until) - max(seg.start, since)
+            if seconds <= 0:
+                continue
+            keys = (seg.groups or ("",)) if by == "group" else (getattr(seg, by),)
+            for key in keys:
+                t = totals.setdefault(key, _Totals())
+                t.gpu_hours += seconds * seg.gpus / SECONDS_PER_HOUR
+                t.gib_hours += seconds * seg.gib / SECONDS_PER_HOUR
+                t.leases.add(seg.lease_id)
+        rows = [{by: key, "gpu_hours": round(t.gpu_hours, 6), "gib_hours": round(t.gib_hours, 6),
+                 "leases": len(t.leases)} for key, t in totals.items()]
+        return sorted(rows, key=lambda r: (-r["gpu_hours"], r[by]))
+
+    def totals(self, now: float) -> dict[tuple[str, str, str, str], float]:
+        """All-time GPU-hours per (user, group, model, kind), running leases up to now."""
+        out: dict[tuple[str, str, str, str], float] = {}
+        for seg in self.segments(0.0, float("inf"), now):
+            for group in seg.groups or ("",):
+                key = (seg.user, group, seg.model, seg.kind)
+                out[key] = out.get(key, 0.0) + seg.seconds * seg.gpus / SECONDS_PER_HOUR
+        return out
+
+    # ------------------------------------------------------------- quotas
+    def quotas_for(self, user: str, groups: Sequence[str], now: float) -> list[QuotaStatus]:
+        """Every usage quota that applies to this user (their own or their groups'), with its use now."""
+        own = [q for q in self._quotas if q[3] == "user" and q[0] == user] or \
+              [q for q in self._quotas if q[3] == "user" and q[0] == "*"]
+        mine = [q for q in self._quotas if q[3] == "group" and q[0] in groups]
+        return [self._status(who if per == "group" else user, limit, window, per, now)
+                for who, limit, window, per in own + mine]
+
+    def _status(self, who: str, limit: float, window: Window, per: str, now: float) -> QuotaStatus:
+        start, end = window.bounds(now)
+        used = self._used(who, per, start, now, now)
+        resets = end
+        if window.rolling and used >= limit:
+            resets = self._rolling_reset(who, per, window, limit, now)
+        return QuotaStatus(per, who, limit, window, used, resets)
+
+    def _matching(self, who: str, per: str, now: float) -> list[UsageSegment]:
+        segs = list(self._recent.values())
+        for acc in self._running.values():
+            segs.extend(self._pending(acc, now))
+        if per == "user":
+            return [s for s in segs if s.user == who]
+        return [s for s in segs if who in s.groups]
+
+    def _used(self, who: str, per: str, since: float, until: float, now: float) -> float:
+        total = 0.0
+        for seg in self._matching(who, per, now):
+            seconds = min(seg.end, until) - max(seg.start, since)
+            if seconds > 0:
+                total += seconds * seg.gpus
+        return total / SECONDS_PER_HOUR
+
+    def _rolling_reset(self, who: str, per: str, window: Window, limit: float, now: float) -> float:
+        """When, if nothing more ran, usage in the rolling window first falls under the limit (to 1 s)."""
+        segs = self._matching(who, per, now)
+
+        def used_at(t: float) -> float:
+            return sum(max(0.0, min(s.end, t) - max(s.start, t - window.seconds)) * s.gpus
+                       for s in segs) / SECONDS_PER_HOUR
+
+        low, high = now, now + window.seconds
+        while high - low > 1.0:
+            mid = (low + high) / 2
+            if used_at(mid) < limit:
+                high = mid
+            else:
+                low = mid
+        return float(round(high))
+
+    def refusal(self, user: str, groups: Sequence[str], now: float) -> QuotaStatus | None:
+        """The usage quota a new request of this user would start over (or at) the limit of, or None."""
+        return next((s for s in self.quotas_for(user, groups, now) if s.used >= s.limit), None)
+
+    def enforce(self, leases: Iterable[Lease], now: float) -> list[UsageAction]:
+        """Warn running leases whose quota passed the warning fraction, and at the limit warn or
+        release them as `usage_enforcement` says (jobs only when `usage_release_jobs`)."""
+        if not self._quotas:
+            return []
+        if now - self._pruned_at >= SECONDS_PER_HOUR:
+            self._recent = {k: s for k, s in self._recent.items() if s.end >= now - self._horizon}
+            self._pruned_at = now
+        actions = []
+        cache: dict[tuple[str, str], list[QuotaStatus]] = {}
+        for lease in leases:
+            key = (lease.user, ",".join(lease.groups))
+            if key not in cache:
+                cache[key] = self.quotas_for(lease.user, lease.groups, now)
+            for status in cache[key]:
+                mark = (lease.id, status.scope, status.who)
+                if status.fraction >= 1.0:
+                    event = "usage.exceeded"
+                elif status.fraction >= self.policy.usage_warn_fraction:
+                    event = "usage.warning"
+                else:
+                    self._warned.pop(mark, None)
+                    continue
+                release = event == "usage.exceeded" and self.policy.usage_enforcement == "release" and \
+                    (holder_kind(lease.holder) != "job" or self.policy.usage_release_jobs)
+                if self._warned.get(mark) != event or release:
+                    self._warned[mark] = event
+                    actions.append(UsageAction(lease, event, status, release))
+                    if release:
+                        break
+        return actions
+
+
+def to_csv(rows: list[dict], by: str) -> str:
+    """A report as CSV with a header row."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([by, "gpu_hours", "gib_hours", "leases"])
+    for row in rows:
+        writer.writerow([row[by], row["gpu_hours"], row["gib_hours"], row["leases"]])
+    return out.getvalue()

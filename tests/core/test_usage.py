@@ -1,0 +1,230 @@
+"""Usage accounting: exact GPU-hours across a lease's life, restarts, UTC days, reports and usage quotas."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import QuotaExceeded
+from jupyter_gpualloc.core.usage import Window, gpu_share, memory_gib, to_csv
+
+from .conftest import A100_40, fleet
+
+HOUR = 3600.0
+# Monday 2 November 2026, 00:00 UTC
+MONDAY = datetime(2026, 11, 2, tzinfo=timezone.utc).timestamp()
+L4_MIB = 23034
+
+
+def spec(**data) -> SliceSpec:
+    return SliceSpec.from_json(data)
+
+
+@pytest.fixture
+def make(harness):
+    """A scheduler over one dynamic-MIG A100-40GB, one L4 and two T4s, without heartbeat or idle expiry."""
+    def build(**policy):
+        policy.setdefault("heartbeat_ttl", 0)
+        policy.setdefault("idle_timeout", 0)
+        return harness(fleet({"model": A100_40, "count": 1, "mig": "dynamic"}, {"model": "L4", "count": 1},
+                             {"model": "T4", "count": 2}), **policy)
+    return build
+
+
+def gpu_hours(h, by="user", since=0.0, until=float("inf"), now=None, user=None) -> dict:
+    now = MONDAY + 30 * 24 * HOUR if now is None else now
+    return {r[by]: r["gpu_hours"] for r in h.scheduler.usage.report(since, until, by, now, user=user)}
+
+
+def test_shares_weigh_mig_by_compute_shared_by_memory_whole_by_count(make):
+    s = make().scheduler
+    m = s.submit("a", "kernel:1", spec(kind="mig", profile="3g.20gb"), now=MONDAY)
+    sh = s.submit("b", "kernel:2", spec(kind="shared", memory_gib=8, model="L4"), now=MONDAY)
+    w = s.submit("c", "kernel:3", spec(kind="whole", count=2, model="T4"), now=MONDAY)
+    assert gpu_share(m.slice) == pytest.approx(3 / 7)
+    assert gpu_share(sh.slice) == pytest.approx(8 * 1024 / L4_MIB)
+    assert gpu_share(w.slice) == 2.0
+    assert memory_gib(w.slice) == pytest.approx(30.0)
+
+
+def test_accrual_is_exact_from_grant_to_release(make):
+    h = make()
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + 600, groups=["lab"])
+    s.touch(lease.id, now=MONDAY + 600 + HOUR)
+    s.release(lease.id, now=MONDAY + 600 + 2.5 * HOUR)
+    assert gpu_hours(h) == {"alice": 2.5}
+    assert gpu_hours(h, "group") == {"lab": 2.5}
+    assert gpu_hours(h, "model") == {"T4": 2.5}
+    assert gpu_hours(h, "holder_kind") == {"kernel": 2.5}
+    gib = h.scheduler.usage.report(0, float("inf"), "kind", MONDAY + 9 * HOUR)
+    assert gib == [{"kind": "whole", "gpu_hours": 2.5, "gib_hours": 37.5, "leases": 1}]
+    s.tick(MONDAY + 5 * HOUR)
+    assert gpu_hours(h) == {"alice": 2.5}  # nothing accrues after the end
+
+
+def test_running_lease_is_reported_up_to_now_and_reports_clip_to_the_range(make):
+    h = make()
+    h.scheduler.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    assert gpu_hours(h, now=MONDAY + 2 * HOUR) == {"alice": 2.0}
+    assert gpu_hours(h, since=MONDAY + HOUR, until=MONDAY + 1.5 * HOUR, now=MONDAY + 2 * HOUR) == {"alice": 0.5}
+    assert gpu_hours(h, since=MONDAY + 3 * HOUR, now=MONDAY + 2 * HOUR) == {}
+
+
+def test_accrual_is_split_at_utc_midnight(make):
+    h = make()
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY - 2 * HOUR)
+    s.touch(lease.id, now=MONDAY - HOUR)
+    s.heartbeat("alice", now=MONDAY + 24 * HOUR + 3 * HOUR)  # one write spans three days
+    s.release(lease.id, now=MONDAY + 24 * HOUR + 4 * HOUR)
+    assert gpu_hours(h, "day") == {"2026-11-01": 2.0, "2026-11-02": 24.0, "2026-11-03": 4.0}
+    rows = h.store.load_usage(0, float("inf"))
+    assert [(r.day, r.end - r.start) for r in rows] == [("2026-11-01", 2 * HOUR), ("2026-11-02", 24 * HOUR),
+                                                        ("2026-11-03", 4 * HOUR)]
+
+
+def test_preempted_and_idle_expired_leases_stop_accruing_when_they_end(make):
+    h = make(idle_timeout=HOUR, idle_grace=600)
+    s = h.scheduler
+    batch = s.submit("bob", "job:1", spec(kind="whole", count=2, model="T4"), PriorityClass.BATCH, now=MONDAY)
+    s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + HOUR)
+    assert s.lease(batch.id).state is LeaseState.PREEMPTED
+    kernel = s.submit("carol", "kernel:2", spec(kind="shared", memory_gib=8, model="L4"), now=MONDAY)
+    s.tick(MONDAY + HOUR)  # warned
+    s.tick(MONDAY + HOUR + 600)  # released as idle
+    assert s.lease(kernel.id).state is LeaseState.EXPIRED
+    used = gpu_hours(h, now=MONDAY + 10 * HOUR)
+    assert used["bob"] == 2.0
+    assert used["carol"] == pytest.approx((HOUR + 600) / HOUR * 8 * 1024 / L4_MIB, abs=1e-6)
+
+
+def test_restart_keeps_accrual_up_to_the_last_sign_of_life(make):
+    h = make()
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="mig", profile="1g.5gb"), now=MONDAY)
+    s.heartbeat("alice", now=MONDAY + 2 * HOUR)
+    s.tick(MONDAY + 2.5 * HOUR)  # a tick stores nothing: the process dies after it
+    s = h.restart(MONDAY + 3 * HOUR)  # the new process never called release or close
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+    assert gpu_hours(h, now=MONDAY + 3 * HOUR) == {"alice": pytest.approx(2 / 7)}
+    s.release(lease.id, now=MONDAY + 4 * HOUR)
+    assert gpu_hours(h) == {"alice": pytest.approx(3 / 7)}  # 2 h before the crash, 1 h after
+
+
+def test_offer_is_the_configured_offer_with_the_same_spec(make):
+    h = make(offers=[{"name": "t4", "label": "T4", "spec": {"kind": "whole", "model": "T4"}}])
+    s = h.scheduler
+    a = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    b = s.submit("alice", "kernel:2", spec(kind="shared", memory_gib=4, model="L4"), now=MONDAY)
+    s.release(a.id, now=MONDAY + HOUR)
+    s.release(b.id, now=MONDAY + HOUR)
+    assert set(gpu_hours(h, "offer")) == {"t4", ""}
+
+
+def test_users_see_only_their_own_rows(make):
+    h = make()
+    s = h.scheduler
+    s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.submit("bob", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    assert gpu_hours(h, now=MONDAY + HOUR, user="alice") == {"alice": 1.0}
+    assert gpu_hours(h, now=MONDAY + HOUR) == {"alice": 1.0, "bob": 1.0}
+
+
+def test_csv_has_a_header_and_one_line_per_row():
+    rows = [{"user": "alice", "gpu_hours": 1.5, "gib_hours": 24.0, "leases": 2}]
+    assert to_csv(rows, "user") == "user,gpu_hours,gib_hours,leases\nalice,1.5,24.0,2\n"
+
+
+@pytest.mark.parametrize("name, now, start, end", [
+    ("calendar_week", MONDAY + 3 * 24 * HOUR, MONDAY, MONDAY + 7 * 24 * HOUR),
+    ("calendar_week", MONDAY - 1, MONDAY - 7 * 24 * HOUR, MONDAY),
+    ("calendar_week", MONDAY, MONDAY, MONDAY + 7 * 24 * HOUR),
+    ("calendar_day", MONDAY + 5 * HOUR, MONDAY, MONDAY + 24 * HOUR),
+    ("calendar_month", MONDAY + 5 * HOUR, datetime(2026, 11, 1, tzinfo=timezone.utc).timestamp(),
+     datetime(2026, 12, 1, tzinfo=timezone.utc).timestamp()),
+    ("calendar_month", datetime(2026, 12, 31, 23, tzinfo=timezone.utc).timestamp(),
+     datetime(2026, 12, 1, tzinfo=timezone.utc).timestamp(), datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp()),
+    ("7d", MONDAY, MONDAY - 7 * 24 * HOUR, None),
+    ("36h", MONDAY, MONDAY - 36 * HOUR, None),
+])
+def test_windows_roll_over_at_utc_boundaries(name, now, start, end):
+    assert Window.parse(name).bounds(now) == (start, end)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"gpu_hours": -1}, "gpu_hours"), ({"gpu_hours": 4, "window": "week"}, "window"),
+    ({"gpu_hours": 4, "per": "team"}, "per"), ({"gpu_hours": 4, "limit": 3}, "unknown key"),
+])
+def test_bad_usage_quotas_are_refused_naming_the_key(entry, message):
+    with pytest.raises(Exception, match=message):
+        SchedulerPolicy(usage_quotas={"alice": entry})
+
+
+def test_calendar_quota_refuses_with_a_sentence_and_resets_on_monday(make):
+    h = make(usage_quotas={"*": {"gpu_hours": 4, "window": "calendar_week"}})
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + 24 * HOUR)
+    s.release(lease.id, now=MONDAY + 28 * HOUR)
+    with pytest.raises(QuotaExceeded) as err:
+        s.submit("alice", "kernel:2", spec(kind="shared", memory_gib=4, model="L4"), now=MONDAY + 30 * HOUR)
+    assert str(err.value) == "you have used 4.00 of 4 GPU-hours this week (resets Mon 2026-11-09 00:00 UTC)"
+    assert err.value.key == "gpu_hours"
+    s.submit("bob", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + 30 * HOUR)  # bob has his own
+    granted = s.submit("alice", "kernel:2", spec(kind="whole", model="T4"), now=MONDAY + 7 * 24 * HOUR)
+    assert granted.state is LeaseState.GRANTED
+
+
+def test_rolling_quota_says_when_usage_falls_under_the_limit(make):
+    h = make(usage_quotas={"alice": {"gpu_hours": 2, "window": "24h"}})
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.release(lease.id, now=MONDAY + 2 * HOUR)
+    status = s.usage.refusal("alice", (), MONDAY + 3 * HOUR)
+    assert status.used == 2.0 and status.resets_at == MONDAY + 24 * HOUR + 1
+    assert s.usage.refusal("alice", (), MONDAY + 24 * HOUR + 2) is None
+
+
+def test_group_quota_counts_members_together(make):
+    h = make(usage_quotas={"students": {"gpu_hours": 3, "window": "calendar_day", "per": "group"}})
+    s = h.scheduler
+    a = s.submit("ann", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY, groups=["students"])
+    b = s.submit("ben", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY, groups=["students"])
+    s.release(a.id, now=MONDAY + 1.5 * HOUR)
+    s.release(b.id, now=MONDAY + 1.5 * HOUR)
+    with pytest.raises(QuotaExceeded, match=r"group students has used 3.00 of 3 GPU-hours today"):
+        s.submit("cat", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + 2 * HOUR, groups=["students"])
+    s.submit("dan", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY + 2 * HOUR, groups=["staff"])
+
+
+def test_running_lease_is_warned_at_90_percent_then_released_at_the_limit(make):
+    h = make(usage_quotas={"*": {"gpu_hours": 10, "window": "7d"}}, usage_enforcement="release")
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    job = s.submit("bob", "job:1", spec(kind="whole", model="T4"), PriorityClass.BATCH, now=MONDAY)
+    s.tick(MONDAY + 8.9 * HOUR)
+    assert "usage.warning" not in h.types()
+    s.tick(MONDAY + 9 * HOUR)
+    warnings = [e for e in h.events if e.type == "usage.warning"]
+    assert {e.lease_id for e in warnings} == {lease.id, job.id}
+    assert warnings[0].data["message"].startswith("you have used 9.00 of 10 GPU-hours in the last 7d")
+    s.tick(MONDAY + 9.5 * HOUR)
+    assert h.types().count("usage.warning") == 2  # once per lease
+    s.tick(MONDAY + 10 * HOUR)
+    assert s.lease(lease.id).state is LeaseState.EXPIRED
+    assert s.lease(lease.id).reason.startswith("usage quota used up: you have used 10.00 of 10 GPU-hours")
+    assert s.lease(job.id).state is LeaseState.GRANTED  # a job finishes its attempt
+    assert [e.lease_id for e in h.events if e.type == "usage.exceeded"] == [lease.id, job.id]
+
+
+def test_warn_enforcement_keeps_the_slice(make):
+    h = make(usage_quotas={"*": {"gpu_hours": 1, "window": "calendar_day"}})
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.tick(MONDAY + HOUR)
+    s.tick(MONDAY + 2 * HOUR)
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+    assert h.types().count("usage.exceeded") == 1
