@@ -21,6 +21,7 @@ from traitlets.config import Configurable
 
 from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend
+from ..core.jobs import Jobs
 from ..core.policy import SchedulerPolicy
 from ..core.scheduler import Scheduler
 from ..core.store import Store
@@ -94,8 +95,9 @@ class EmbeddedScheduler:
         self.metrics = ServiceMetrics(self.scheduler)
         self.broker.add_listener(self.metrics.observe)
         self.scheduler.subscribe(self.broker.publish)
+        self.jobs = Jobs(self.scheduler, now=time.time(), listeners=[self.broker.publish])
         self.ctx = h.ServiceContext(
-            scheduler=self.scheduler, broker=self.broker, metrics=self.metrics,
+            scheduler=self.scheduler, jobs=self.jobs, broker=self.broker, metrics=self.metrics,
             authenticator=JupyterServerAuthenticator(user, admin), backend_name=backend.name)
 
     @classmethod
@@ -127,7 +129,9 @@ class EmbeddedScheduler:
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
-            self.scheduler.tick(time.time())
+            now = time.time()
+            self.scheduler.tick(now)
+            self.jobs.tick(now)
 
     def close(self) -> None:
         self.broker.close()

@@ -30,12 +30,14 @@ from traitlets.config import Application
 
 from ..core.devices import BACKENDS, make_backend
 from ..core.devices.base import DeviceError
+from ..core.jobs import Jobs
 from ..core.policy import SchedulerPolicy
 from ..core.scheduler import Scheduler
 from ..core.store import Store, sqlite_url
 from . import handlers as h
 from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator
 from .events import AuditLog, EventBroker
+from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
 
@@ -53,6 +55,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/leases/{lease_id}/touch", h.TouchHandler, "touch"),
     ("/heartbeat", h.HeartbeatHandler, "heartbeat"),
     ("/events", h.EventsHandler, "events"),
+    *JOB_ROUTES,
     ("/gpus/{gpu_uuid}/drain", h.DrainHandler, "drain"),
     ("/metrics", h.MetricsHandler, "metrics"),
     ("/openapi.json", h.OpenApiHandler, "openapi"),
@@ -265,6 +268,7 @@ class GpuAllocService(Application):
         self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log)
         self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
                                    listeners=[self.broker.publish])
+        self.jobs = Jobs(self.scheduler, now=time.time(), listeners=[self.broker.publish])
         self.metrics = ServiceMetrics(self.scheduler)
         self.broker.add_listener(self.metrics.observe)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
@@ -277,7 +281,8 @@ class GpuAllocService(Application):
                 self.log.warning("no api_tokens configured: every API call will be refused (401)")
             authenticator = TokenAuthenticator(self.api_tokens)
         self.ctx = h.ServiceContext(
-            scheduler=self.scheduler, broker=self.broker, metrics=self.metrics, authenticator=authenticator,
+            scheduler=self.scheduler, jobs=self.jobs, broker=self.broker, metrics=self.metrics,
+            authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
             authenticate_prometheus=self.authenticate_prometheus,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
@@ -286,7 +291,9 @@ class GpuAllocService(Application):
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
-            self.scheduler.tick(time.time())
+            now = time.time()
+            self.scheduler.tick(now)
+            self.jobs.tick(now)
 
     async def serve(self) -> None:
         """Listen, tick periodically, and stop cleanly on SIGTERM or SIGINT."""

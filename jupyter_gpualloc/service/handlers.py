@@ -46,6 +46,7 @@ class ServiceContext:
     connections_are_activity: bool = False
     keepalive_interval: float = 15.0
     clock: Callable[[], float] = time.time
+    jobs: Any = None  # core.jobs.Jobs: the job records over the same scheduler
 
 
 class ApiError(web.HTTPError):

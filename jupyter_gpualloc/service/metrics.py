@@ -91,6 +91,11 @@ class ServiceMetrics:
         self.preemptions = Counter("gpualloc_lease_preemptions", "Batch leases preempted for interactive requests.",
                                    registry=self.registry)
         self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
+        self.jobs = Counter("gpualloc_jobs", "Job state changes (queued, started, succeeded, failed, preempted, ...) "
+                            "by priority class.", ["event", "priority"], registry=self.registry)
+        self.job_wait = Histogram("gpualloc_job_queue_wait_seconds",
+                                  "Seconds from a job's submission to the start of each of its attempts.",
+                                  ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
 
     def observe(self, event: Event) -> None:
         """Feed one scheduler event into the histograms and counters."""
@@ -102,6 +107,11 @@ class ServiceMetrics:
             self.expirations.inc()
         elif event.type == "lease.preempted":
             self.preemptions.inc()
+        elif event.type.startswith("job."):
+            priority = event.data.get("priority", "batch")
+            self.jobs.labels(event.type[len("job."):], priority).inc()
+            if event.type == "job.started":
+                self.job_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))
 
     @contextmanager
     def timed(self, operation: str) -> Iterator[None]:

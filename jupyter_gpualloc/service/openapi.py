@@ -221,6 +221,116 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                                                     "content": {"application/json": {"schema": {"type": "object"}}}}}}},
 }
 
+SCHEMAS.update({
+    "JobSource": {
+        "oneOf": [
+            {"type": "object", "required": ["kind", "code"], "additionalProperties": False,
+             "properties": {"kind": {"const": "cell"}, "code": {"type": "string"},
+                            "inputs": {"type": "array", "items": {"type": "string"}},
+                            "outputs": {"type": "array", "items": {"type": "string"}},
+                            "inputs_file": {"type": ["string", "null"],
+                                            "description": "cloudpickle file of the inputs, relative to workdir."}}},
+            {"type": "object", "required": ["kind", "path"], "additionalProperties": False,
+             "properties": {"kind": {"const": "notebook"}, "path": {"type": "string"},
+                            "parameters": {"type": "object",
+                                           "description": "Injected after the cell tagged `parameters`."}}},
+        ],
+    },
+    "JobRequest": {
+        "type": "object", "required": ["spec", "source", "workdir"], "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
+            "workdir": {"type": "string", "description": "Absolute directory the job runs in; its files "
+                                                         "land in <workdir>/.gpualloc/jobs/<id>/."},
+            "kernel_name": {"type": "string", "default": "python3"},
+            "priority": {"enum": ["batch", "interactive"], "default": "batch"},
+            "preemptible": {"type": "boolean"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds per attempt."},
+            "retries": {"type": "integer", "minimum": 0, "default": 0},
+        },
+    },
+    "Job": {
+        "type": "object",
+        "required": ["id", "user", "name", "spec", "priority", "state", "attempts", "position", "reason"],
+        "properties": {
+            "id": {"type": "string"}, "user": {"type": "string"}, "name": {"type": "string"},
+            "spec": _ref("SliceSpec"), "priority": {"enum": ["interactive", "batch"]},
+            "preemptible": {"type": "boolean"}, "source": _ref("JobSource"), "workdir": {"type": "string"},
+            "kernel_name": {"type": "string"},
+            "state": {"enum": ["queued", "running", "succeeded", "failed", "cancelled", "timed_out"]},
+            "created_at": {"type": "number"}, "started_at": NULLABLE_NUMBER, "ended_at": NULLABLE_NUMBER,
+            "groups": {"type": "array", "items": {"type": "string"}},
+            "timeout": NULLABLE_NUMBER, "retries": {"type": "integer"}, "attempts": {"type": "integer"},
+            "preemptions": {"type": "integer"}, "lease_id": {"type": ["string", "null"]},
+            "reason": {"type": "string"}, "rerun_of": {"type": ["string", "null"]},
+            "position": {"type": ["integer", "null"],
+                         "description": "When queued: 1-based place in the queue, 0 once its slice is granted."},
+            "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]},
+            "slice": {"oneOf": [_ref("Slice"), {"type": "null"}]},
+            "runtime_s": NULLABLE_NUMBER, "preempt_grace": {"type": "number"},
+        },
+    },
+    "JobList": {"type": "object", "required": ["jobs"],
+                "properties": {"jobs": {"type": "array", "items": _ref("Job")}}},
+    "JobFinish": {
+        "type": "object", "required": ["attempt", "outcome"], "additionalProperties": False,
+        "properties": {"attempt": {"type": "integer", "minimum": 1},
+                       "outcome": {"enum": ["succeeded", "failed", "timed_out", "interrupted"]},
+                       "reason": {"type": "string"}},
+    },
+})
+
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_JOB_404 = _error("No such job (or not the caller's).")
+_JOB_409 = _error("The job's state does not allow this; `state` says what it is.")
+
+OPERATIONS.update({
+    "/jobs": {
+        "get": {"summary": "The caller's jobs, newest first (everyone's with all=1, for admins).",
+                "parameters": [{"name": "all", "in": "query", "required": False, "schema": {"enum": ["0", "1"]}}],
+                "responses": {"200": _json(_ref("JobList"), "Jobs."), **AUTH_ERRORS}},
+        "post": {"summary": "Queue a cell or notebook as a background job on a batch lease.",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobRequest")}}},
+                 "responses": {"201": _json(_ref("Job"), "Queued (position 0: its slice is already granted)."),
+                               "400": _error("Bad input; `field` names it."), "401": AUTH_ERRORS["401"],
+                               "403": _error("A quota refuses this job even with nothing else held.")}},
+    },
+    "/jobs/{job_id}": {
+        "parameters": [JOB_ID],
+        "get": {"summary": "One job.", "responses": {"200": _json(_ref("Job"), "The job."),
+                                                     "401": AUTH_ERRORS["401"], "404": _JOB_404}},
+        "delete": {"summary": "Cancel a queued or running job (its runner stops the kernel).",
+                   "responses": {"200": _json(_ref("Job"), "The cancelled job."), "401": AUTH_ERRORS["401"],
+                                 "404": _JOB_404, "409": _JOB_409}},
+    },
+    "/jobs/{job_id}/log": {
+        "parameters": [JOB_ID, {"name": "follow", "in": "query", "required": False, "schema": {"enum": ["0", "1"]}}],
+        "get": {"summary": "The job's log (job.log); follow=1 streams it until the job ends.",
+                "responses": {"200": {"description": "The log so far.",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}},
+                              "401": AUTH_ERRORS["401"], "404": _JOB_404}},
+    },
+    "/jobs/{job_id}/rerun": {
+        "parameters": [JOB_ID],
+        "post": {"summary": "Queue a new job with the same request as an ended one.",
+                 "responses": {"201": _json(_ref("Job"), "The new job."), "401": AUTH_ERRORS["401"],
+                               "404": _JOB_404, "409": _JOB_409}},
+    },
+    "/jobs/{job_id}/start": {
+        "parameters": [JOB_ID],
+        "post": {"summary": "The runner claims a queued job whose slice is granted: it is running.",
+                 "responses": {"200": _json(_ref("Job"), "Running, with its lease."), "401": AUTH_ERRORS["401"],
+                               "404": _JOB_404, "409": _JOB_409}},
+    },
+    "/jobs/{job_id}/finish": {
+        "parameters": [JOB_ID],
+        "post": {"summary": "The runner reports how an attempt ended; the lease ends, the job moves on.",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobFinish")}}},
+                 "responses": {"200": _json(_ref("Job"), "The job."), "400": _error("Bad input."),
+                               "401": AUTH_ERRORS["401"], "404": _JOB_404, "409": _JOB_409}},
+    },
+})
+
 
 def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str, Any]:
     """The document for the API served under `api_prefix` (e.g. /services/gpualloc/api/v1)."""

@@ -1,0 +1,165 @@
+"""REST API v1 for background jobs: thin handlers over the core's `Jobs`.
+
+A user sees and acts on their own jobs only (another user's job is answered as if it did not
+exist, 404); the admin scope sees and cancels every job. `start` and `finish` are the runner's
+calls: it claims a job whose slice is granted and reports how each attempt ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from tornado.iostream import StreamClosedError
+
+from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
+from ..core.model import Job
+from ..core.scheduler import NotFound
+from .handlers import ApiError, ApiHandler, _reject_unknown
+
+LOG_POLL_SECONDS = 0.5
+LOG_CHUNK_BYTES = 64 * 1024
+FINISH_FIELDS = {"attempt", "outcome", "reason"}
+
+
+def job_dir(job: Job) -> Path:
+    """Where a job's files live: `.gpualloc/jobs/<id>/` in its working directory."""
+    return Path(job.workdir) / ".gpualloc" / "jobs" / job.id
+
+
+class JobApiHandler(ApiHandler):
+    """Base of the job handlers: the caller's jobs only, core conflicts as 409."""
+
+    @property
+    def jobs(self) -> Jobs:
+        return self.ctx.jobs
+
+    def visible_job(self, job_id: str) -> Job:
+        try:
+            job = self.jobs.job(job_id)
+        except NotFound:
+            job = None
+        if job is None or (job.user != self.identity.user and not self.identity.admin):
+            raise ApiError(404, f"no job {job_id}")
+        return job
+
+    def job_json(self, job: Job) -> dict[str, Any]:
+        return self.jobs.view(job, self.ctx.clock())
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, JobConflict):
+            kwargs["exc_info"] = (ApiError, ApiError(409, str(exc), state=exc.state), None)
+        super().write_error(status_code, **kwargs)
+
+    def log_exception(self, typ, value, tb) -> None:
+        if isinstance(value, JobConflict):
+            self.log_request_error(ApiError(409, str(value)))
+        else:
+            super().log_exception(typ, value, tb)
+
+
+class JobsHandler(JobApiHandler):
+    def get(self) -> None:
+        everyone = self.get_query_argument("all", "0") not in ("0", "", "false")
+        if everyone:
+            self.require_admin()
+        jobs = self.jobs.jobs(None if everyone else self.identity.user)
+        self.write_json({"jobs": [self.job_json(j) for j in jobs]})
+
+    def post(self) -> None:
+        request = JobRequest.from_json(self.json_body())
+        with self.ctx.metrics.timed("job_submit"):
+            job = self.jobs.submit(self.identity.user, request, now=self.ctx.clock(), groups=self.identity.groups)
+        self.set_header("Location", self.reverse_url("job", job.id))
+        self.write_json(self.job_json(job), 201)
+
+
+class JobHandler(JobApiHandler):
+    def get(self, job_id: str) -> None:
+        self.write_json(self.job_json(self.visible_job(job_id)))
+
+    def delete(self, job_id: str) -> None:
+        self.visible_job(job_id)
+        job = self.jobs.cancel(job_id, now=self.ctx.clock(), by=self.identity.user)
+        self.write_json(self.job_json(job))
+
+
+class JobRerunHandler(JobApiHandler):
+    def post(self, job_id: str) -> None:
+        self.visible_job(job_id)
+        job = self.jobs.rerun(job_id, now=self.ctx.clock())
+        self.set_header("Location", self.reverse_url("job", job.id))
+        self.write_json(self.job_json(job), 201)
+
+
+class JobStartHandler(JobApiHandler):
+    def post(self, job_id: str) -> None:
+        self.visible_job(job_id)
+        job = self.jobs.start(job_id, now=self.ctx.clock())
+        self.write_json(self.job_json(job))
+
+
+class JobFinishHandler(JobApiHandler):
+    def post(self, job_id: str) -> None:
+        self.visible_job(job_id)
+        body = self.json_body()
+        _reject_unknown(body, FINISH_FIELDS)
+        attempt = body.get("attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise ApiError(400, "attempt must be a positive integer", field="attempt")
+        outcome = body.get("outcome")
+        if outcome not in OUTCOMES:
+            raise ApiError(400, f"outcome must be one of {', '.join(OUTCOMES)}", field="outcome")
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise ApiError(400, "reason must be a string", field="reason")
+        job = self.jobs.finish(job_id, attempt, outcome, reason[:2000], now=self.ctx.clock())
+        self.write_json(self.job_json(job))
+
+
+class JobLogHandler(JobApiHandler):
+    """The job's log as text; with ?follow=1 it streams until the job has ended."""
+
+    async def get(self, job_id: str) -> None:
+        job = self.visible_job(job_id)
+        follow = self.get_query_argument("follow", "0") not in ("0", "", "false")
+        path = job_dir(job) / "job.log"
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        offset = 0
+        try:
+            while True:
+                offset = await self._send_new(path, offset)
+                job = self.jobs.job(job_id)
+                if not follow or not job.state.active:
+                    await self._send_new(path, offset)
+                    break
+                await asyncio.sleep(LOG_POLL_SECONDS)
+        except StreamClosedError:
+            return
+        self.finish()
+
+    async def _send_new(self, path: Path, offset: int) -> int:
+        """Write what the log gained since `offset`; the new offset."""
+        try:
+            with path.open("rb") as log:
+                log.seek(offset)
+                while chunk := log.read(LOG_CHUNK_BYTES):
+                    self.write(chunk)
+                    offset += len(chunk)
+                    await self.flush()
+        except FileNotFoundError:
+            pass
+        return offset
+
+
+# (path template under <prefix>api/v1, handler, route name): appended to the service's ROUTES
+JOB_ROUTES: list[tuple[str, type[ApiHandler], str]] = [
+    ("/jobs", JobsHandler, "jobs"),
+    ("/jobs/{job_id}", JobHandler, "job"),
+    ("/jobs/{job_id}/log", JobLogHandler, "job_log"),
+    ("/jobs/{job_id}/rerun", JobRerunHandler, "job_rerun"),
+    ("/jobs/{job_id}/start", JobStartHandler, "job_start"),
+    ("/jobs/{job_id}/finish", JobFinishHandler, "job_finish"),
+]
