@@ -261,6 +261,51 @@ class GpuAllocClient:
     async def metrics(self) -> str:
         return await self.call("GET", "metrics")
 
+    async def submit_job(self, request: Mapping[str, Any]) -> dict:
+        """Queue a background job (see the JobRequest schema); the job, queued."""
+        return await self.call("POST", "jobs", dict(request))
+
+    async def jobs(self, all_users: bool = False) -> list[dict]:
+        return (await self.call("GET", "jobs?all=1" if all_users else "jobs"))["jobs"]
+
+    async def job(self, job_id: str) -> dict:
+        return await self.call("GET", f"jobs/{quote(job_id, safe='')}")
+
+    async def cancel_job(self, job_id: str) -> dict:
+        return await self.call("DELETE", f"jobs/{quote(job_id, safe='')}")
+
+    async def rerun_job(self, job_id: str) -> dict:
+        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/rerun")
+
+    async def start_job(self, job_id: str) -> dict:
+        """The runner's claim on a queued job whose slice is granted."""
+        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start")
+
+    async def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str = "") -> dict:
+        """The runner's report of how an attempt ended."""
+        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/finish",
+                               {"attempt": attempt, "outcome": outcome, "reason": reason})
+
+    async def job_log(self, job_id: str) -> str:
+        return await self.call("GET", f"jobs/{quote(job_id, safe='')}/log")
+
+    async def follow_job_log(self, job_id: str) -> AsyncIterator[str]:
+        """The job's log as it grows, chunk by chunk, until the job ends."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        request = self._request("GET", f"jobs/{quote(job_id, safe='')}/log?follow=1", timeout=STREAM_TIMEOUT,
+                                streaming_callback=queue.put_nowait)
+        stream_http = AsyncHTTPClient(force_instance=True)
+        fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
+        fetch.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (chunk := await queue.get()) is not None:
+                yield chunk.decode("utf-8", "replace")
+            response = fetch.result()
+            if response.code >= 400:
+                raise error_for(response.code, {"error": f"job log refused (HTTP {response.code})"})
+        finally:
+            stream_http.close()
+
     async def events(self, query: Mapping[str, str] | None = None) -> AsyncIterator[dict]:
         """Server-sent events, one dict per event, until the stream ends or the caller stops."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -353,3 +398,30 @@ class SyncGpuAllocClient:
 
     def metrics(self) -> str:
         return self._run(self._client.metrics())
+
+    def submit_job(self, request: Mapping[str, Any]) -> dict:
+        return self._run(self._client.submit_job(request))
+
+    def jobs(self, all_users: bool = False) -> list[dict]:
+        return self._run(self._client.jobs(all_users))
+
+    def job(self, job_id: str) -> dict:
+        return self._run(self._client.job(job_id))
+
+    def cancel_job(self, job_id: str) -> dict:
+        return self._run(self._client.cancel_job(job_id))
+
+    def rerun_job(self, job_id: str) -> dict:
+        return self._run(self._client.rerun_job(job_id))
+
+    def job_log(self, job_id: str) -> str:
+        return self._run(self._client.job_log(job_id))
+
+    def follow_job_log(self, job_id: str):
+        """The job's log chunks as they come (blocking iterator)."""
+        agen = self._client.follow_job_log(job_id)
+        while True:
+            try:
+                yield self._run(agen.__anext__())
+            except StopAsyncIteration:
+                return
