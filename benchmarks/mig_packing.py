@@ -28,12 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jupyter_gpualloc.core.mig import (  # noqa: E402
-    COMPUTE_SLICES, MIG_PLACER_NAMES, DefaultPlacer, Layout, MigPlacer, get_mig_placer, is_legal,
-    legal_starts, lookup_model)
+    MIG_PLACER_NAMES, DefaultPlacer, Layout, MigPlacer, get_mig_placer, is_legal, legal_starts,
+    lookup_model)
 from jupyter_gpualloc.core.model import MigInstance, MigProfile  # noqa: E402
 
 MODEL = lookup_model("A100-SXM4-40GB")
 PROFILES: dict[int, MigProfile] = MODEL.profiles
+COMPUTE_SLICES = MODEL.geometry.compute_slices
+EMPTY = Layout(MODEL.geometry)
 STREAM_PROFILES = [p for p in PROFILES.values() if not p.media_extensions]
 OPENB_CSV = Path("/work/shared/data/alibaba-gpu-v2023/csv/openb_pod_list_default.csv")
 OVERSUBSCRIPTION = 1.5
@@ -50,8 +52,8 @@ class Geometry:
     def __init__(self, profiles: list[MigProfile]):
         self.profiles = profiles
         self.compute = np.array([p.compute_slices for p in profiles])
-        index = {Layout(): 0}
-        self.layouts = [Layout()]
+        index = {EMPTY: 0}
+        self.layouts = [EMPTY]
         self.succ: list[list[list[int]]] = []  # [layout][profile position] -> successor layouts
         i = 0
         while i < len(self.layouts):
@@ -270,7 +272,7 @@ def offline_optimum(stream: list[int], gpus: int) -> int:
 
 def run_online(placer: MigPlacer, stream: list[int], gpus: int) -> int:
     """Compute slices `placer` places from `stream`, checking every rule as it goes."""
-    layouts = [Layout() for _ in range(gpus)]
+    layouts = [EMPTY for _ in range(gpus)]
     instances: list[list[MigInstance]] = [[] for _ in range(gpus)]
     placed = 0
     for n, pid in enumerate(stream):

@@ -170,7 +170,7 @@ def render_inventory(backend) -> Iterable[str]:
                 yield head + "  [whole / shared]"
                 continue
             profiles = backend.mig_profiles(gpu.uuid)
-            cells = ["."] * mig.MEMORY_SLICES
+            cells = ["."] * mig.MigGeometry.of(profiles).memory_slices
             names = []
             for n, inst in enumerate(sorted(gpu.instances, key=lambda i: i.start)):
                 mark = chr(ord("a") + n)

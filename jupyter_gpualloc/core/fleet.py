@@ -178,13 +178,13 @@ def _parse_layout(raw: Any, profiles: dict[int, MigProfile], gpu: str, path: str
             raise FleetError(f"{item_path}: unknown MIG profile {name!r}; this model has "
                              f"{', '.join(sorted(by_name))}")
         wanted.append((profile, start))
-    starts = _place_layout(wanted, path)
+    starts = _place_layout(wanted, mig.MigGeometry.of(profiles), path)
     return [MigInstance(uuid=mig_uuid(gpu, start, profile.profile_id, n), profile_id=profile.profile_id,
                         start=start, size=profile.memory_slices, gi_id=n + 1, ci_id=0)
             for n, ((profile, _), start) in enumerate(zip(wanted, starts))]
 
 
-def _place_layout(wanted: list[tuple[MigProfile, int | None]], path: str) -> list[int]:
+def _place_layout(wanted: list[tuple[MigProfile, int | None]], geometry: mig.MigGeometry, path: str) -> list[int]:
     """Starts for the instances in order: each the lowest legal one, backtracking only when a later
     instance would not fit (so `[3g, 2g, 1g, 1g]` becomes 3g@4, 2g@0, 1g@2, 1g@3)."""
     chosen: list[int] = []
@@ -210,7 +210,7 @@ def _place_layout(wanted: list[tuple[MigProfile, int | None]], path: str) -> lis
         dead_ends.add((k, layout))
         return False
 
-    if not place(0, mig.Layout()):
+    if not place(0, mig.Layout(geometry)):
         raise FleetError(f"{path}[{deepest[0]}]: {deepest[1]}")
     return chosen
 

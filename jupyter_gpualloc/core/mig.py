@@ -1,11 +1,13 @@
 """NVIDIA's MIG catalogue per GPU model and its placement geometry.
 
-Facts from NVIDIA's MIG User Guide (see shared/reference/MIG.md). A MIG-capable GPU of the
-A100/H100/H200 family has 8 memory slices and 7 compute slices; a GPU instance occupies
-`size` memory slices from one of its profile's legal starts, instances never share a memory
-slice, their compute slices add up to at most 7, and each profile has an instance limit.
-The NVML backend reads the real values from the driver; this table serves the simulator and
-names profiles for users.
+Facts from NVIDIA's MIG User Guide ("Supported MIG Profiles") and real `nvidia-smi mig -lgip`
+listings (see shared/reference/MIG.md). Each MIG-capable model has its own geometry: a number of
+memory slices and compute slices (8 and 7 on A100/H100/H200/B200, 4 and 4 on A30). A GPU
+instance occupies `size` memory slices from one of its profile's legal starts, instances never
+share a memory slice, their compute slices add up to at most the GPU's, and each profile has an
+instance limit. Profile ids are the driver's and belong to one model (id 5 is 4g on A100 but
+2g.12gb on A30). The NVML backend reads the real values from the driver and reports where
+they differ from this table; the table serves the simulator and names profiles for users.
 """
 
 from __future__ import annotations
@@ -14,26 +16,35 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .model import MigInstance, MigProfile
 
-MEMORY_SLICES = 8
-COMPUTE_SLICES = 7
 _GIB = 1024
 
-# profile id -> (compute slices, memory slices, max instances, legal starts), shared by the family.
-_GEOMETRY: dict[int, tuple[int, int, int, tuple[int, ...]]] = {
-    19: (1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
-    20: (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    15: (1, 2, 4, (0, 2, 4, 6)),
-    14: (2, 2, 3, (0, 2, 4)),
-    9: (3, 4, 2, (0, 4)),
-    5: (4, 4, 1, (0,)),
-    0: (7, 8, 1, (0,)),
-}
+
+@dataclass(frozen=True)
+class MigGeometry:
+    """A MIG GPU's slices: placements address its memory slices; compute slices are a budget."""
+
+    memory_slices: int
+    compute_slices: int
+
+    @classmethod
+    def of(cls, profiles: Mapping[int, MigProfile]) -> "MigGeometry":
+        """The geometry a profile table implies: its furthest placement end and its largest
+        profile's compute (every MIG GPU has a profile that takes the whole GPU)."""
+        if not profiles:
+            raise ValueError("a GPU without MIG profiles has no MIG geometry")
+        return _geometry_of(tuple(profiles.values()))
+
+
+@lru_cache(maxsize=256)
+def _geometry_of(profiles: tuple[MigProfile, ...]) -> MigGeometry:
+    return MigGeometry(memory_slices=max(s + p.memory_slices for p in profiles for s in p.starts),
+                       compute_slices=max(p.compute_slices for p in profiles))
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,11 @@ class GpuModel:
     def mig_capable(self) -> bool:
         return bool(self.profiles)
 
+    @property
+    def geometry(self) -> MigGeometry:
+        """Its MIG geometry; ValueError for a model without MIG."""
+        return MigGeometry.of(self.profiles)
+
     def profile(self, name_or_id: str | int) -> MigProfile:
         """The profile called e.g. '3g.40gb' (or with that profile id); KeyError if none."""
         if isinstance(name_or_id, int):
@@ -59,11 +75,34 @@ class GpuModel:
         raise KeyError(f"{self.name} has no MIG profile {name_or_id!r}")
 
 
-def _mig_model(name: str, memory_mib: int, rows: dict[int, tuple[str, float, int]],
-               aliases: tuple[str, ...]) -> GpuModel:
+# Placements per profile id, one table per geometry: (compute slices, memory slices, max instances,
+# legal starts). The 8-slice table is verified from `-lgipp` on A100-SXM4-40GB, H100 80GB HBM3 and
+# H100 NVL; the guide gives the same fractions and instance counts for every 8-slice model.
+_EIGHT_SLICES: dict[int, tuple[int, int, int, tuple[int, ...]]] = {
+    19: (1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),  # 1g
+    20: (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),  # 1g+me
+    15: (1, 2, 4, (0, 2, 4, 6)),           # 1g with double memory
+    14: (2, 2, 3, (0, 2, 4)),              # 2g
+    9: (3, 4, 2, (0, 4)),                  # 3g
+    5: (4, 4, 1, (0,)),                    # 4g
+    0: (7, 8, 1, (0,)),                    # 7g
+}
+# A30: 4 memory and 4 compute slices; the guide's A30 table (1/4, 2/4, full) with the ids -lgip
+# prints there.
+_FOUR_SLICES: dict[int, tuple[int, int, int, tuple[int, ...]]] = {
+    14: (1, 1, 4, (0, 1, 2, 3)),  # 1g.6gb
+    21: (1, 1, 1, (0, 1, 2, 3)),  # 1g.6gb+me
+    5: (2, 2, 2, (0, 2)),         # 2g.12gb
+    6: (2, 2, 1, (0, 2)),         # 2g.12gb+me (driver R525+)
+    0: (4, 4, 1, (0,)),           # 4g.24gb
+}
+
+
+def _mig_model(name: str, memory_mib: int, placements: dict[int, tuple[int, int, int, tuple[int, ...]]],
+               rows: dict[int, tuple[str, float, int]], aliases: tuple[str, ...]) -> GpuModel:
     profiles = {}
     for pid, (pname, mem_gib, sms) in rows.items():
-        compute, mem_slices, max_n, starts = _GEOMETRY[pid]
+        compute, mem_slices, max_n, starts = placements[pid]
         profiles[pid] = MigProfile(
             profile_id=pid, name=pname, compute_slices=compute, memory_slices=mem_slices,
             memory_mib=round(mem_gib * _GIB), max_instances=max_n, starts=starts, sms=sms,
@@ -71,28 +110,58 @@ def _mig_model(name: str, memory_mib: int, rows: dict[int, tuple[str, float, int
     return GpuModel(name=name, memory_mib=memory_mib, profiles=profiles, aliases=aliases)
 
 
+def _eight_slice_names(small: str, double: str, half: str, full: str, mem: tuple[float, ...],
+                       sms: tuple[int, ...] = (16, 16, 26, 32, 60, 64, 132)) -> dict[int, tuple[str, float, int]]:
+    """Rows of an 8-slice model: profile names from the memory in each name ('10gb', '20gb',
+    '40gb', '80gb'), memory in GiB per id 19, 20, 15, 14, 9, 5, 0 and SMs in the same order."""
+    names = (f"1g.{small}", f"1g.{small}+me", f"1g.{double}", f"2g.{double}", f"3g.{half}", f"4g.{half}",
+             f"7g.{full}")
+    return {pid: (n, m, s) for pid, n, m, s in zip((19, 20, 15, 14, 9, 5, 0), names, mem, sms)}
+
+
+# Memory in GiB as `nvidia-smi mig -lgip` prints it. Sources per row: "listing" rows are from real
+# listings (NVIDIA/mig-parted issue 120 for H200, PRs 139 (GH200 144G) and 166 (B200), gpu-operator
+# PR 903 for H100 NVL, and captures in MIG.md); "unverified" values are estimates the NVML backend
+# replaces with the driver's (it reports the difference).
+_A100_40 = _eight_slice_names("5gb", "10gb", "20gb", "40gb", (4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25),
+                              (14, 14, 14, 28, 42, 56, 98))
+_A100_80 = _eight_slice_names("10gb", "20gb", "40gb", "80gb", (9.50, 9.50, 19.50, 19.50, 39.25, 39.25, 79.00),
+                              (14, 14, 14, 28, 42, 56, 98))
+_H100_80 = _eight_slice_names("10gb", "20gb", "40gb", "80gb", (9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25))
+_H100_94 = _eight_slice_names("12gb", "24gb", "47gb", "94gb", (10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12))
+# H100 96GB, GH200 96GB and H20 (unverified sizes: scaled from H100 NVL by total memory; H20's SMs unknown).
+_H100_96 = _eight_slice_names("12gb", "24gb", "48gb", "96gb", (11.00, 11.00, 22.00, 22.00, 47.25, 47.25, 95.00))
+_H20 = {pid: (name, mem, 0) for pid, (name, mem, _) in _H100_96.items()}
+_H200 = _eight_slice_names("18gb", "35gb", "71gb", "141gb", (16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75))
+# GH200 144G HBM3e: 1g and 2g from the listing; 3g, 4g and 7g unverified (scaled from H200).
+_GH200_144 = _eight_slice_names("18gb", "36gb", "72gb", "144gb", (17.50, 17.50, 35.25, 35.25, 71.00, 71.00, 142.75))
+# B200: 1g and 2g from the listing (R570 driver); 3g, 4g and 7g unverified, their SMs unknown.
+_B200 = _eight_slice_names("23gb", "45gb", "90gb", "180gb", (22.00, 22.00, 44.25, 44.25, 88.50, 88.50, 178.25),
+                           (18, 18, 30, 36, 0, 0, 0))
+# A30 (unverified sizes: the guide's fractions of 24 GiB less the same share as A100-40GB keeps back).
+_A30 = {14: ("1g.6gb", 5.75, 14), 21: ("1g.6gb+me", 5.75, 14), 5: ("2g.12gb", 11.75, 28),
+        6: ("2g.12gb+me", 11.75, 28), 0: ("4g.24gb", 23.50, 56)}
+
 _MODELS: list[GpuModel] = [
-    _mig_model("A100-SXM4-40GB", 40960, {
-        19: ("1g.5gb", 4.75, 14), 20: ("1g.5gb+me", 4.75, 14), 15: ("1g.10gb", 9.62, 14),
-        14: ("2g.10gb", 9.62, 28), 9: ("3g.20gb", 19.50, 42), 5: ("4g.20gb", 19.50, 56),
-        0: ("7g.40gb", 39.25, 98)}, ("A100-40GB", "A100-PCIE-40GB")),
-    _mig_model("A100-SXM4-80GB", 81920, {
-        19: ("1g.10gb", 9.75, 14), 20: ("1g.10gb+me", 9.75, 14), 15: ("1g.20gb", 19.50, 14),
-        14: ("2g.20gb", 19.62, 28), 9: ("3g.40gb", 39.25, 42), 5: ("4g.40gb", 39.25, 56),
-        0: ("7g.80gb", 79.25, 98)}, ("A100-80GB", "A100 80GB PCIe")),
-    _mig_model("H100 80GB HBM3", 81559, {
-        19: ("1g.10gb", 9.75, 16), 20: ("1g.10gb+me", 9.75, 16), 15: ("1g.20gb", 19.62, 26),
-        14: ("2g.20gb", 19.62, 32), 9: ("3g.40gb", 39.50, 60), 5: ("4g.40gb", 39.50, 64),
-        0: ("7g.80gb", 79.25, 132)}, ("H100-SXM5-80GB", "H100-80GB", "H100 PCIe")),
-    _mig_model("H100 NVL", 95830, {
-        19: ("1g.12gb", 10.75, 16), 20: ("1g.12gb+me", 10.75, 16), 15: ("1g.24gb", 21.62, 26),
-        14: ("2g.24gb", 21.62, 32), 9: ("3g.47gb", 46.38, 60), 5: ("4g.47gb", 46.38, 64),
-        0: ("7g.94gb", 93.12, 132)}, ("H100-NVL-94GB",)),
-    # H200 memory sizes other than 1g.18gb, 2g.35gb and 7g.141gb are unverified (MIG.md).
-    _mig_model("H200", 143771, {
-        19: ("1g.18gb", 16.00, 16), 20: ("1g.18gb+me", 16.00, 16), 15: ("1g.35gb", 32.50, 26),
-        14: ("2g.35gb", 32.50, 32), 9: ("3g.71gb", 70.00, 60), 5: ("4g.71gb", 70.00, 64),
-        0: ("7g.141gb", 140.00, 132)}, ("H200-141GB",)),
+    _mig_model("A100-SXM4-40GB", 40960, _EIGHT_SLICES, _A100_40, ("A100-40GB",)),
+    _mig_model("A100-PCIE-40GB", 40960, _EIGHT_SLICES, _A100_40, ()),
+    _mig_model("A100-SXM4-80GB", 81920, _EIGHT_SLICES, _A100_80, ("A100-80GB",)),
+    _mig_model("A100 80GB PCIe", 81920, _EIGHT_SLICES, _A100_80, ("A100-PCIE-80GB",)),
+    _mig_model("A800-SXM4-40GB", 40960, _EIGHT_SLICES, _A100_40, ("A800-40GB",)),
+    _mig_model("A800-SXM4-80GB", 81920, _EIGHT_SLICES, _A100_80, ("A800-80GB",)),
+    _mig_model("A800 80GB PCIe", 81920, _EIGHT_SLICES, _A100_80, ("A800-PCIE-80GB",)),
+    _mig_model("A30", 24576, _FOUR_SLICES, _A30, ("A30-24GB",)),
+    _mig_model("H100 80GB HBM3", 81559, _EIGHT_SLICES, _H100_80, ("H100-SXM5-80GB", "H100-80GB", "H100 PCIe")),
+    _mig_model("H800 80GB HBM3", 81559, _EIGHT_SLICES, _H100_80, ("H800", "H800-80GB", "H800 PCIe")),
+    _mig_model("H100 NVL", 95830, _EIGHT_SLICES, _H100_94, ("H100-NVL-94GB",)),
+    _mig_model("H800 NVL", 95830, _EIGHT_SLICES, _H100_94, ()),
+    _mig_model("H100 96GB HBM3", 97871, _EIGHT_SLICES, _H100_96, ("H100-96GB", "PG506-96GB")),
+    _mig_model("GH200 480GB", 97871, _EIGHT_SLICES, _H100_96, ("GH200-96GB", "GH200")),
+    _mig_model("H20", 97871, _EIGHT_SLICES, _H20, ("H20-96GB",)),
+    _mig_model("H200", 143771, _EIGHT_SLICES, _H200, ("H200-141GB", "H200-SXM5-141GB")),
+    _mig_model("H200 NVL", 143771, _EIGHT_SLICES, _H200, ("H200-NVL-141GB",)),
+    _mig_model("GH200 144G HBM3e", 146831, _EIGHT_SLICES, _GH200_144, ("GH200-144GB",)),
+    _mig_model("B200", 183359, _EIGHT_SLICES, _B200, ("B200-180GB",)),
     GpuModel("L4", 23034),
     GpuModel("T4", 15360, aliases=("Tesla T4",)),
     GpuModel("A10", 23028, aliases=("A10G",)),
@@ -104,7 +173,7 @@ _MODELS: list[GpuModel] = [
 
 
 def _key(name: str) -> str:
-    name = re.sub(r"^NVIDIA\s+", "", name.strip(), flags=re.IGNORECASE)
+    name = re.sub(r"^NVIDIA[\s_-]+", "", name.strip(), flags=re.IGNORECASE)
     return re.sub(r"[\s_-]+", "-", name).upper()
 
 
@@ -143,15 +212,18 @@ def same_model(a: str, b: str) -> bool:
 
 @dataclass(frozen=True)
 class Layout:
-    """The occupied part of one MIG GPU: memory-slice bitmask, compute used, count per profile."""
+    """The occupied part of one MIG GPU of some geometry: memory-slice bitmask, compute used,
+    count per profile. `Layout(geometry)` is an empty GPU."""
 
+    geometry: MigGeometry
     occupied: int = 0
     compute_used: int = 0
     counts: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, instances: Iterable[MigInstance], profiles: dict[int, MigProfile]) -> "Layout":
-        layout = cls()
+    def of(cls, instances: Iterable[MigInstance], profiles: Mapping[int, MigProfile]) -> "Layout":
+        """The layout of these instances on a GPU with this profile table."""
+        layout = cls(MigGeometry.of(profiles))
         for inst in instances:
             layout = layout.with_instance(profiles[inst.profile_id], inst.start)
         return layout
@@ -166,7 +238,7 @@ class Layout:
         mask = _mask(start, profile.memory_slices)
         counts = dict(self.counts)
         counts[profile.profile_id] = counts.get(profile.profile_id, 0) + 1
-        return Layout(self.occupied | mask, self.compute_used + profile.compute_slices,
+        return Layout(self.geometry, self.occupied | mask, self.compute_used + profile.compute_slices,
                       tuple(sorted(counts.items())))
 
     def without_instance(self, profile: MigProfile, start: int) -> "Layout":
@@ -177,16 +249,16 @@ class Layout:
         counts[profile.profile_id] -= 1
         if counts[profile.profile_id] == 0:
             del counts[profile.profile_id]
-        return Layout(self.occupied & ~mask, self.compute_used - profile.compute_slices,
+        return Layout(self.geometry, self.occupied & ~mask, self.compute_used - profile.compute_slices,
                       tuple(sorted(counts.items())))
 
     @property
     def free_memory_slices(self) -> int:
-        return MEMORY_SLICES - bin(self.occupied).count("1")
+        return self.geometry.memory_slices - bin(self.occupied).count("1")
 
     @property
     def free_compute_slices(self) -> int:
-        return COMPUTE_SLICES - self.compute_used
+        return self.geometry.compute_slices - self.compute_used
 
 
 def _mask(start: int, size: int) -> int:
@@ -195,18 +267,18 @@ def _mask(start: int, size: int) -> int:
 
 def legal_starts(layout: Layout, profile: MigProfile) -> list[int]:
     """Every start at which `profile` can be created on a GPU with this layout."""
-    if layout.compute_used + profile.compute_slices > COMPUTE_SLICES:
+    if layout.compute_used + profile.compute_slices > layout.geometry.compute_slices:
         return []
     if layout.count(profile.profile_id) >= profile.max_instances:
         return []
     return [s for s in profile.starts
-            if s + profile.memory_slices <= MEMORY_SLICES
+            if s + profile.memory_slices <= layout.geometry.memory_slices
             and not layout.occupied & _mask(s, profile.memory_slices)]
 
 
-def is_legal(instances: Sequence[MigInstance], profiles: dict[int, MigProfile]) -> bool:
+def is_legal(instances: Sequence[MigInstance], profiles: Mapping[int, MigProfile]) -> bool:
     """Whether a set of instances is a layout the driver could have made."""
-    layout = Layout()
+    layout = Layout(MigGeometry.of(profiles))
     for inst in sorted(instances, key=lambda i: i.start):
         profile = profiles.get(inst.profile_id)
         if profile is None or inst.size != profile.memory_slices:
@@ -215,6 +287,26 @@ def is_legal(instances: Sequence[MigInstance], profiles: dict[int, MigProfile]) 
             return False
         layout = layout.with_instance(profile, inst.start)
     return True
+
+
+def catalogue_differences(model_name: str, profiles: Mapping[int, MigProfile]) -> list[str]:
+    """Where a driver's profile table (NVML's) disagrees with this catalogue's entry for the model,
+    one sentence each; empty when they agree or the catalogue has no MIG entry for the model."""
+    model = lookup_model(model_name)
+    if model is None or not model.mig_capable:
+        return []
+    out = []
+    for pid in sorted(set(model.profiles) | set(profiles)):
+        ours, theirs = model.profiles.get(pid), profiles.get(pid)
+        if ours is None or theirs is None:
+            which, p = ("only the driver", theirs) if ours is None else ("only the catalogue", ours)
+            out.append(f"{model.name}: profile id {pid} ({p.name}) is known to {which}")
+            continue
+        for attr in ("name", "compute_slices", "memory_slices", "memory_mib", "max_instances", "starts"):
+            if getattr(ours, attr) != getattr(theirs, attr):
+                out.append(f"{model.name}: profile id {pid} {attr} is {getattr(theirs, attr)!r} "
+                           f"on the driver, {getattr(ours, attr)!r} in the catalogue")
+    return out
 
 
 class MigPlacer(ABC):
@@ -281,7 +373,7 @@ class _LayoutGraph:
             for k, targets in enumerate(row):
                 self.succ[i, k, :len(targets)] = targets
         used = np.array([bin(layout.occupied).count("1") for layout in self.layouts])
-        self.levels = [np.flatnonzero(used == n) for n in range(MEMORY_SLICES, -1, -1)]
+        self.levels = [np.flatnonzero(used == n) for n in range(roots[0].geometry.memory_slices, -1, -1)]
         self.gains = np.array([p.compute_slices for p in table], dtype=float)
 
     def _add(self, layout: Layout) -> int:
@@ -343,9 +435,10 @@ class DefaultPlacer(MigPlacer):
         if not candidates:
             return None
         table = tuple(p for _, p in sorted(profiles.items()))
-        graph = _layout_graph(table, (Layout(),))
+        empty = Layout(MigGeometry.of(profiles))
+        graph = _layout_graph(table, (empty,))
         if any(layout not in graph.index for layout in first):  # not reachable from empty
-            graph = _layout_graph(table, (Layout(), *first))
+            graph = _layout_graph(table, (empty, *first))
         value = graph.values(self._shares(table), self.discount)
         best: tuple | None = None
         for index, layout, start in candidates:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jupyter_gpualloc.core.mig import (
-    COMPUTE_SLICES, MEMORY_SLICES, MIG_PLACER_NAMES, DefaultPlacer, FirstFitPlacer, Layout,
+    MIG_PLACER_NAMES, DefaultPlacer, FirstFitPlacer, Layout, MigGeometry, catalogue_differences,
     get_mig_placer, is_legal, known_models, legal_starts, lookup_model, resolve_model,
     _layout_graph, room_for, same_model)
 from jupyter_gpualloc.core.model import MigInstance
@@ -16,12 +18,14 @@ A100 = lookup_model("A100-SXM4-40GB")
 P = A100.profiles
 G1, G1ME, G1DOUBLE, G2, G3, G4, G7 = (P[i] for i in (19, 20, 15, 14, 9, 5, 0))
 MIG_MODELS = [m for m in known_models() if m.mig_capable]
+EMPTY = Layout(A100.geometry)
+A30 = lookup_model("A30")
 
 
 def reachable(profiles):
     """Every layout one GPU can reach from empty."""
-    seen = {Layout()}
-    frontier = [Layout()]
+    seen = {Layout(MigGeometry.of(profiles))}
+    frontier = list(seen)
     while frontier:
         layout = frontier.pop()
         for p in profiles.values():
@@ -34,7 +38,7 @@ def reachable(profiles):
 
 
 def layout_of(*placements):
-    layout = Layout()
+    layout = EMPTY
     for profile, start in placements:
         assert start in legal_starts(layout, profile)
         layout = layout.with_instance(profile, start)
@@ -49,16 +53,16 @@ def inst(profile, start, n=0):
 
 def test_compute_never_above_seven_and_one_slice_profiles_never_use_memory_slice_7():
     layouts = reachable(P)
-    assert max(layout.compute_used for layout in layouts) == COMPUTE_SLICES
+    assert max(layout.compute_used for layout in layouts) == 7
     for layout in layouts:
         for p in P.values():
             for s in legal_starts(layout, p):
-                assert s + p.memory_slices <= MEMORY_SLICES
+                assert s + p.memory_slices <= 8
                 if p.memory_slices == 1:
                     assert s != 7
     for model in MIG_MODELS:
         for p in model.profiles.values():
-            if p.memory_slices == 1:
+            if p.memory_slices == 1 and model.geometry.memory_slices == 8:
                 assert 7 not in p.starts
 
 
@@ -68,7 +72,7 @@ def test_3g_and_4g_fit_only_as_4g_at_0_and_3g_at_4():
     assert both == [(4, 0)]
     # first-fit puts the 3g at 0, and then the 4g no longer fits
     ff = FirstFitPlacer()
-    layout = Layout()
+    layout = EMPTY
     _, s = ff.choose([layout], G3, P)
     assert s == 0
     assert ff.choose([layout.with_instance(G3, s)], G4, P) is None
@@ -77,7 +81,7 @@ def test_3g_and_4g_fit_only_as_4g_at_0_and_3g_at_4():
 @pytest.mark.parametrize("order", [(G3, G4), (G4, G3)], ids=["3g-first", "4g-first"])
 def test_default_placer_fits_3g_and_4g_in_either_order(order):
     placer = get_mig_placer("default")
-    layouts = [Layout()]
+    layouts = [EMPTY]
     instances = []
     for n, profile in enumerate(order):
         _, start = placer.choose(layouts, profile, P)
@@ -116,13 +120,15 @@ def expected_compute(layout, table, shares, discount, memo):
     return value
 
 
-@pytest.mark.parametrize("model", MIG_MODELS, ids=lambda m: m.name)
+@pytest.mark.parametrize("model", [A100, A30], ids=lambda m: m.name)
 def test_default_placer_values_every_layout_by_its_definition(model):
     placer = DefaultPlacer()
-    placer.choose([Layout()], model.profiles[19], model.profiles)  # learns one 1g.5gb-class instance
+    smallest = min(model.profiles.values(), key=lambda p: (p.memory_slices, p.media_extensions))
+    empty = Layout(model.geometry)
+    placer.choose([empty], smallest, model.profiles)  # learns one 1g-class instance
     table = tuple(p for _, p in sorted(model.profiles.items()))
     shares = placer._shares(table)
-    graph = _layout_graph(table, (Layout(),))
+    graph = _layout_graph(table, (empty,))
     assert set(graph.layouts) == reachable(model.profiles)
     values = graph.values(shares, placer.discount)
     memo = {}
@@ -136,9 +142,9 @@ def test_default_placer_values_every_layout_by_its_definition(model):
 def test_default_placer_takes_the_candidate_that_loses_least_value():
     placer = DefaultPlacer()
     table = tuple(p for _, p in sorted(P.items()))
-    graph = _layout_graph(table, (Layout(),))
+    graph = _layout_graph(table, (EMPTY,))
     values = graph.values(placer._shares(table), placer.discount)
-    layouts = [layout_of((G1, 1)), layout_of((G4, 0)), Layout()]
+    layouts = [layout_of((G1, 1)), layout_of((G4, 0)), EMPTY]
     g, start = placer.choose(layouts, G2, P)
     chosen = values[graph.index[layouts[g].with_instance(G2, start)]] - values[graph.index[layouts[g]]]
     for i, layout in enumerate(layouts):
@@ -155,11 +161,11 @@ def test_at_most_one_media_extension_instance_per_gpu():
     assert not is_legal([inst(G1ME, 0, 1), inst(G1ME, 2, 2)], P)
     for model in MIG_MODELS:
         me = [p for p in model.profiles.values() if p.media_extensions]
-        assert len(me) == 1 and me[0].max_instances == 1 and me[0].name.endswith("+me")
+        assert me and all(p.max_instances == 1 and p.name.endswith("+me") for p in me)
 
 
 def test_whole_gpu_profile_only_on_an_empty_gpu():
-    assert legal_starts(Layout(), G7) == [0]
+    assert legal_starts(EMPTY, G7) == [0]
     for p in P.values():
         if p is not G7:
             assert legal_starts(layout_of((p, p.starts[-1])), G7) == []
@@ -181,8 +187,21 @@ def test_is_legal_rejects_what_the_driver_would():
 @pytest.mark.parametrize("spelling,canonical", [
     ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
     ("A100-80GB", "A100-SXM4-80GB"),
-    ("NVIDIA A100 80GB PCIe", "A100-SXM4-80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+    ("NVIDIA-A100-80GB-PCIe", "A100 80GB PCIe"),
     ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA-A100-PCIE-40GB", "A100-PCIE-40GB"),
+    ("NVIDIA-A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA-H100-80GB-HBM3", "H100 80GB HBM3"),
+    ("NVIDIA A30", "A30"),
+    ("NVIDIA-B200", "B200"),
+    ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA-GH200-480GB", "GH200 480GB"),
+    ("NVIDIA GH200 144G HBM3e", "GH200 144G HBM3e"),
+    ("NVIDIA H20", "H20"),
+    ("NVIDIA H100 96GB HBM3", "H100 96GB HBM3"),
+    ("NVIDIA A800-SXM4-80GB", "A800-SXM4-80GB"),
+    ("NVIDIA H800", "H800 80GB HBM3"),
     ("H100-SXM5-80GB", "H100 80GB HBM3"),
     ("H100-80GB", "H100 80GB HBM3"),
     ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
@@ -207,25 +226,72 @@ def test_lookup_model_accepts_aliases(spelling, canonical):
 
 @pytest.mark.parametrize("name,profile,memory_gib,sms", [
     ("A100-SXM4-40GB", "1g.5gb", 4.75, 14), ("A100-SXM4-40GB", "1g.10gb", 9.62, 14),
-    ("A100-80GB", "3g.40gb", 39.25, 42), ("H100-80GB", "1g.20gb", 19.62, 26),
+    ("A100-80GB", "3g.40gb", 39.25, 42), ("A100-80GB", "1g.10gb", 9.50, 14),
+    ("A100-80GB", "2g.20gb", 19.50, 28), ("A100-80GB", "7g.80gb", 79.00, 98),
+    ("H100-80GB", "1g.20gb", 19.62, 26),
     ("H100-NVL-94GB", "7g.94gb", 93.12, 132), ("H200-141GB", "1g.18gb", 16.00, 16),
-    ("H200-141GB", "2g.35gb", 32.50, 32), ("H200-141GB", "7g.141gb", 140.00, 132),
+    ("H200-141GB", "1g.35gb", 32.25, 26), ("H200-141GB", "2g.35gb", 32.25, 32),
+    ("H200-141GB", "3g.71gb", 69.50, 60), ("H200-141GB", "7g.141gb", 139.75, 132),
+    ("GH200 144G HBM3e", "1g.18gb", 17.50, 16), ("GH200 144G HBM3e", "2g.36gb", 35.25, 32),
+    ("B200", "1g.23gb", 22.00, 18), ("B200", "1g.45gb", 44.25, 30), ("B200", "2g.45gb", 44.25, 36),
 ])
 def test_profile_names_memory_and_sms_match_the_reference(name, profile, memory_gib, sms):
     p = lookup_model(name).profile(profile)
     assert p.memory_mib == round(memory_gib * 1024) and p.sms == sms
 
 
-def test_profile_ids_share_the_family_geometry():
-    for model in MIG_MODELS:
+def test_each_model_has_its_own_geometry():
+    eight = [m for m in MIG_MODELS if m is not A30]
+    for model in eight:
+        assert model.geometry == MigGeometry(memory_slices=8, compute_slices=7)
         assert sorted(model.profiles) == [0, 5, 9, 14, 15, 19, 20]
         for pid, p in model.profiles.items():
             assert (p.compute_slices, p.memory_slices, p.max_instances, p.starts) == (
                 P[pid].compute_slices, P[pid].memory_slices, P[pid].max_instances, P[pid].starts)
+    for model in MIG_MODELS:
+        for pid, p in model.profiles.items():
             assert p.name.startswith(f"{p.compute_slices}g.")
             assert model.profile(pid) is p and model.profile(p.name) is p
+            assert p.memory_mib < model.memory_mib
+    assert {m.name for m in MIG_MODELS} >= {
+        "A30", "B200", "H200 NVL", "GH200 480GB", "GH200 144G HBM3e", "H100 96GB HBM3", "H20",
+        "A800-SXM4-80GB", "A800-SXM4-40GB", "H800 80GB HBM3", "A100-PCIE-40GB"}
     with pytest.raises(KeyError):
         A100.profile("5g.30gb")
+    with pytest.raises(ValueError):
+        lookup_model("L4").geometry
+
+
+def test_a30_has_four_memory_and_four_compute_slices_and_its_own_ids():
+    assert A30.geometry == MigGeometry(memory_slices=4, compute_slices=4)
+    assert A30.profile(5).name == "2g.12gb" and A100.profile(5).name == "4g.20gb"
+    g1, g2, g4 = A30.profile("1g.6gb"), A30.profile("2g.12gb"), A30.profile("4g.24gb")
+    empty = Layout(A30.geometry)
+    assert legal_starts(empty, g1) == [0, 1, 2, 3] and legal_starts(empty, g2) == [0, 2]
+    two = empty.with_instance(g2, 0).with_instance(g1, 2)
+    assert legal_starts(two, g1) == [3] and legal_starts(two, g2) == [] and legal_starts(two, g4) == []
+    assert two.free_memory_slices == 1 and two.free_compute_slices == 1
+    assert room_for(empty, g1) == 4 and room_for(empty, g2) == 2
+    assert len(reachable(A30.profiles)) < len(reachable(P))
+    instances = [MigInstance("MIG-a", 5, 0, 2), MigInstance("MIG-b", 14, 2, 1), MigInstance("MIG-c", 14, 3, 1)]
+    assert is_legal(instances, A30.profiles)
+    assert Layout.of(instances, A30.profiles).free_memory_slices == 0
+    assert not is_legal([MigInstance("MIG-a", 5, 0, 2), MigInstance("MIG-b", 5, 2, 2),
+                         MigInstance("MIG-c", 14, 3, 1)], A30.profiles)
+
+
+def test_catalogue_differences_name_what_the_driver_reports_otherwise():
+    assert catalogue_differences("NVIDIA A100-SXM4-80GB", A100.profiles) != []
+    same = lookup_model("A100-SXM4-80GB").profiles
+    assert catalogue_differences("NVIDIA A100-SXM4-80GB", same) == []
+    assert catalogue_differences("NVIDIA L4", {}) == [] and catalogue_differences("RTX 9999", same) == []
+    driver = dict(same)
+    driver[19] = dataclasses.replace(same[19], memory_mib=9984)
+    del driver[20]
+    notes = catalogue_differences("A100-80GB", driver)
+    assert len(notes) == 2
+    assert "memory_mib is 9984 on the driver, 9728 in the catalogue" in notes[0]
+    assert "1g.10gb+me" in notes[1] and "only the catalogue" in notes[1]
 
 
 def test_non_mig_models_and_unknown_models():
@@ -252,7 +318,7 @@ def test_layout_with_and_without_instance_round_trip():
             assert grown != base and grown.count(p.profile_id) == base.count(p.profile_id) + 1
             assert grown.compute_used == base.compute_used + p.compute_slices
             assert grown.without_instance(p, s) == base
-    assert base.without_instance(G1, 6).without_instance(G4, 0) == Layout()
+    assert base.without_instance(G1, 6).without_instance(G4, 0) == EMPTY
     with pytest.raises(ValueError):
         base.without_instance(G2, 4)
     with pytest.raises(ValueError):
@@ -274,22 +340,22 @@ def test_get_mig_placer_by_name():
 
 def test_first_fit_takes_the_first_gpu_and_lowest_start():
     full = layout_of((G7, 0))
-    assert FirstFitPlacer().choose([full, Layout(), Layout()], G1, P) == (1, 0)
+    assert FirstFitPlacer().choose([full, EMPTY, EMPTY], G1, P) == (1, 0)
     assert FirstFitPlacer().choose([full], G1, P) is None
 
 
 def test_default_fills_partly_used_gpus_before_empty_ones():
     used = layout_of((G4, 0))
-    assert DefaultPlacer().choose([Layout(), used, Layout()], G1, P)[0] == 1
-    assert DefaultPlacer().choose([Layout(), used], G2, P) == (1, 4)
-    assert DefaultPlacer().choose([layout_of((G7, 0)), Layout()], G7, P) == (1, 0)
+    assert DefaultPlacer().choose([EMPTY, used, EMPTY], G1, P)[0] == 1
+    assert DefaultPlacer().choose([EMPTY, used], G2, P) == (1, 4)
+    assert DefaultPlacer().choose([layout_of((G7, 0)), EMPTY], G7, P) == (1, 0)
     assert DefaultPlacer().choose([layout_of((G7, 0))], G1, P) is None
 
 
 def test_default_prefers_the_start_that_keeps_large_profiles():
-    assert DefaultPlacer().choose([Layout()], G3, P) == (0, 4)
-    assert DefaultPlacer().choose([Layout()], G2, P) == (0, 4)
-    assert DefaultPlacer().choose([Layout()], G1DOUBLE, P) == (0, 6)
+    assert DefaultPlacer().choose([EMPTY], G3, P) == (0, 4)
+    assert DefaultPlacer().choose([EMPTY], G2, P) == (0, 4)
+    assert DefaultPlacer().choose([EMPTY], G1DOUBLE, P) == (0, 6)
 
 
 def test_default_learns_the_mix_it_is_asked_for():
@@ -298,24 +364,21 @@ def test_default_learns_the_mix_it_is_asked_for():
     layout = layout_of((G1, 0))
     fresh, learned = DefaultPlacer(), DefaultPlacer()
     for _ in range(20):
-        learned.choose([Layout()], G2, P)
+        learned.choose([EMPTY], G2, P)
     assert fresh.choose([layout], G1DOUBLE, P) == (0, 2)
     assert learned.choose([layout], G1DOUBLE, P) == (0, 6)
     assert room_for(layout.with_instance(G1DOUBLE, 6), G2) == 2
     assert room_for(layout.with_instance(G1DOUBLE, 2), G3) == 1
 
 
-profile_ids = st.sampled_from(sorted(P))
-
-
 @settings(max_examples=150, deadline=None)
-@given(model=st.sampled_from(MIG_MODELS), gpus=st.integers(1, 4),
-       stream=st.lists(profile_ids, min_size=1, max_size=40),
+@given(model=st.sampled_from(MIG_MODELS), gpus=st.integers(1, 4), data=st.data(),
        placer_name=st.sampled_from(MIG_PLACER_NAMES))
-def test_placers_stay_legal_and_never_refuse_a_placeable_request(model, gpus, stream, placer_name):
+def test_placers_stay_legal_and_never_refuse_a_placeable_request(model, gpus, data, placer_name):
     profiles = model.profiles
+    stream = data.draw(st.lists(st.sampled_from(sorted(profiles)), min_size=1, max_size=40))
     placer = get_mig_placer(placer_name)
-    layouts = [Layout() for _ in range(gpus)]
+    layouts = [Layout(model.geometry) for _ in range(gpus)]
     instances = [[] for _ in range(gpus)]
     for n, pid in enumerate(stream):
         profile = profiles[pid]
@@ -329,4 +392,4 @@ def test_placers_stay_legal_and_never_refuse_a_placeable_request(model, gpus, st
         layouts[g] = layouts[g].with_instance(profile, start)
         assert is_legal(instances[g], profiles)
         assert Layout.of(instances[g], profiles) == layouts[g]
-        assert layouts[g].compute_used <= COMPUTE_SLICES
+        assert layouts[g].compute_used <= model.geometry.compute_slices

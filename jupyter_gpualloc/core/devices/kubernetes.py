@@ -208,7 +208,7 @@ def _profile(model: mig.GpuModel, profile_name: str, node: str) -> MigProfile:
 def _max_per_gpu(model: mig.GpuModel, profile_name: str, node: str) -> int:
     """How many instances of one profile fit on one GPU (what `all-<profile>` configs make)."""
     profile = _profile(model, profile_name, node)
-    layout, count = mig.Layout(), 0
+    layout, count = mig.Layout(model.geometry), 0
     while starts := mig.legal_starts(layout, profile):
         layout, count = layout.with_instance(profile, starts[0]), count + 1
     return count
@@ -220,7 +220,7 @@ def _pack(node: str, model: mig.GpuModel, devices: Mapping[str, int],
     wanted = sorted((_profile(model, name, node) for name, n in devices.items() for _ in range(n)),
                     key=lambda p: (-p.memory_slices, -p.compute_slices, p.profile_id))
     for count in ([gpus] if gpus else range(1, len(wanted) + 1)):
-        layout = _pack_on(wanted, count)
+        layout = _pack_on(wanted, count, model.geometry)
         if layout is not None:
             return layout
     summary = ", ".join(f"{n}x {name}" for name, n in sorted(devices.items()))
@@ -228,9 +228,10 @@ def _pack(node: str, model: mig.GpuModel, devices: Mapping[str, int],
                       f"{gpus or len(wanted)} {model.name} GPU(s)")
 
 
-def _pack_on(wanted: list[MigProfile], gpus: int) -> list[list[tuple[MigProfile, int]]] | None:
+def _pack_on(wanted: list[MigProfile], gpus: int,
+             geometry: mig.MigGeometry) -> list[list[tuple[MigProfile, int]]] | None:
     """A legal placement of `wanted` (largest first) on `gpus` GPUs, by backtracking; or None."""
-    layouts = [mig.Layout() for _ in range(gpus)]
+    layouts = [mig.Layout(geometry) for _ in range(gpus)]
     placed: list[list[tuple[MigProfile, int]]] = [[] for _ in range(gpus)]
     dead_ends: set[tuple[int, tuple[Any, ...]]] = set()
 
