@@ -23,6 +23,7 @@ import numpy as np
 from .model import MigInstance, MigProfile
 
 _GIB = 1024
+_LISTING_ROUNDING_MIB = 11  # -lgip prints GiB to two decimals: 9856 MiB reads 9.62
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,8 @@ def catalogue_differences(model_name: str, profiles: Mapping[int, MigProfile]) -
             out.append(f"{model.name}: profile id {pid} ({p.name}) is known to {which}")
             continue
         for attr in ("name", "compute_slices", "memory_slices", "memory_mib", "max_instances", "starts"):
+            if attr == "memory_mib" and abs(ours.memory_mib - theirs.memory_mib) <= _LISTING_ROUNDING_MIB:
+                continue
             if getattr(ours, attr) != getattr(theirs, attr):
                 out.append(f"{model.name}: profile id {pid} {attr} is {getattr(theirs, attr)!r} "
                            f"on the driver, {getattr(ours, attr)!r} in the catalogue")

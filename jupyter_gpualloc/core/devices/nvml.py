@@ -7,6 +7,7 @@ instances at explicit placements. It never changes MIG mode, compute mode or clo
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -16,10 +17,12 @@ from typing import Any, Iterator
 
 import pynvml
 
+from .. import mig
 from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
 from .base import DeviceBackend, DeviceError, DevicePermissionError, DeviceUnavailable, GpuLost, GpuProcess
 
 _MIB = 1024 * 1024
+log = logging.getLogger(__name__)
 _USE_SIMULATED = "No GPU here? Use the simulated fleet: --backend simulated --fleet FLEET.yaml"
 LIBRARY_NOT_FOUND = ("NVML not available: the NVIDIA driver library (libnvidia-ml.so.1) was not found. "
                      + _USE_SIMULATED)
@@ -49,6 +52,7 @@ class NvmlBackend(DeviceBackend):
         self.node_name = node_name or socket.gethostname()
         self._can_change_mig = True
         self._profiles: dict[str, dict[int, MigProfile]] = {}
+        self._catalogue_differences: dict[str, list[str]] = {}
         self._open = True
 
     @property
@@ -102,7 +106,8 @@ class NvmlBackend(DeviceBackend):
         return current == pynvml.NVML_DEVICE_MIG_ENABLE, True
 
     def _read_profiles(self, handle: Any, gpu_uuid: str) -> dict[int, MigProfile]:
-        """The GPU-instance profiles the driver offers on this GPU, read once per GPU."""
+        """The GPU-instance profiles the driver offers on this GPU, read once per GPU; where they
+        differ from the catalogue (mig.py) the driver wins, and each difference is logged."""
         if gpu_uuid in self._profiles:
             return self._profiles[gpu_uuid]
         profiles: dict[int, MigProfile] = {}
@@ -121,7 +126,11 @@ class NvmlBackend(DeviceBackend):
                     memory_slices=placements[0][1], memory_mib=info.memorySizeMB,
                     max_instances=info.instanceCount, starts=tuple(start for start, _ in placements),
                     sms=info.multiprocessorCount, media_extensions=name.endswith("+me"))
+            model = _model_name(pynvml.nvmlDeviceGetName(handle))
         self._profiles[gpu_uuid] = profiles
+        self._catalogue_differences[gpu_uuid] = differences = mig.catalogue_differences(model, profiles)
+        for difference in differences:
+            log.warning("GPU %s: the driver's MIG profiles win over the catalogue: %s", gpu_uuid, difference)
         return profiles
 
     def _instances(self, handle: Any, profiles: dict[int, MigProfile]) -> list[MigInstance]:
@@ -226,6 +235,7 @@ class NvmlBackend(DeviceBackend):
                                   "memory_slices": p.memory_slices, "memory_mib": p.memory_mib,
                                   "max_instances": p.max_instances, "starts": list(p.starts), "sms": p.sms}
                                  for p in profiles.values()],
+                "catalogue_differences": self._catalogue_differences.get(gpu.uuid, []),
                 "mig_instances": [{"uuid": i.uuid, "profile_id": i.profile_id, "start": i.start, "size": i.size,
                                    "gi_id": i.gi_id, "ci_id": i.ci_id} for i in gpu.instances],
                 "processes": [{"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid}

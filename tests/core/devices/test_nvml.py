@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pynvml
@@ -184,3 +185,26 @@ def test_driver_not_loaded(monkeypatch, fake):
 def test_process_memory_counts_bytes_as_mib(backend, fake):
     fake.gpus[1].processes = [(7, 100 * MIB + 5)]
     assert [(p.pid, p.used_mib) for p in backend.process_memory() if p.gpu_uuid == L4] == [(7, 100)]
+
+
+def test_the_driver_wins_over_the_catalogue_and_the_difference_is_logged(monkeypatch, caplog):
+    host = gpu_host()
+    one = next(p for p in host.gpus[0].profiles if p.id == 19)
+    one.memory_mb = 5120  # a driver that gives 1g.5gb 5.00 GiB, not the 4.75 the catalogue knows
+    install(monkeypatch, host)
+    backend = NvmlBackend(node_name="gpu-host")
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpualloc.core.devices.nvml"):
+        profiles = backend.mig_profiles(A100)
+    assert profiles[19].memory_mib == 5120
+    assert mig.lookup_model("A100-SXM4-40GB").profiles[19].memory_mib == 4864
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "memory_mib is 5120 on the driver, 4864 in the catalogue" in warning and A100 in warning
+    report = backend.describe()
+    assert report["gpus"][0]["catalogue_differences"] == [warning.split("catalogue: ", 1)[1]]
+    assert report["gpus"][1]["catalogue_differences"] == []
+
+
+def test_a_driver_that_agrees_with_the_catalogue_logs_nothing(backend, caplog):
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpualloc.core.devices.nvml"):
+        backend.mig_profiles(A100)
+    assert caplog.records == []
