@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine,
-                        delete, event, select)
+                        delete, event, func, select)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -240,7 +240,6 @@ class Store:
             raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
         return Job.from_json(json.loads(raw)) if raw else None
 
-
     def save_usage(self, segments: list[UsageSegment]) -> None:
         """One transaction: insert each segment, or move the end of one already stored."""
         if segments:
@@ -256,20 +255,13 @@ class Store:
             rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
         return [_usage_from_row(row) for row in rows]
 
-    def save_usage(self, segments: list[UsageSegment]) -> None:
-        """One transaction: insert each segment, or move the end of one already stored."""
-        if segments:
-            with self.engine.begin() as conn:
-                conn.execute(self._upsert_usage, [_usage_row(seg) for seg in segments])
-
-    def load_usage(self, since: float, until: float, user: str | None = None) -> list[UsageSegment]:
-        """Segments that overlap [since, until), of one user or everyone, oldest first."""
-        query = select(usage).where(usage.c.end > since, usage.c.start < until)
-        if user is not None:
-            query = query.where(usage.c.user == user)
+    def usage_totals(self) -> list[tuple[str, str, str, str, float]]:
+        """(user, groups as JSON, model, kind, GPU-seconds) over every stored segment."""
+        gpu_seconds = func.sum((usage.c.end - usage.c.start) * usage.c.gpus)
+        query = select(usage.c.user, usage.c.groups, usage.c.model, usage.c.kind, gpu_seconds).group_by(
+            usage.c.user, usage.c.groups, usage.c.model, usage.c.kind)
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
-        return [_usage_from_row(row) for row in rows]
+            return [tuple(row) for row in conn.execute(query)]
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

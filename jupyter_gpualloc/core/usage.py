@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -320,12 +321,20 @@ class UsageLedger:
         return sorted(rows, key=lambda r: (-r["gpu_hours"], r[by]))
 
     def totals(self, now: float) -> dict[tuple[str, str, str, str], float]:
-        """All-time GPU-hours per (user, group, model, kind), running leases up to now."""
+        """All-time GPU-hours per (user, group, model, kind), running leases up to now; a lease
+        counts in each of its groups, one without a group under group ""."""
         out: dict[tuple[str, str, str, str], float] = {}
-        for seg in self.segments(0.0, float("inf"), now):
-            for group in seg.groups or ("",):
-                key = (seg.user, group, seg.model, seg.kind)
-                out[key] = out.get(key, 0.0) + seg.seconds * seg.gpus / SECONDS_PER_HOUR
+
+        def add(user: str, groups: Sequence[str], model: str, kind: str, gpu_seconds: float) -> None:
+            for group in groups or ("",):
+                key = (user, group, model, kind)
+                out[key] = out.get(key, 0.0) + gpu_seconds / SECONDS_PER_HOUR
+
+        for user, groups, model, kind, gpu_seconds in self.store.usage_totals():
+            add(user, json.loads(groups), model, kind, gpu_seconds)
+        for acc in self._running.values():
+            for seg in self._pending(acc, now):
+                add(seg.user, seg.groups, seg.model, seg.kind, seg.seconds * seg.gpus)
         return out
 
     # ------------------------------------------------------------- quotas

@@ -40,6 +40,7 @@ from .events import AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
+from .usage import UsageHandler
 
 API_PATH = "api/v1"
 DEFAULT_PORT = 8765
@@ -59,6 +60,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/gpus/{gpu_uuid}/drain", h.DrainHandler, "drain"),
     ("/metrics", h.MetricsHandler, "metrics"),
     ("/openapi.json", h.OpenApiHandler, "openapi"),
+    ("/usage", UsageHandler, "usage"),
 ]
 
 

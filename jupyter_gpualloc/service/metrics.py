@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.model import Event, LeaseState, PriorityClass
 
@@ -73,6 +73,29 @@ class FleetCollector:
         yield from (gpus, slices, shared_free, leases, queue)
 
 
+class UsageCollector:
+    """gpualloc_gpu_hours_total: GPU-hours accrued by leases (running ones up to the scrape), from
+    the core's usage ledger. A lease counts in each of its groups (group "" without one); the user
+    label is left out when the policy's usage_metrics_per_user is off."""
+
+    def __init__(self, scheduler, clock=time.time):
+        self.scheduler = scheduler
+        self.clock = clock
+
+    def collect(self):
+        per_user = self.scheduler.policy.usage_metrics_per_user
+        labels = ["user", "group", "model", "kind"] if per_user else ["group", "model", "kind"]
+        hours = CounterMetricFamily("gpualloc_gpu_hours", "GPU-hours held by leases, weighted by each slice's "
+                                    "share of its GPU.", labels=labels)
+        totals: dict[tuple, float] = {}
+        for (user, group, model, kind), value in self.scheduler.usage.totals(self.clock()).items():
+            key = (user, group, model, kind) if per_user else (group, model, kind)
+            totals[key] = totals.get(key, 0.0) + value
+        for key, value in sorted(totals.items()):
+            hours.add_metric(list(key), value)
+        yield hours
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
@@ -80,6 +103,7 @@ class ServiceMetrics:
         self.scheduler = scheduler
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
+        self.registry.register(UsageCollector(scheduler))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
                                     ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
         self.decision_latency = Histogram("gpualloc_decision_seconds",

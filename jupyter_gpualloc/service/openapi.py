@@ -332,6 +332,59 @@ OPERATIONS.update({
 })
 
 
+SCHEMAS.update({
+    "UsageQuota": {
+        "type": "object", "required": ["scope", "who", "gpu_hours", "limit", "window", "resets_at", "message"],
+        "properties": {
+            "scope": {"enum": ["user", "group"]}, "who": {"type": "string"},
+            "gpu_hours": {"type": "number", "description": "Used in the window now."},
+            "limit": {"type": "number"}, "window": {"type": "string", "description": "e.g. 7d or calendar_week."},
+            "resets_at": {**NULLABLE_NUMBER, "description": "Calendar: the window's end; rolling: when use "
+                                                            "falls under the limit if nothing more runs."},
+            "message": {"type": "string", "description": "e.g. you have used 12.50 of 40 GPU-hours this week."},
+        },
+    },
+    "UsageReport": {
+        "type": "object", "required": ["since", "until", "by", "user", "rows", "total", "quotas"],
+        "properties": {
+            "since": {"type": "number"}, "until": {"type": "number"},
+            "by": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"]},
+            "user": {"type": ["string", "null"], "description": "Whose usage; null: everyone's (admins)."},
+            "rows": {"type": "array", "items": {
+                "type": "object", "required": ["gpu_hours", "gib_hours", "leases"],
+                "properties": {"gpu_hours": {"type": "number"}, "gib_hours": {"type": "number"},
+                               "leases": {"type": "integer"}},
+                "description": "One row per value of `by` (a key named after it), largest first."}},
+            "total": {"type": "object", "required": ["gpu_hours", "gib_hours"],
+                      "properties": {"gpu_hours": {"type": "number"}, "gib_hours": {"type": "number"}}},
+            "quotas": {"type": "array", "items": _ref("UsageQuota"),
+                       "description": "The caller's usage quotas and where they stand."},
+        },
+    },
+})
+
+OPERATIONS["/usage"] = {
+    "get": {"summary": "GPU-hours and GiB-hours between since and until, per `by`: the caller's "
+                       "(everyone's, or one user's, for admins). CSV with Accept: text/csv.",
+            "parameters": [
+                {"name": "since", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": "ISO-8601 time or epoch seconds (UTC); default the start of this month."},
+                {"name": "until", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": "ISO-8601 time or epoch seconds (UTC); default now."},
+                {"name": "by", "in": "query", "required": False,
+                 "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"],
+                            "default": "user"}},
+                {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+                 "description": "Admins: one user's usage only."},
+            ],
+            "responses": {"200": {"description": "The report.",
+                                  "content": {"application/json": {"schema": _ref("UsageReport")},
+                                              "text/csv": {"schema": {"type": "string"}}}},
+                          "400": _error("Bad query argument; `field` names it."),
+                          "401": AUTH_ERRORS["401"],
+                          "403": _error("Another user's usage, asked by a non-admin.")}},
+}
+
 def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str, Any]:
     """The document for the API served under `api_prefix` (e.g. /services/gpualloc/api/v1)."""
     return {

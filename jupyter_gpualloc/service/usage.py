@@ -1,0 +1,81 @@
+"""GET /usage: GPU-hours reports from the core's usage ledger, as JSON or CSV.
+
+A user gets their own usage and where they stand against their usage quotas; an admin gets
+everyone's (or one user's with `user=`).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+from ..core.usage import REPORT_DIMENSIONS, to_csv
+from .handlers import ApiError, ApiHandler
+
+USAGE_ARGUMENTS = {"since", "until", "by", "user"}
+
+
+def parse_moment(text: str) -> float | None:
+    """Epoch seconds, a date or an ISO-8601 time (UTC unless it says otherwise); None if it is none."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        except ValueError:
+            return None
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def month_start(now: float) -> float:
+    """00:00 UTC on the first day of now's month: the default start of a report."""
+    day = datetime.fromtimestamp(now, timezone.utc)
+    return day.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+class UsageHandler(ApiHandler):
+    def get(self) -> None:
+        for name in self.request.query_arguments:
+            if name not in USAGE_ARGUMENTS:
+                raise ApiError(400, f"unknown query argument {name!r} (use {', '.join(sorted(USAGE_ARGUMENTS))})",
+                               field=name)
+        now = self.ctx.clock()
+        by = self.get_query_argument("by", "user")
+        if by not in REPORT_DIMENSIONS:
+            raise ApiError(400, f"by must be one of {', '.join(REPORT_DIMENSIONS)}", field="by")
+        since = self._time("since")
+        since = month_start(now) if since is None else since
+        until = self._time("until")
+        until = now if until is None else until
+        if until <= since:
+            raise ApiError(400, "until must be later than since", field="until")
+        user = self.get_query_argument("user", None)
+        if not self.identity.admin:
+            if user not in (None, self.identity.user):
+                raise ApiError(403, "only the allocator's admins see other users' usage", field="user")
+            user = self.identity.user
+        usage = self.scheduler.usage
+        rows = usage.report(since, until, by, now, user=user)
+        if "text/csv" in self.request.headers.get("Accept", ""):
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.finish(to_csv(rows, by))
+            return
+        per_user = rows if by == "user" else usage.report(since, until, "user", now, user=user)
+        totals = {"gpu_hours": round(sum(r["gpu_hours"] for r in per_user), 6),
+                  "gib_hours": round(sum(r["gib_hours"] for r in per_user), 6)}
+        self.write_json({
+            "since": since, "until": min(until, now), "by": by, "user": user, "rows": rows, "total": totals,
+            "quotas": [q.to_json() for q in usage.quotas_for(self.identity.user, self.identity.groups, now)],
+        })
+
+    def _time(self, name: str) -> float | None:
+        text = self.get_query_argument(name, None)
+        if text is None:
+            return None
+        moment = parse_moment(text)
+        if moment is None:
+            raise ApiError(400, f"{name} must be a date (2026-11-01), an ISO-8601 time or epoch seconds",
+                           field=name)
+        return moment

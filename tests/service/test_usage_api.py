@@ -1,0 +1,115 @@
+"""GET /usage over real HTTP: who sees what, CSV, bad input, quotas, and the Prometheus counter
+that the Grafana dashboard in docs/grafana reads."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import ALICE, BOB, CAROL, POLICY, ROOT, ServiceProcess
+
+DASHBOARDS = Path(__file__).parents[2] / "docs" / "grafana"
+USAGE_POLICY = POLICY + """
+c.SchedulerPolicy.usage_quotas = {"*": {"gpu_hours": 40, "window": "7d"},
+                                  "students": {"gpu_hours": 200, "window": "calendar_week", "per": "group"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """A service whose leases of alice and bob have ended, so both have usage."""
+    svc = ServiceProcess(tmp_path_factory.mktemp("usage"), config=USAGE_POLICY).start()
+    for token, holder in ((ALICE, "kernel:u1"), (BOB, "kernel:u2")):
+        lease = svc.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": holder}, token)
+        assert lease.status == 201, lease
+        time.sleep(0.2)
+        assert svc.call("DELETE", f"leases/{lease.json()['id']}", token=token).status == 200
+    yield svc
+    svc.kill(signal.SIGTERM)
+
+
+def test_a_user_sees_only_their_own_usage_and_quotas(service):
+    mine = service.call("GET", "usage?since=2020-01-01", token=ALICE)
+    assert mine.status == 200, mine
+    report = mine.json()
+    assert report["user"] == "alice" and [r["user"] for r in report["rows"]] == ["alice"]
+    row = report["rows"][0]
+    assert row["leases"] == 1 and 0 < row["gpu_hours"] < 0.01 and row["gib_hours"] > row["gpu_hours"]
+    assert report["total"]["gpu_hours"] == row["gpu_hours"]
+    [quota] = report["quotas"]
+    assert quota["scope"] == "user" and quota["limit"] == 40 and quota["window"] == "7d"
+    assert quota["message"].startswith("you have used 0.00 of 40 GPU-hours in the last 7d")
+    bob = service.call("GET", "usage?since=2020-01-01&by=group", token=BOB).json()
+    assert [r["group"] for r in bob["rows"]] == ["students"]
+    assert {q["who"] for q in bob["quotas"]} == {"bob", "students"}
+    assert service.call("GET", "usage?since=2020-01-01", token=CAROL).json()["rows"] == []
+    document = service.call("GET", "openapi.json").json()
+    schema = {"$ref": "#/components/schemas/UsageReport", "components": document["components"]}
+    for answer in (report, bob):
+        jsonschema.Draft202012Validator(schema).validate(answer)
+
+
+def test_only_admins_see_other_users(service):
+    refused = service.call("GET", "usage?user=bob", token=ALICE)
+    assert refused.status == 403 and refused.json()["field"] == "user"
+    everyone = service.call("GET", "usage?since=2020-01-01", token=ROOT).json()
+    assert everyone["user"] is None and {r["user"] for r in everyone["rows"]} == {"alice", "bob"}
+    one = service.call("GET", "usage?since=2020-01-01&user=bob&by=model", token=ROOT).json()
+    assert [r["model"] for r in one["rows"]] == ["A100-SXM4-40GB"]
+
+
+def test_csv_on_request(service):
+    import urllib.request
+
+    request = urllib.request.Request(service.url + "usage?since=2020-01-01&by=holder_kind",
+                                     headers={"Authorization": f"Bearer {ROOT}", "Accept": "text/csv"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/csv")
+        lines = response.read().decode().splitlines()
+    assert lines[0] == "holder_kind,gpu_hours,gib_hours,leases"
+    assert lines[1].startswith("kernel,") and lines[1].endswith(",2")
+
+
+@pytest.mark.parametrize("query, field", [
+    ("by=team", "by"), ("since=yesterday", "since"), ("since=2026-11-02&until=2026-11-01", "until"),
+    ("until=nan", "until"), ("limit=3", "limit"),
+])
+def test_bad_queries_name_the_field(service, query, field):
+    response = service.call("GET", f"usage?{query}", token=ALICE)
+    assert response.status == 400 and response.json()["field"] == field, response
+
+
+def test_requests_are_refused_once_a_usage_quota_is_used_up(fresh_service):
+    svc = fresh_service(config=POLICY + 'c.SchedulerPolicy.usage_quotas = {"alice": {"gpu_hours": 0}}\n').start()
+    refused = svc.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "kernel:x"}, ALICE)
+    assert refused.status == 403, refused
+    assert refused.json()["quota"] == {"scope": "user", "key": "gpu_hours", "limit": 0}
+    assert refused.json()["error"].startswith("you have used 0.00 of 0 GPU-hours in the last 7d")
+
+
+def test_prometheus_counter_and_the_dashboard_use_only_exported_metrics(service):
+    text = service.call("GET", "metrics", token=ROOT).text
+    samples = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}
+    hours = [s for family in text_string_to_metric_families(text) for s in family.samples
+             if s.name == "gpualloc_gpu_hours_total"]
+    assert {(s.labels["user"], s.labels["group"], s.labels["kind"]) for s in hours} == \
+        {("alice", "", "mig"), ("bob", "students", "mig")}
+    assert all(s.value > 0 for s in hours)
+    dashboards = sorted(DASHBOARDS.glob("*.json"))
+    assert dashboards
+    for path in dashboards:
+        board = json.loads(path.read_text())
+        queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        queries += [v["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+        assert queries, path
+        for query in queries:
+            names = set(re.findall(r"\bgpualloc_[a-z_]+", query))
+            assert names, query
+            assert names <= set(samples), (path.name, names - set(samples))
