@@ -13,12 +13,14 @@ passed in by the caller.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
 import secrets
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,7 +46,7 @@ from .model import (
 )
 from .placement import ClusterView, Demand, NodeCapacity, get_policy
 from .policy import SchedulerPolicy
-from .store import Store
+from .store import MigIntent, Store
 from .usage import UsageLedger
 
 
@@ -54,6 +56,10 @@ class SchedulerError(Exception):
 
 class NotFound(SchedulerError):
     pass
+
+
+class StoreFailed(SchedulerError):
+    """The store did not take a change: the core undid all of it, devices included, and carries on."""
 
 
 class QuotaExceeded(SchedulerError):
@@ -119,6 +125,17 @@ class _GpuState:
 
 
 @dataclass
+class _Undo:
+    """What changed since the last commit, as it was before: put back if the commit fails."""
+
+    seq: int
+    leases: dict[str, tuple[Lease | None, list[_Plan] | None]] = field(default_factory=dict)
+    gpus: dict[str, tuple] = field(default_factory=dict)
+    view: list[Callable[[], None]] = field(default_factory=list)  # inverse placement-view changes
+    made: list[tuple[_GpuState, MigInstance, str]] = field(default_factory=list)  # with the intent id
+
+
+@dataclass
 class _Placement:
     slice: Slice
     plan: _Plan
@@ -145,6 +162,10 @@ class Scheduler:
         self._pending_events: list[Event] = []
         self._dirty: dict[str, Lease] = {}
         self._instance_changes: list[tuple[str, str, MigInstance | None, bool]] = []
+        self._drains: dict[str, bool] = {}
+        self._intents: list[str] = []  # MIG intents written since the last commit, which drops them
+        self._undo = _Undo(self._seq)
+        self._announced: list[Event] = []
         self._load_fleet()
         self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
         self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
@@ -205,20 +226,114 @@ class Scheduler:
         self._pending_events.append(Event(type_, now, lease.id if lease else None,
                                           lease.user if lease else None, data))
 
-    def _commit(self) -> list[Event]:
-        """Write every changed lease and MIG instance in one transaction, then announce."""
-        if self._dirty or self._instance_changes:
-            self.store.save(list(self._dirty.values()), self._instance_changes, self._seq)
+    def _commit(self) -> None:
+        """Write every change since the last commit in one transaction, then announce its events.
+
+        StoreFailed when the store refuses; `_atomic` then undoes the changes."""
+        if self._dirty or self._instance_changes or self._drains or self._intents:
+            try:
+                self.store.save(list(self._dirty.values()), self._instance_changes, self._seq,
+                                drains=self._drains, intents_done=self._intents)
+            except Exception as err:
+                raise StoreFailed(f"the store refused the change ({type(err).__name__}); "
+                                  "nothing of it took effect") from err
         self._dirty.clear()
         self._instance_changes.clear()
+        self._drains.clear()
+        self._intents.clear()
+        self._undo = _Undo(self._seq)
         events, self._pending_events = self._pending_events, []
+        self._announced.extend(events)
         for event in events:
             for listener in list(self._listeners):
                 listener(event)
-        return events
+
+    @contextmanager
+    def _atomic(self, now: float) -> Iterator[None]:
+        """One change: stored in one transaction at the end, or undone entirely if anything fails."""
+        self._announced = []
+        try:
+            yield
+            self._commit()
+        except BaseException:
+            self._rollback(now)
+            raise
+
+    def _settle(self, now: float) -> None:
+        """Grant what the queue can now have, as a change of its own: if the store fails there,
+        the caller's committed change stands and the next tick grants (and reports the failure)."""
+        try:
+            with self._atomic(now):
+                self._schedule(now)
+        except StoreFailed:
+            pass
+
+    def _rollback(self, now: float) -> None:
+        """Put back everything changed since the last commit; destroy the MIG instances made for it."""
+        undo = self._undo
+        for inverse in reversed(undo.view):
+            inverse()
+        for uuid, (instances, owner, created, shares, drained) in undo.gpus.items():
+            gs = self._gpus[uuid]
+            gs.instances, gs.owner, gs.created, gs.shares, gs.drained = instances, owner, created, shares, drained
+            self._sync_view(gs)
+        for lease_id, (before, plans) in undo.leases.items():
+            lease = self._dirty[lease_id]
+            self._leases.pop(lease_id, None)
+            self._plans.pop(lease_id, None)
+            if lease_id in self._queue:
+                self._queue.remove(lease_id)
+            if before is not None:
+                vars(lease).update(vars(before))
+                self._leases[lease_id] = lease
+                self._plans[lease_id] = plans
+                if lease.state is LeaseState.QUEUED:
+                    self._queue.append(lease_id)
+        self._seq = undo.seq
+        made = {inst.uuid for _, inst, _ in undo.made}
+        self._instance_changes = [c for c in self._instance_changes if c[1] not in made]
+        self._dirty.clear()
+        self._drains.clear()
+        self._pending_events.clear()
+        self._undo = _Undo(self._seq)
+        kept: set[str] = set()  # intents of instances the device would not destroy: recorded next commit
+        for gs, inst, intent in reversed(undo.made):
+            try:
+                self.backend.destroy_mig_instance(gs.gpu.uuid, inst.uuid)
+            except DeviceError as err:
+                gs.instances[inst.uuid] = inst
+                gs.created.add(inst.uuid)
+                self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
+                self._emit("device.error", now, gpu=gs.gpu.uuid, instance=inst.uuid, error=str(err))
+                kept.add(intent)
+        done = [i for i in self._intents if i not in kept]
+        if done:
+            try:
+                self.store.clear_intents(done)
+                self._intents = [i for i in self._intents if i in kept]
+            except Exception:  # noqa: BLE001 - they stay listed, and the next commit drops them
+                pass
 
     def _touch_lease(self, lease: Lease) -> None:
+        """Mark a lease changed, before changing it: stored at the next commit, put back if that fails."""
+        if lease.id not in self._undo.leases:
+            before = copy.copy(lease) if lease.id in self._leases else None
+            self._undo.leases[lease.id] = (before, self._plans.get(lease.id))
         self._dirty[lease.id] = lease
+
+    def _touch_gpu(self, gs: _GpuState) -> None:
+        """Remember a GPU's instances, owners and shares before they change."""
+        if gs.gpu.uuid not in self._undo.gpus:
+            self._undo.gpus[gs.gpu.uuid] = (dict(gs.instances), dict(gs.owner), set(gs.created),
+                                            dict(gs.shares), gs.drained)
+
+    def _view_allocate(self, node_index: int, slots: tuple[int, ...], demand: Demand) -> None:
+        self.view.allocate(node_index, slots, demand)
+        self._undo.view.append(lambda: self.view.release(node_index, slots, demand))
+
+    def _view_release(self, node_index: int, slots: tuple[int, ...], demand: Demand) -> None:
+        self.view.release(node_index, slots, demand)
+        self._undo.view.append(lambda: self.view.allocate(node_index, slots, demand))
 
     # ------------------------------------------------------------------- API
     def submit(self, user: str, holder: str, spec: SliceSpec,
@@ -251,32 +366,33 @@ class Scheduler:
         blocked = self._quota_block(lease, plans)
         if blocked is not None and (priority is PriorityClass.INTERACTIVE or not wait):
             raise blocked
-        self._leases[lease.id] = lease
-        self._plans[lease.id] = plans
-        placement = None if blocked else self._place(lease, plans, self._reserved_gpus(now, before=lease))
-        if placement is not None:
-            self._grant(lease, placement, now)
-        elif not wait:
-            reason = "drained" if self._all_drained(plans) else "no capacity"
-            self._end(lease, LeaseState.REJECTED, now, f"{reason} for a {spec.describe()} now")
-        else:
-            self._queue.append(lease.id)
-            lease.reason = str(blocked) if blocked else f"waiting for a {spec.describe()}"
+        with self._atomic(now):
             self._touch_lease(lease)
-            self._emit("lease.queued", now, lease, position=self.position(lease.id))
-            self._schedule(now)
-        self._commit()
+            self._leases[lease.id] = lease
+            self._plans[lease.id] = plans
+            placement = None if blocked else self._place(lease, plans, self._reserved_gpus(now, before=lease))
+            if placement is not None:
+                self._grant(lease, placement, now)
+            elif not wait:
+                reason = "drained" if self._all_drained(plans) else "no capacity"
+                self._end(lease, LeaseState.REJECTED, now, f"{reason} for a {spec.describe()} now")
+            else:
+                self._queue.append(lease.id)
+                lease.reason = str(blocked) if blocked else f"waiting for a {spec.describe()}"
+                self._emit("lease.queued", now, lease, position=self.position(lease.id))
+        if lease.state is LeaseState.QUEUED:
+            self._settle(now)
         return lease
 
     def release(self, lease_id: str, *, now: float, reason: str = "released by holder") -> Lease:
         """Give a slice back (or withdraw a queued request)."""
         lease = self._active(lease_id)
-        if lease.state is LeaseState.QUEUED:
-            self._end(lease, LeaseState.CANCELLED, now, reason)
-        else:
-            self._end(lease, LeaseState.RELEASED, now, reason)
-        self._schedule(now)
-        self._commit()
+        with self._atomic(now):
+            if lease.state is LeaseState.QUEUED:
+                self._end(lease, LeaseState.CANCELLED, now, reason)
+            else:
+                self._end(lease, LeaseState.RELEASED, now, reason)
+        self._settle(now)
         return lease
 
     def cancel(self, lease_id: str, *, now: float) -> Lease:
@@ -287,17 +403,17 @@ class Scheduler:
               busy: bool | None = None) -> Lease:
         """Record the holder's activity (and whether it is busy); clears an idle warning."""
         lease = self._active(lease_id)
-        if last_activity is not None:
-            lease.last_activity = max(lease.last_activity or 0.0, min(last_activity, now))
-        if busy is not None:
-            lease.busy = busy
-        lease.heartbeat_at = now
-        if lease.idle_warned_at is not None and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
-            lease.idle_warned_at = None
-            self._emit("lease.idle_cleared", now, lease)
-        self.usage.accrue([lease], now)
-        self._touch_lease(lease)
-        self._commit()
+        with self._atomic(now):
+            self._touch_lease(lease)
+            if last_activity is not None:
+                lease.last_activity = max(lease.last_activity or 0.0, min(last_activity, now))
+            if busy is not None:
+                lease.busy = busy
+            lease.heartbeat_at = now
+            if lease.idle_warned_at is not None and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
+                lease.idle_warned_at = None
+                self._emit("lease.idle_cleared", now, lease)
+            self.usage.accrue([lease], now)
         return lease
 
     def heartbeat(self, user: str, holders: Iterable[str] | None = None, *, now: float) -> list[Lease]:
@@ -317,31 +433,34 @@ class Scheduler:
     def tick(self, now: float) -> list[Event]:
         """End dead and idle leases, grant what the queue can now have; returns the events."""
         ttl = self.policy.heartbeat_ttl
-        for lease in list(self._leases.values()):
-            if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
-                self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
-            elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
-                self._check_idle(lease, now)
-        granted = [l for l in self._leases.values() if l.state is LeaseState.GRANTED]
-        for action in self.usage.enforce(granted, now):
-            self._emit(action.event, now, action.lease, **action.status.to_json())
-            if action.release:
-                self._end(action.lease, LeaseState.EXPIRED, now, f"usage quota used up: {action.status.sentence()}")
-        self._schedule(now)
-        return self._commit()
+        with self._atomic(now):
+            for lease in list(self._leases.values()):
+                if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
+                    self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
+                elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
+                    self._check_idle(lease, now)
+            granted = [l for l in self._leases.values() if l.state is LeaseState.GRANTED]
+            for action in self.usage.enforce(granted, now):
+                self._emit(action.event, now, action.lease, **action.status.to_json())
+                if action.release:
+                    self._end(action.lease, LeaseState.EXPIRED, now,
+                              f"usage quota used up: {action.status.sentence()}")
+            self._schedule(now)
+        return self._announced
 
     def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
         """Stop (or resume) granting new slices on a GPU; existing leases stay."""
         gs = self._gpus.get(gpu_uuid)
         if gs is None:
             raise NotFound(f"no GPU {gpu_uuid}")
-        gs.drained = drained
-        self._sync_view(gs)
-        self.store.save_drain(gpu_uuid, drained)
-        self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
+        with self._atomic(now):
+            self._touch_gpu(gs)
+            gs.drained = drained
+            self._sync_view(gs)
+            self._drains[gpu_uuid] = drained
+            self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
         if not drained:
-            self._schedule(now)
-        self._commit()
+            self._settle(now)
 
     def lease(self, lease_id: str) -> Lease:
         """An active lease, or an ended one from the store."""
@@ -465,8 +584,8 @@ class Scheduler:
         idle_since = max(lease.last_activity or 0.0, lease.granted_at or 0.0)
         if lease.idle_warned_at is None:
             if now - idle_since >= lease.idle_timeout:
-                lease.idle_warned_at = now
                 self._touch_lease(lease)
+                lease.idle_warned_at = now
                 self._emit("lease.idle_warning", now, lease, idle_s=now - idle_since,
                            release_at=now + self.policy.idle_grace)
         elif now - lease.idle_warned_at >= self.policy.idle_grace:
@@ -475,8 +594,8 @@ class Scheduler:
     def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True) -> None:
         """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here)."""
         self.usage.stop(lease, now)
-        if lease.state is LeaseState.GRANTED and holds:
-            self._free(lease, now)
+        self._touch_lease(lease)
+        frees = lease.state is LeaseState.GRANTED and holds
         if lease.id in self._queue:
             self._queue.remove(lease.id)
         lease.state = state
@@ -484,25 +603,31 @@ class Scheduler:
         lease.reason = reason
         self._leases.pop(lease.id, None)
         self._plans.pop(lease.id, None)
-        self._touch_lease(lease)
         self._emit(f"lease.{state.value}", now, lease, reason=reason)
+        if frees:
+            self._free(lease, now)
 
     def _free(self, lease: Lease, now: float) -> None:
         sl = lease.slice
         node_index = self._node_index[sl.node]
         if sl.kind is SliceKind.MIG:
             gs = self._gpus[sl.gpu_uuids[0]]
+            self._touch_gpu(gs)
             gs.owner.pop(sl.mig_uuid, None)
-            self.view.release(node_index, (), self._host_demand(lease.spec))
+            self._view_release(node_index, (), self._host_demand(lease.spec))
             if sl.mig_uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC:
                 self._destroy_instance(gs, sl.mig_uuid, now)
         else:
             gpus = tuple(self._gpus[u] for u in sl.gpu_uuids)
             for gs in gpus:
+                self._touch_gpu(gs)
                 gs.shares.pop(lease.id, None)
-            self.view.release(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
+            self._view_release(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
 
     def _destroy_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> None:
+        """Destroy an instance the core made once the store says nobody holds it: commit first,
+        so a crash or a refusal leaves an unowned instance of the core's, which recovery destroys."""
+        self._commit()
         try:
             self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
         except DeviceError as err:
@@ -513,26 +638,45 @@ class Scheduler:
         self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
         self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
                    profile=gs.profiles[inst.profile_id].name, start=inst.start)
+        try:
+            self._commit()
+        except StoreFailed:
+            pass  # the record's removal stays pending for the next commit; a restart finds it gone anyway
+
+    def _create_instance(self, gs: _GpuState, profile: MigProfile, start: int, now: float) -> MigInstance:
+        """Write the intent, then ask the device: a crash in between leaves an intent, which
+        recovery resolves, and never an instance nobody knows the core made."""
+        intent = MigIntent(secrets.token_hex(8), gs.gpu.uuid, profile.profile_id, start)
+        try:
+            self.store.record_intent(intent)
+        except Exception as err:
+            raise StoreFailed(f"the store refused a MIG intent ({type(err).__name__})") from err
+        self._intents.append(intent.id)
+        inst = self.backend.create_mig_instance(gs.gpu.uuid, profile.profile_id, start)
+        self._touch_gpu(gs)
+        gs.instances[inst.uuid] = inst
+        gs.created.add(inst.uuid)
+        self._undo.made.append((gs, inst, intent.id))
+        self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
+        self._emit("mig.created", now, gpu=gs.gpu.uuid, instance=inst.uuid, profile=profile.name, start=inst.start)
+        return inst
 
     def _grant(self, lease: Lease, placement: _Placement, now: float) -> None:
         gs0 = placement.gpus[0]
+        self._touch_lease(lease)
+        for gs in placement.gpus:
+            self._touch_gpu(gs)
         if placement.create_at is not None:
-            profile = placement.plan.profile
-            inst = self.backend.create_mig_instance(gs0.gpu.uuid, profile.profile_id, placement.create_at)
-            gs0.instances[inst.uuid] = inst
-            gs0.created.add(inst.uuid)
-            self._instance_changes.append((gs0.gpu.uuid, inst.uuid, inst, True))
+            inst = self._create_instance(gs0, placement.plan.profile, placement.create_at, now)
             placement.slice.mig_uuid = inst.uuid
-            self._emit("mig.created", now, gpu=gs0.gpu.uuid, instance=inst.uuid,
-                       profile=profile.name, start=inst.start)
         sl = placement.slice
         if sl.kind is SliceKind.MIG:
             gs0.owner[sl.mig_uuid] = lease.id
-            self.view.allocate(placement.node_index, (), self._host_demand(lease.spec))
+            self._view_allocate(placement.node_index, (), self._host_demand(lease.spec))
         else:
             for gs in placement.gpus:
                 gs.shares[lease.id] = sl.milli
-            self.view.allocate(placement.node_index, tuple(g.slot for g in placement.gpus),
+            self._view_allocate(placement.node_index, tuple(g.slot for g in placement.gpus),
                                self._demand(placement.plan, lease.spec))
         if lease.id in self._queue:
             self._queue.remove(lease.id)
@@ -542,12 +686,13 @@ class Scheduler:
         self.usage.start(lease, now)
         lease.last_activity = max(lease.last_activity or 0.0, now)
         lease.reason = ""
-        self._touch_lease(lease)
         self._emit("lease.granted", now, lease, slice=sl.to_json(), waited_s=now - lease.created_at)
 
     # ------------------------------------------------------------ placement
     def _plans_for(self, spec: SliceSpec) -> list[_Plan]:
         """Every concrete way to satisfy a spec in this fleet, preferred first; SpecError if none."""
+        if spec.node and not any(spec.node in g.per_node for g in self._model_groups):
+            raise SpecError("spec.node", f"no node {spec.node!r} with GPUs in this fleet")
         models = names.models_named(spec.model, [g.model for g in self._model_groups]) if spec.model else None
         groups = [g for g in self._model_groups
                   if (models is None or g.model in models)
@@ -562,8 +707,6 @@ class Scheduler:
                 if g.is_mig:
                     profile = self._pick_profile(g.profiles, spec)
                     if profile is not None:
-        if spec.node and not any(spec.node in g.per_node for g in self._model_groups):
-            raise SpecError("spec.node", f"no node {spec.node!r} with GPUs in this fleet")
                         plans.append(_Plan(SliceKind.MIG, g.model, profile.memory_mib, profile=profile))
         plain = [g for g in groups if not g.is_mig and spec.memory_mib <= g.memory_mib]
         if spec.kind in (SliceKind.SHARED, SliceKind.ANY) and spec.count == 1 and spec.memory_mib \
@@ -792,8 +935,8 @@ class Scheduler:
                 self._grant(lease, placement, now)
                 continue
             if blocked is not None and lease.reason != str(blocked):
-                lease.reason = str(blocked)
                 self._touch_lease(lease)
+                lease.reason = str(blocked)
             if now - lease.created_at >= self.policy.reserve_after:
                 reserved |= self._reservation(lease, reserved)
 
@@ -916,10 +1059,16 @@ class Scheduler:
 
     # -------------------------------------------------------------- recovery
     def _recover(self, now: float) -> None:
-        """Rebuild leases and MIG ownership from the store and reconcile with the devices."""
+        """Rebuild leases and MIG ownership from the store and reconcile with the devices.
+
+        An instance the store does not know is the administrator's, unless a MIG intent names its
+        place: then the core made it before a crash and destroys it, as no lease was recorded for it."""
         state = self.store.load()
         self._seq = state.seq
-        first_start = state.seq == 0 and not state.instances
+        self._undo = _Undo(self._seq)
+        first_start = state.seq == 0 and not state.instances and not state.intents
+        intents = {(i.gpu_uuid, i.profile_id, i.start): i.id for i in state.intents}
+        self._intents = [i.id for i in state.intents]
         for gpu_uuid in state.drained:
             if gpu_uuid in self._gpus:
                 self._gpus[gpu_uuid].drained = True
@@ -928,7 +1077,11 @@ class Scheduler:
         for gs in self._gpus.values():
             for inst in gs.instances.values():
                 record = recorded.pop(inst.uuid, None)
-                if record is None:
+                made_by_core = record is None and intents.pop((gs.gpu.uuid, inst.profile_id, inst.start), None)
+                if made_by_core:
+                    self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
+                    gs.created.add(inst.uuid)
+                elif record is None:
                     self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, False))
                     if not first_start:
                         self._emit("reconcile.instance_found", now, gpu=gs.gpu.uuid, instance=inst.uuid,
@@ -944,7 +1097,7 @@ class Scheduler:
             try:
                 self._plans[lease.id] = self._plans_for(lease.spec)
             except SpecError as err:
-                self._end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}")
+                self._end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}", holds=False)
                 continue
             if lease.state is LeaseState.QUEUED:
                 self._queue.append(lease.id)

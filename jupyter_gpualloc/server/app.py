@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from jupyter_core.paths import jupyter_data_dir
+from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default, validate
@@ -25,6 +26,7 @@ from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError
 from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
+from ..jobs.runner import JobRunner
 from . import handlers
 from .embedded import URL_ROOT, EmbeddedScheduler
 from .events import GpuAllocEvents
@@ -55,6 +57,10 @@ class GpuAllocExtension(ExtensionApp):
     report_interval = Float(
         30.0, help="""Seconds between activity reports of GPU kernels and heartbeats of every kernel;
         keep it well under the scheduler's heartbeat_ttl.""",
+    ).tag(config=True)
+    job_poll_interval = Float(
+        2.0, help="""Seconds between the job runner's rounds: heartbeat the owner's jobs, start those whose
+        slice is granted, stop those cancelled or preempted. Jobs run inside this server: stopping it stops them.""",
     ).tag(config=True)
     kernel_wait_timeout = Float(
         300.0, help="Seconds a kernel start waits for a queued slice before it fails.",
@@ -109,6 +115,7 @@ class GpuAllocExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         self._tasks: list[asyncio.Task] = []
         self._callbacks: list[PeriodicCallback] = []
+        self.runner: JobRunner | None = None
         self._default_provisioner: str | None = None
         self.events = GpuAllocEvents(self.serverapp.event_logger)
         self.embedded: EmbeddedScheduler | None = None
@@ -196,6 +203,10 @@ class GpuAllocExtension(ExtensionApp):
         else:
             self._tasks.append(asyncio.ensure_future(self._relay_service_events()))
         self._every(self.report_interval, self._report)
+        self.runner = JobRunner(self.client, service_url=self.client.url,
+                                mps=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")), on_activity=self._job_activity,
+                                log=self.log)
+        self._every(self.job_poll_interval, self.runner.poll)
         if self.watchdog is not None and self.watchdog.enabled:
             self._every(self.watchdog.interval, self._watch)
         if self.gpu_kernelspecs:
@@ -237,6 +248,10 @@ class GpuAllocExtension(ExtensionApp):
         except GpuAllocError as err:
             self.log.warning("gpualloc: activity report failed: %s", err)
 
+    def _job_activity(self) -> None:
+        """Queued or running jobs count as activity, so JupyterHub's idle culler keeps this server."""
+        self.serverapp.web_app.settings["last_activity_times"]["gpualloc_jobs"] = utcnow()
+
     async def _watch(self) -> None:
         await self.watchdog.check(time.time())
 
@@ -256,6 +271,8 @@ class GpuAllocExtension(ExtensionApp):
             pc.stop()
         for task in self._tasks:
             task.cancel()
+        if self.runner is not None:
+            await self.runner.close()
         km = self.serverapp.kernel_manager
         for kernel_id in km.list_kernel_ids():
             try:

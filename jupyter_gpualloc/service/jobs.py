@@ -16,16 +16,12 @@ from tornado.iostream import StreamClosedError
 from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
 from ..core.model import Job
 from ..core.scheduler import NotFound
+from ..jobs.notebook import job_dir
 from .handlers import ApiError, ApiHandler, _reject_unknown
 
 LOG_POLL_SECONDS = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
 FINISH_FIELDS = {"attempt", "outcome", "reason"}
-
-
-def job_dir(job: Job) -> Path:
-    """Where a job's files live: `.gpualloc/jobs/<id>/` in its working directory."""
-    return Path(job.workdir) / ".gpualloc" / "jobs" / job.id
 
 
 class JobApiHandler(ApiHandler):
@@ -125,7 +121,7 @@ class JobLogHandler(JobApiHandler):
     async def get(self, job_id: str) -> None:
         job = self.visible_job(job_id)
         follow = self.get_query_argument("follow", "0") not in ("0", "", "false")
-        path = job_dir(job) / "job.log"
+        path = job_dir(job.workdir, job.id) / "job.log"
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         offset = 0
         try:

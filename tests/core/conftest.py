@@ -1,4 +1,4 @@
-"""Fixtures for the core: a simulated fleet, a real SQLite file, a scheduler over both."""
+"""Fixtures for the core: a simulated fleet, a real database (SQLite, then PostgreSQL), a scheduler over both."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler
-from jupyter_gpualloc.core.store import Store, sqlite_url
+from jupyter_gpualloc.core.store import Store
 
 A100_40 = "A100-SXM4-40GB"
 
@@ -19,10 +19,10 @@ def fleet(*gpus: dict, cpu_milli: int = 64000, memory_mib: int = 256 * 1024, nod
 
 
 class Harness:
-    """A scheduler with its backend and store, rebuildable from the same SQLite file."""
+    """A scheduler with its backend and store, rebuildable from the same database."""
 
-    def __init__(self, tmp_path, fleet_dict: dict, **policy):
-        self.path = tmp_path / "gpualloc.sqlite"
+    def __init__(self, url: str, fleet_dict: dict, **policy):
+        self.url = url
         self.fleet = fleet_dict
         self.policy_kw = policy
         self.backend = SimulatedBackend(fleet_dict)
@@ -30,7 +30,7 @@ class Harness:
         self.scheduler = self._build(0.0)
 
     def _build(self, now: float) -> Scheduler:
-        self.store = Store(sqlite_url(self.path))
+        self.store = Store(self.url)
         return Scheduler(self.backend, self.store, SchedulerPolicy(**self.policy_kw), now=now,
                          listeners=[self.events.append])
 
@@ -47,14 +47,12 @@ class Harness:
 
 
 @pytest.fixture
-def harness(tmp_path):
-    """Factory: harness(fleet_dict, **policy) -> Harness, each with its own SQLite file."""
+def harness(store_urls):
+    """Factory: harness(fleet_dict, **policy) -> Harness, each with a database of its own."""
     made: list[Harness] = []
 
     def make(fleet_dict: dict, **policy) -> Harness:
-        folder = tmp_path / f"h{len(made)}"
-        folder.mkdir()
-        made.append(Harness(folder, fleet_dict, **policy))
+        made.append(Harness(store_urls.fresh(), fleet_dict, **policy))
         return made[-1]
 
     yield make

@@ -1,0 +1,69 @@
+"""The notebook a job runs: a cell between the loading of its inputs and the saving of its outputs,
+or a notebook with its parameters injected after the cell tagged `parameters` (as papermill does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat import NotebookNode
+
+INJECTED_TAG = "injected-parameters"
+OUTPUTS_FILE = "outputs.pkl"
+
+
+def job_dir(workdir: str, job_id: str) -> Path:
+    """Where a job's files live: `.gpualloc/jobs/<id>/` in its working directory."""
+    return Path(workdir) / ".gpualloc" / "jobs" / job_id
+
+
+def job_notebook(job: dict[str, Any]) -> NotebookNode:
+    """The notebook to execute for a job (its JSON as REST API v1 gives it)."""
+    source = job["source"]
+    if source["kind"] == "notebook":
+        path = Path(job["workdir"]) / source["path"]
+        return with_parameters(nbformat.read(path, as_version=4), source.get("parameters") or {})
+    return cell_notebook(source, Path(job["workdir"]), job_dir(job["workdir"], job["id"]))
+
+
+def cell_notebook(source: dict[str, Any], workdir: Path, folder: Path) -> NotebookNode:
+    """Load the inputs (a cloudpickle dict), run the cell, save the declared outputs."""
+    cells = []
+    if source.get("inputs"):
+        path = str(workdir / source["inputs_file"])
+        cells.append(_cell(
+            "import cloudpickle as _gpualloc_pickle\n"
+            f"with open({path!r}, 'rb') as _gpualloc_file:\n"
+            "    globals().update(_gpualloc_pickle.load(_gpualloc_file))\n"
+            "del _gpualloc_file, _gpualloc_pickle", "gpualloc-inputs"))
+    cells.append(_cell(source["code"]))
+    if source.get("outputs"):
+        names = list(source["outputs"])
+        cells.append(_cell(
+            "import cloudpickle as _gpualloc_pickle\n"
+            f"_gpualloc_missing = [n for n in {names!r} if n not in globals()]\n"
+            "if _gpualloc_missing:\n"
+            "    raise NameError(f'declared output {_gpualloc_missing[0]!r} was not set by the cell')\n"
+            f"with open({str(folder / OUTPUTS_FILE)!r}, 'wb') as _gpualloc_file:\n"
+            f"    _gpualloc_pickle.dump({{n: globals()[n] for n in {names!r}}}, _gpualloc_file)\n"
+            "del _gpualloc_file, _gpualloc_pickle, _gpualloc_missing", "gpualloc-outputs"))
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def with_parameters(nb: NotebookNode, parameters: dict[str, Any]) -> NotebookNode:
+    """Insert `name = value` lines after the cell tagged `parameters` (at the top when none is)."""
+    nb.cells = [c for c in nb.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    if not parameters:
+        return nb
+    text = "# Parameters\n" + "".join(f"{name} = {value!r}\n" for name, value in parameters.items())
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    nb.cells.insert(tagged[0] + 1 if tagged else 0, _cell(text, INJECTED_TAG))
+    return nb
+
+
+def _cell(text: str, tag: str | None = None) -> NotebookNode:
+    cell = nbformat.v4.new_code_cell(text)
+    if tag:
+        cell.metadata["tags"] = [tag]
+    return cell

@@ -1,0 +1,231 @@
+"""The job runner in the owner's Jupyter server: runs each granted job with nbclient in a fresh kernel.
+
+Every `interval` it lists the owner's jobs, heartbeats the leases of the queued and running ones,
+claims (`start`) each queued job whose slice is granted, and stops the local attempts the core
+no longer counts as running: a preempted one gets SIGINT, SIGTERM after the job's preempt_grace,
+then SIGKILL; a cancelled one is stopped at once. An attempt runs in `<workdir>` under the lease's
+env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
+`.gpualloc/jobs/<id>/job.log`, saves `executed.ipynb` and reports how it ended (`finish`), which
+ends the lease, whatever happened to the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+from ..client import GpuAllocClient, GpuAllocError
+from ..hub.env import SLICE_ENV_NAMES, slice_env
+from .notebook import job_dir, job_notebook
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+CANCEL_GRACE = 2.0
+SHUTDOWN_WAIT = 10.0
+
+
+class LoggingNotebookClient(NotebookClient):
+    """nbclient's client, also appending each output to the job's log as it arrives."""
+
+    def __init__(self, nb, log_file, **kwargs: Any):
+        super().__init__(nb, **kwargs)
+        self.log_file = log_file
+
+    def output(self, outs, msg, display_id, cell_index):
+        out = super().output(outs, msg, display_id, cell_index)
+        content, kind = msg["content"], msg["msg_type"]
+        text = ""
+        if kind == "stream":
+            text = content.get("text", "")
+        elif kind == "error":
+            text = ANSI.sub("", "\n".join(content.get("traceback", []))) + "\n"
+        elif kind in ("execute_result", "display_data"):
+            text = content.get("data", {}).get("text/plain", "") + "\n"
+        if text:
+            self.log_file.write(text)
+            self.log_file.flush()
+        return out
+
+
+@dataclass
+class Attempt:
+    """One attempt of a job running here: its kernel and its task."""
+
+    job_id: str
+    number: int
+    km: AsyncKernelManager | None = None
+    task: asyncio.Task | None = None
+    stopping: str = ""  # why the runner stops it (then the core has already moved the job on)
+    stopper: asyncio.Task | None = field(default=None, repr=False)
+
+
+class JobRunner:
+    """Claims and runs the owner's jobs; `poll()` is called every `interval` seconds by the server."""
+
+    def __init__(self, client: GpuAllocClient, *, service_url: str, mps: bool = False,
+                 on_activity: Callable[[], None] | None = None, log: logging.Logger | None = None):
+        self.client = client
+        self.service_url = service_url
+        self.mps = mps
+        self.on_activity = on_activity
+        self.log = log or logging.getLogger(__name__)
+        self.attempts: dict[str, Attempt] = {}
+        self._recovered = False
+
+    async def poll(self) -> None:
+        """One round: recover once, heartbeat, stop what must stop, claim what may start."""
+        try:
+            jobs = [j for j in await self.client.jobs() if j["state"] in ("queued", "running")]
+            if not self._recovered:
+                await self._recover(jobs)
+                self._recovered = True
+            holders = [f"job:{j['id']}" for j in jobs]
+            if holders:
+                await self.client.heartbeat(holders)
+                if self.on_activity is not None:
+                    self.on_activity()
+            by_id = {j["id"]: j for j in jobs}
+            for attempt in list(self.attempts.values()):
+                self._check(attempt, by_id.get(attempt.job_id))
+            for job in jobs:
+                if job["state"] == "queued" and job["position"] == 0 and job["id"] not in self.attempts:
+                    await self._claim(job)
+        except GpuAllocError as err:
+            self.log.warning("gpualloc jobs: cannot reach the scheduler: %s", err)
+
+    async def _recover(self, jobs: list[dict]) -> None:
+        """Running jobs no attempt here runs belong to a runner that died: report them interrupted."""
+        for job in jobs:
+            if job["state"] == "running" and job["id"] not in self.attempts:
+                await self._finish(job["id"], job["attempts"], "interrupted", "the server running it restarted")
+                job["state"] = "gone"
+
+    def _check(self, attempt: Attempt, job: dict | None) -> None:
+        """Stop a local attempt the core has moved on from (cancelled, preempted, lease lost)."""
+        if attempt.stopping or (job is not None and job["state"] == "running" and job["attempts"] == attempt.number):
+            return
+        if job is None:
+            attempt.stopping, grace = "cancelled or ended", CANCEL_GRACE
+        else:
+            attempt.stopping, grace = "preempted", float(job.get("preempt_grace", 60.0))
+        self.log.info("gpualloc jobs: stopping job %s attempt %d (%s)", attempt.job_id, attempt.number,
+                      attempt.stopping)
+        attempt.stopper = asyncio.ensure_future(self._stop(attempt, grace))
+
+    async def _claim(self, job: dict) -> None:
+        try:
+            job = await self.client.start_job(job["id"])
+        except GpuAllocError as err:  # another runner took it, or it moved on meanwhile
+            self.log.info("gpualloc jobs: job %s not started: %s", job["id"], err)
+            return
+        attempt = Attempt(job["id"], job["attempts"])
+        self.attempts[job["id"]] = attempt
+        attempt.task = asyncio.ensure_future(self._run(job, attempt))
+        attempt.task.add_done_callback(lambda _: self.attempts.pop(job["id"], None))
+
+    def env_for(self, job: dict) -> dict[str, str]:
+        """The server's env, minus its own slice, plus the job lease's slice env."""
+        env = {k: v for k, v in os.environ.items() if k not in SLICE_ENV_NAMES}
+        env.update(slice_env(job["lease"], service_url=self.service_url, mps=self.mps))
+        env["GPUALLOC_JOB_ID"] = job["id"]
+        return env
+
+    async def _run(self, job: dict, attempt: Attempt) -> None:
+        """One attempt, start to report; the report ends the lease."""
+        folder = job_dir(job["workdir"], job["id"])
+        folder.mkdir(parents=True, exist_ok=True)
+        outcome, reason = "failed", ""
+        nb = None
+        with (folder / "job.log").open("a", encoding="utf-8") as log_file:
+            log_file.write(f"--- attempt {attempt.number} of job {job['id']} ({job['name']}) on "
+                           f"{job['slice']['visible_devices']} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            log_file.flush()
+            try:
+                nb = job_notebook(job)
+                runs = self._execute(job, nb, attempt, log_file)
+                await asyncio.wait_for(runs, job["timeout"]) if job.get("timeout") else await runs
+                outcome, reason = "succeeded", "all cells ran"
+            except asyncio.TimeoutError:
+                outcome, reason = "timed_out", f"still running after {job['timeout']:g} s"
+            except CellExecutionError as err:
+                reason = f"{err.ename}: {err.evalue}" if getattr(err, "ename", "") else str(err).splitlines()[0]
+            except DeadKernelError:
+                reason = "the kernel died"
+            except (OSError, ValueError, RuntimeError) as err:
+                reason = f"{type(err).__name__}: {err}"
+            finally:
+                await self._shutdown(attempt)
+            if attempt.stopping:
+                log_file.write(f"--- attempt {attempt.number} stopped: {attempt.stopping}\n")
+            else:
+                log_file.write(f"--- attempt {attempt.number} {outcome.replace('_', ' ')}: {reason}\n")
+        if nb is not None:
+            nbformat.write(nb, folder / "executed.ipynb")
+        if not attempt.stopping:
+            await self._finish(job["id"], attempt.number, outcome, reason)
+
+    async def _execute(self, job: dict, nb, attempt: Attempt, log_file) -> None:
+        km = AsyncKernelManager(kernel_name=job["kernel_name"])
+        attempt.km = km
+        await km.start_kernel(env=self.env_for(job), cwd=job["workdir"])
+        client = LoggingNotebookClient(nb, log_file, km=km, kernel_name=job["kernel_name"], timeout=None,
+                                       resources={"metadata": {"path": job["workdir"]}})
+        await client.async_start_new_kernel_client()
+        try:
+            client.reset_execution_trackers()
+            for index, cell in enumerate(nb.cells):
+                await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+        finally:
+            client.kc.stop_channels()
+
+    async def _shutdown(self, attempt: Attempt) -> None:
+        km = attempt.km
+        if km is not None and km.has_kernel:
+            try:
+                await asyncio.wait_for(km.shutdown_kernel(now=True), SHUTDOWN_WAIT)
+            except (asyncio.TimeoutError, RuntimeError, OSError) as err:
+                self.log.warning("gpualloc jobs: kernel of job %s did not shut down cleanly: %s", attempt.job_id, err)
+
+    async def _stop(self, attempt: Attempt, grace: float) -> None:
+        """SIGINT, then SIGTERM after `grace`, then SIGKILL after `grace` again."""
+        task = attempt.task
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            km = attempt.km
+            if task is None or task.done():
+                return
+            if km is not None and km.has_kernel:
+                try:
+                    await km.signal_kernel(sig)
+                except (RuntimeError, OSError, ProcessLookupError) as err:
+                    self.log.info("gpualloc jobs: signal %s to job %s: %s", sig.name, attempt.job_id, err)
+            if sig is signal.SIGKILL:
+                break
+            await asyncio.wait([task], timeout=grace)
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _finish(self, job_id: str, attempt: int, outcome: str, reason: str) -> None:
+        try:
+            await self.client.finish_job(job_id, attempt, outcome, reason)
+        except GpuAllocError as err:  # the lease still ends with its heartbeat TTL
+            self.log.warning("gpualloc jobs: cannot report job %s (%s): %s", job_id, outcome, err)
+
+    async def close(self) -> None:
+        """Server shutdown: stop every attempt at once; their jobs are requeued or failed by policy."""
+        for attempt in list(self.attempts.values()):
+            await self._finish(attempt.job_id, attempt.number, "interrupted", "the server running it stopped")
+            attempt.stopping = "the server stopped"
+            await self._stop(attempt, 0.5)
+        tasks = [a.task for a in self.attempts.values() if a.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)

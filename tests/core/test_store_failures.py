@@ -1,0 +1,148 @@
+"""A write the store refuses leaves the core exactly as the store has it, devices included."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+from jupyter_gpualloc.core.model import LeaseState, SliceSpec
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
+from jupyter_gpualloc.core.store import Store
+
+from .conftest import A100_40, fleet
+
+FLEET = fleet({"model": A100_40, "count": 1, "mig": "dynamic"}, {"model": "L4", "count": 2})
+MIG_3G = SliceSpec.from_json({"kind": "mig", "profile": "3g.20gb"})
+SHARED = SliceSpec.from_json({"kind": "shared", "memory_gib": 8, "model": "L4"})
+POLICY = {"heartbeat_ttl": 0, "preemption": False}
+
+
+class FlakyStore(Store):
+    """A real store whose next write of a named kind ('save', 'record_intent') fails once."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.fail_next: set[str] = set()
+
+    def _maybe_fail(self, what: str) -> None:
+        if what in self.fail_next:
+            self.fail_next.discard(what)
+            raise OperationalError(what, {}, ConnectionError("server closed the connection unexpectedly"))
+
+    def save(self, *args, **kwargs) -> None:
+        self._maybe_fail("save")
+        super().save(*args, **kwargs)
+
+    def record_intent(self, intent) -> None:
+        self._maybe_fail("record_intent")
+        super().record_intent(intent)
+
+
+def picture(s: Scheduler) -> tuple:
+    """What the core holds: its leases with their slices, and every GPU's instances with owners."""
+    leases = [(l.id, l.user, l.holder, l.state.value, l.slice.to_json() if l.slice else None, l.seq)
+              for l in s.leases()]
+    return leases, s.inventory()["nodes"]
+
+
+def device_instances(backend: SimulatedBackend) -> set[str]:
+    return {i.uuid for n in backend.discover() for g in n.gpus for i in g.instances}
+
+
+@pytest.fixture
+def setup(store_urls):
+    url = store_urls.fresh()
+    backend = SimulatedBackend(FLEET)
+    store = FlakyStore(url)
+    s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
+    yield url, backend, store, s
+    store.close()
+
+
+def restart(url: str, backend: SimulatedBackend) -> Scheduler:
+    return Scheduler(backend, Store(url), SchedulerPolicy(**POLICY), now=1000)
+
+
+@pytest.mark.parametrize("failing", ["save", "record_intent"])
+def test_a_refused_grant_is_undone_on_the_device_and_others_are_served(setup, failing):
+    url, backend, store, s = setup
+    alice = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A")
+    before, instances = picture(s), device_instances(backend)
+    seen = []
+    s.subscribe(seen.append)
+
+    store.fail_next.add(failing)
+    with pytest.raises(StoreFailed):
+        s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")
+    assert picture(s) == before and device_instances(backend) == instances  # bob's instance is gone again
+    assert not seen  # nothing was announced
+    assert store.load().intents == []
+
+    carol = s.submit("carol", "kernel:c", MIG_3G, now=3, lease_id="C")
+    shared = s.submit("dave", "kernel:d", SHARED, now=4, lease_id="D")
+    assert carol.state is LeaseState.GRANTED and shared.state is LeaseState.GRANTED
+    assert [e.type for e in seen].count("lease.granted") == 2
+    s.release(alice.id, now=5)
+
+    committed = picture(s)
+    again = restart(url, backend)
+    assert picture(again) == committed
+    assert device_instances(backend) == {c.slice.mig_uuid for c in again.leases() if c.slice.mig_uuid}
+    with pytest.raises(NotFound):
+        again.lease("B")  # the refused request was never stored
+    again.store.close()
+
+
+def test_a_refused_release_keeps_the_lease_and_its_instance(setup):
+    url, backend, store, s = setup
+    lease = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A")
+    waiting = s.submit("bob", "kernel:b", SliceSpec.from_json({"kind": "mig", "profile": "7g.40gb"}),
+                       now=2, lease_id="B")
+    assert waiting.state is LeaseState.QUEUED
+    before, instances = picture(s), device_instances(backend)
+
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.release(lease.id, now=3)
+    assert picture(s) == before and device_instances(backend) == instances
+    assert s.lease("A").state is LeaseState.GRANTED
+
+    s.release(lease.id, now=4)  # the store answers again: the release goes through, bob gets the GPU
+    assert s.lease("B").state is LeaseState.GRANTED
+    committed = picture(s)
+    again = restart(url, backend)
+    assert picture(again) == committed
+    assert again.lease("A").state is LeaseState.RELEASED
+    again.store.close()
+
+
+def test_a_value_the_database_refuses_poisons_nothing(setup):
+    """A lone surrogate cannot be encoded for the database: that one change fails, the next succeed."""
+    url, backend, store, s = setup
+    lease = s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    before = picture(s)
+    with pytest.raises(StoreFailed):
+        s.release(lease.id, now=2, reason="bye \ud800")
+    assert picture(s) == before
+    assert s.submit("bob", "kernel:b", SHARED, now=3, lease_id="B").state is LeaseState.GRANTED
+    s.release(lease.id, now=4)
+    s.tick(5)
+    committed = picture(s)
+    again = restart(url, backend)
+    assert picture(again) == committed and [l.id for l in again.leases()] == ["B"]
+    again.store.close()
+
+
+def test_a_refused_drain_is_undone(setup):
+    url, backend, store, s = setup
+    gpu = next(g for n in s.inventory()["nodes"] for g in n["gpus"] if g["model"] == "L4")
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.drain(gpu["uuid"], now=1)
+    assert not any(g["drained"] for n in s.inventory()["nodes"] for g in n["gpus"])
+    s.drain(gpu["uuid"], now=2)
+    again = restart(url, backend)
+    assert [g["drained"] for n in again.inventory()["nodes"] for g in n["gpus"] if g["uuid"] == gpu["uuid"]] == [True]
+    again.store.close()

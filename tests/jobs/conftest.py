@@ -1,0 +1,42 @@
+"""A real Jupyter server with the extension in embedded mode (simulated fleet), its job runner polling fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.conftest import extension_config, gpu_kernelspecs, gpualloc, wait_for  # noqa: F401 (fixtures)
+
+PREEMPT_GRACE = 1.0
+
+
+@pytest.fixture
+def jp_server_config(tmp_path):
+    return extension_config(tmp_path, GpuAllocExtension={"job_poll_interval": 0.2},
+                            SchedulerPolicy={"preempt_grace": PREEMPT_GRACE})
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def jobs_client(gpualloc, jp_asyncio_loop):
+    """The extension's own client of the embedded API (the server's token), the runner stopped at the end."""
+    yield gpualloc.client
+    jp_asyncio_loop.run_until_complete(gpualloc.runner.close())
+
+
+async def job_ends(client, job_id: str, timeout: float = 60.0) -> dict:
+    """Await the job's end; its final JSON."""
+    async def ended():
+        job = await client.job(job_id)
+        return job if job["state"] not in ("queued", "running") else None
+    return await wait_for(ended, timeout, interval=0.2)
+
+
+def cell_job(workdir, code: str, spec=None, **extra) -> dict:
+    return {"spec": spec or {"kind": "shared", "memory_gib": 4, "model": "L4"}, "workdir": str(workdir),
+            "source": {"kind": "cell", "code": code, **extra.pop("source", {})}, **extra}
