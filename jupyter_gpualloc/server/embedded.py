@@ -14,6 +14,7 @@ import re
 import time
 from typing import Any
 
+from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import JupyterHandler
 from tornado import web
 from tornado.escape import url_escape
@@ -48,10 +49,7 @@ class JupyterServerAuthenticator:
         self.identity = Identity(user, admin)
 
     async def identify(self, handler: JupyterHandler) -> Identity | None:
-        user = handler.identity_provider.get_user(handler)
-        if inspect.isawaitable(user):
-            user = await user
-        handler.current_user = handler._jupyter_current_user = user
+        user = handler.current_user  # found by jupyter_server's prepare(), which every route runs first
         if user is None:
             return None
         action = "read" if handler.request.method in ("GET", "HEAD", "OPTIONS") else "write"
@@ -63,23 +61,43 @@ class JupyterServerAuthenticator:
         return self.identity
 
     def check_xsrf(self, handler: JupyterHandler) -> None:
-        """Cookie-authenticated (browser) writes need the server's XSRF token; token requests do not."""
-        JupyterHandler.check_xsrf_cookie(handler)
+        """jupyter_server's prepare() has checked it: browser writes need the server's XSRF token."""
 
 
 def embedded_handler(cls: type[h.ApiHandler], paths: dict[str, str]) -> type:
     """The service's handler class, running as a JupyterHandler in the server's web app.
 
-    `paths` (route name -> path template) serves reverse_url: tornado cannot reverse a pattern
-    whose base URL holds a %-escape (e.g. /a%40b/).
+    Every request first passes jupyter_server's own prepare(): its Host allow-list (no DNS
+    rebinding), identity, CORS headers, XSRF and authentication; then its Origin check, as
+    jupyter_server's API handlers do; only then the service's own checks. `paths` (route name ->
+    path template) serves reverse_url: tornado cannot reverse a pattern whose base URL holds a
+    %-escape (e.g. /a%40b/).
     """
+
+    async def prepare(self) -> None:
+        if not self.check_host():
+            self.current_user = self._jupyter_current_user = None
+            raise h.ApiError(403, "this Jupyter server does not answer to that Host", field="Host")
+        try:
+            await JupyterHandler.prepare(self, _redirect_to_login=False)
+        except web.HTTPError as err:
+            if not self.check_origin():  # its XSRF check refuses a foreign Origin with a bare 404
+                raise h.ApiError(403, "cross-origin request refused", field="Origin") from None
+            raise h.ApiError(err.status_code, err.log_message or "authentication required: send this "
+                             "Jupyter server's token ('Authorization: token <token>')") from None
+        if not self.check_origin():
+            raise h.ApiError(403, "cross-origin request refused", field="Origin")
+        await cls.prepare(self)
 
     def reverse_url(self, name: str, *args: Any) -> str:
         values = iter(url_escape(str(a), plus=False) for a in args)
         return re.sub(r"\{[a-z_]+\}", lambda _: next(values), paths[name])
 
-    return type(f"Embedded{cls.__name__}", (cls, JupyterHandler),
-                {"auth_resource": AUTH_RESOURCE, "reverse_url": reverse_url})
+    members: dict[str, Any] = {"auth_resource": AUTH_RESOURCE, "reverse_url": reverse_url, "prepare": prepare,
+                               "check_xsrf_cookie": JupyterHandler.check_xsrf_cookie}
+    if not cls.auth_required:  # health and the OpenAPI document stay public, as in the service
+        members["get"] = allow_unauthenticated(cls.get)
+    return type(f"Embedded{cls.__name__}", (cls, JupyterHandler), members)
 
 
 class EmbeddedScheduler:
@@ -121,7 +139,7 @@ class EmbeddedScheduler:
         paths = {name: api + template for template, _, name in ROUTES}
         routes = []
         for template, handler, name in ROUTES:
-            kwargs: dict[str, Any] = {"ctx": self.ctx}
+            kwargs: dict[str, Any] = {"ctx": self.ctx, "route": template}
             if handler is h.OpenApiHandler:
                 kwargs["document"] = document
             routes.append(web.url(api + route_regex(template), embedded_handler(handler, paths), kwargs))

@@ -115,7 +115,9 @@ def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | No
     document = openapi_document(api, cookie_name)
     handlers: list = []
     for template, handler, name in ROUTES:
-        kwargs = {"ctx": ctx, "document": document} if handler is h.OpenApiHandler else {"ctx": ctx}
+        kwargs = {"ctx": ctx, "route": template}
+        if handler is h.OpenApiHandler:
+            kwargs["document"] = document
         handlers.append(web.url(api + route_regex(template), handler, kwargs, name=name))
     handlers.append(web.url(join_url(base_url) + "/?", RootHandler, {"ctx": ctx}, name="root"))
     if hub_auth is not None:

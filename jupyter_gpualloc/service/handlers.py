@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from http.client import responses
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -25,10 +26,12 @@ from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler
 from .auth import Forbidden, Identity
 from .events import EventBroker
 from .metrics import CONTENT_TYPE, ServiceMetrics
+from .openapi import MAX_EPOCH, openapi_document
+from .validation import InputError, RequestValidator, parse_json
 
-LEASE_FIELDS = {"spec", "holder", "priority", "wait", "preemptible", "idle_timeout"}
-TOUCH_FIELDS = {"last_activity", "busy", "connections"}
 MAX_BODY_BYTES = 64 * 1024
+REQUESTS = RequestValidator(openapi_document("/"))
+_RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}):([0-9]{2})(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
 @dataclass
@@ -69,8 +72,10 @@ class ApiHandler(web.RequestHandler):
     auth_required = True
     identity: Identity
 
-    def initialize(self, ctx: ServiceContext) -> None:
+    def initialize(self, ctx: ServiceContext, route: str = "") -> None:
         self.ctx = ctx
+        self.route = route  # the path template in the OpenAPI document, e.g. /leases/{lease_id}
+        self.body: dict[str, Any] = {}
 
     @property
     def scheduler(self) -> Scheduler:
@@ -81,8 +86,12 @@ class ApiHandler(web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def prepare(self) -> None:
-        if not self.auth_required:
-            return
+        if self.auth_required:
+            await self.authenticate()
+        self.check_request()
+
+    async def authenticate(self) -> None:
+        """Who is calling (401 if unknown, 403 if not allowed); XSRF for browser writes."""
         try:
             identity = await self.ctx.authenticator.identify(self)
         except Forbidden as err:
@@ -97,6 +106,30 @@ class ApiHandler(web.RequestHandler):
     def check_xsrf_cookie(self) -> None:
         """XSRF is checked in prepare(), by the authenticator, once the caller is known."""
 
+    def check_request(self) -> None:
+        """The query and the JSON body as the OpenAPI document describes them, else 400 naming the field."""
+        method = self.request.method or ""
+        try:
+            REQUESTS.check_query(self.route, method, self.request.query_arguments)
+            if REQUESTS.has_body(self.route, method):
+                self.body = self._read_body()
+                REQUESTS.check_body(self.route, method, self.body)
+        except InputError as err:
+            raise ApiError(400, f"{err.field} {err.message}", field=err.field) from None
+
+    def _read_body(self) -> Any:
+        raw = self.request.body
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", field="body")
+        if self.request.headers.get("Content-Type", "").lower().startswith("multipart/"):
+            raise ApiError(415, "the body must be JSON (application/json), not multipart", field="body")
+        return parse_json(raw) if raw.strip() else {}
+
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this route implements, for a 405's Allow header."""
+        return [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+                if getattr(type(self), m.lower()) is not getattr(web.RequestHandler, m.lower())]
+
     def require_admin(self) -> None:
         if not self.identity.admin:
             raise ApiError(403, "this needs the allocator's admin permission")
@@ -108,6 +141,8 @@ class ApiHandler(web.RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         exc = error_status(exc) or exc
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         if isinstance(exc, ApiError):
             self.set_status(exc.status_code)
             for name, value in exc.headers.items():
@@ -132,19 +167,8 @@ class ApiHandler(web.RequestHandler):
         app_log.warning("%d %s %s: %s", error.status_code, self.request.method, self.request.path, error.message)
 
     def json_body(self) -> dict[str, Any]:
-        """The request body as a JSON object; an empty body is an empty object."""
-        raw = self.request.body
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", field="body")
-        if not raw.strip():
-            return {}
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as err:
-            raise ApiError(400, f"body is not valid JSON: {err}", field="body") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "body must be a JSON object", field="body")
-        return data
+        """The request body, checked in prepare() against the document; an empty body is an empty object."""
+        return self.body
 
     def visible_lease(self, lease_id: str) -> Lease:
         """The lease if the caller may see it (theirs, or any for an admin); else 404."""
@@ -165,22 +189,6 @@ class ApiHandler(web.RequestHandler):
 # -------------------------------------------------------------------- validation
 
 
-def _number(body: dict, name: str, *, minimum: float = 0.0) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
-        raise ApiError(400, f"{name} must be a number >= {minimum:g}", field=name)
-    return float(value)
-
-
-def _bool(body: dict, name: str) -> bool | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be true or false", field=name)
-    return value
-
-
 def _reject_unknown(body: dict, allowed: set[str]) -> None:
     for key in body:
         if key not in allowed:
@@ -188,23 +196,24 @@ def _reject_unknown(body: dict, allowed: set[str]) -> None:
 
 
 def parse_timestamp(value: Any, name: str) -> float | None:
-    """Epoch seconds or an ISO-8601 string (a naive one is UTC) -> epoch seconds."""
+    """Epoch seconds or an RFC 3339 time (a leap second reads as :59) -> epoch seconds."""
     if value is None:
         return None
-    if isinstance(value, str):
-        text = value.strip()
-        if text.endswith("Z"):
-            text = text[:-1] + "+00:00"
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            raise ApiError(400, f"{name} must be epoch seconds or an ISO-8601 time", field=name) from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=timezone.utc)
-        return moment.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ApiError(400, f"{name} must be epoch seconds or an ISO-8601 time", field=name)
-    return float(value)
+    if not isinstance(value, str):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 <= value <= MAX_EPOCH:
+            raise ApiError(400, f"{name} must be epoch seconds or an RFC 3339 time", field=name)
+        return float(value)
+    found = _RFC3339.fullmatch(value)
+    try:
+        if found is None:
+            raise ValueError(value)
+        day, minutes, seconds, fraction, offset = found.groups()
+        offset = "+00:00" if offset in ("Z", "z") else offset
+        text = f"{day}T{minutes}:{min(int(seconds), 59):02d}{(fraction or '')[:7]}{offset}"
+        return datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError):
+        raise ApiError(400, f"{name} must be epoch seconds or an RFC 3339 time", field=name) from None
 
 
 # -------------------------------------------------------------------- handlers
@@ -250,7 +259,7 @@ class OffersHandler(ApiHandler):
 
 class LeasesHandler(ApiHandler):
     def get(self) -> None:
-        everyone = self.get_query_argument("all", "0") not in ("0", "", "false")
+        everyone = self.get_query_argument("all", "0") == "1"
         if everyone:
             self.require_admin()
         leases = self.scheduler.leases(None if everyone else self.identity.user)
@@ -258,24 +267,16 @@ class LeasesHandler(ApiHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        _reject_unknown(body, LEASE_FIELDS)
-        if "spec" not in body:
-            raise ApiError(400, "spec is required", field="spec")
         spec = SliceSpec.from_json(body["spec"])
-        holder = body.get("holder")
-        if not isinstance(holder, str):
-            raise ApiError(400, "holder is required: 'server', 'kernel:<id>' or 'job:<id>'", field="holder")
+        wait = body.get("wait")
         try:
-            priority = PriorityClass(body.get("priority", "interactive"))
-        except (ValueError, TypeError):
-            raise ApiError(400, "priority must be 'interactive' or 'batch'", field="priority") from None
-        wait = _number(body, "wait")
-        preemptible = _bool(body, "preemptible")
-        idle_timeout = _number(body, "idle_timeout")
-        with self.ctx.metrics.timed("submit"):
-            lease = self.scheduler.submit(
-                self.identity.user, holder, spec, priority, now=self.ctx.clock(), groups=self.identity.groups,
-                preemptible=preemptible, wait=wait != 0, idle_timeout=idle_timeout)
+            with self.ctx.metrics.timed("submit"):
+                lease = self.scheduler.submit(
+                    self.identity.user, body["holder"], spec, PriorityClass(body.get("priority", "interactive")),
+                    now=self.ctx.clock(), groups=self.identity.groups, preemptible=body.get("preemptible"),
+                    wait=wait != 0, idle_timeout=body.get("idle_timeout"))
+        except SpecError as err:
+            raise ApiError(400, str(err), field=field_as_asked(err.field, body["spec"])) from None
         if lease.state is LeaseState.QUEUED and wait:
             await self.ctx.broker.wait_for_change(lease.id, min(wait, self.ctx.max_wait))
             lease = self.scheduler.lease(lease.id)
@@ -310,15 +311,10 @@ class TouchHandler(ApiHandler):
     def post(self, lease_id: str) -> None:
         lease = self.visible_lease(lease_id)
         body = self.json_body()
-        _reject_unknown(body, TOUCH_FIELDS)
         now = self.ctx.clock()
         last_activity = parse_timestamp(body.get("last_activity"), "last_activity")
-        busy = _bool(body, "busy")
-        connections = body.get("connections")
-        if connections is not None and (isinstance(connections, bool) or not isinstance(connections, int)
-                                        or connections < 0):
-            raise ApiError(400, "connections must be a non-negative integer", field="connections")
-        if connections and self.ctx.connections_are_activity:
+        busy = body.get("busy")
+        if body.get("connections") and self.ctx.connections_are_activity:
             last_activity = now
         if not lease.state.active:
             raise ApiError(404, f"lease {lease_id} has already ended", state=lease.state.value)
@@ -329,12 +325,7 @@ class TouchHandler(ApiHandler):
 
 class HeartbeatHandler(ApiHandler):
     def post(self) -> None:
-        body = self.json_body()
-        _reject_unknown(body, {"holders"})
-        holders = body.get("holders")
-        if holders is not None and (not isinstance(holders, list) or not all(isinstance(h, str) for h in holders)):
-            raise ApiError(400, "holders must be a list of holder names", field="holders")
-        leases = self.scheduler.heartbeat(self.identity.user, holders, now=self.ctx.clock())
+        leases = self.scheduler.heartbeat(self.identity.user, self.json_body().get("holders"), now=self.ctx.clock())
         self.write_json({"leases": [self.lease_json(l) for l in leases]})
 
 
@@ -399,8 +390,8 @@ class MetricsHandler(ApiHandler):
 class OpenApiHandler(ApiHandler):
     auth_required = False
 
-    def initialize(self, ctx: ServiceContext, document: dict) -> None:
-        super().initialize(ctx)
+    def initialize(self, ctx: ServiceContext, document: dict, route: str = "") -> None:
+        super().initialize(ctx, route)
         self.document = document
 
     def get(self) -> None:
@@ -412,6 +403,11 @@ class NotFoundHandler(ApiHandler):
 
     def prepare(self) -> None:
         raise ApiError(404, f"no such endpoint: {self.request.method} {self.request.path}")
+
+
+def field_as_asked(field: str, spec: dict[str, Any]) -> str:
+    """The core names memory in MiB; blame memory_gib when that is how the request gave it."""
+    return "spec.memory_gib" if field == "spec.memory_mib" and "memory_gib" in spec else field
 
 
 def error_status(exc: BaseException) -> ApiError | None:

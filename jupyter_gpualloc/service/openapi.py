@@ -1,10 +1,20 @@
-"""The OpenAPI 3.1 document of REST API v1, built from the same route table the app serves."""
+"""The OpenAPI 3.1 document of REST API v1, built from the same route table the app serves.
+
+The API validates every request against this document's own schemas (service/validation.py),
+so the rules here, cross-field ones included, are exactly the rules the API applies.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from ..core.model import NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
+
 API_VERSION = "1"
+MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
+MAX_SECONDS = 10 ** 9
+MAX_HOLDERS = 1000
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -20,6 +30,32 @@ def _error(description: str) -> dict[str, Any]:
 
 
 NULLABLE_NUMBER = {"type": ["number", "null"]}
+# A name: no control or invisible formatting characters, no whitespace at either end.
+_NAME_BODY = f"[^\\s{UNPRINTABLE}]([^{UNPRINTABLE}]*[^\\s{UNPRINTABLE}])?"
+NAME = {"type": "string", "minLength": 1, "maxLength": NAME_MAX_LENGTH, "pattern": f"^{_NAME_BODY}$",
+        "x-rule": "must not hold control or invisible formatting characters, nor start or end with whitespace"}
+HOLDER = {**NAME, "pattern": f"^(server|(server|kernel|job):{_NAME_BODY})$",
+          "x-rule": "must be 'server', 'server:<name>', 'kernel:<id>' or 'job:<id>', "
+                    "without control or invisible formatting characters"}
+
+
+def _rule(field: str, message: str, refused: dict[str, Any]) -> dict[str, Any]:
+    """A cross-field rule of a spec: `refused` matches the specs it refuses; `field` is the one blamed."""
+    return {"not": refused, "x-field": field, "x-rule": message, "description": message}
+
+
+SPEC_RULES = [
+    _rule("memory_mib", "give memory_gib or memory_mib, not both", {"required": ["memory_gib", "memory_mib"]}),
+    _rule("count", "only whole GPUs come in counts above 1",
+          {"required": ["count"], "properties": {"count": {"minimum": 2}},
+           "anyOf": [{"required": ["profile"]},
+                     {"required": ["kind"], "properties": {"kind": {"enum": ["mig", "shared"]}}}]}),
+    _rule("profile", "only a mig slice has a profile",
+          {"required": ["profile", "kind"], "properties": {"kind": {"enum": ["shared", "whole"]}}}),
+    _rule("memory_gib", "a shared slice needs its memory size",
+          {"required": ["kind"], "properties": {"kind": {"const": "shared"}},
+           "not": {"anyOf": [{"required": ["memory_gib"]}, {"required": ["memory_mib"]}]}}),
+]
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -38,15 +74,20 @@ SCHEMAS: dict[str, Any] = {
     },
     "SliceSpec": {
         "type": "object", "additionalProperties": False,
+        "description": "What to ask for. A spec no GPU of this fleet could ever provide (an unknown model "
+                       "or node, a profile or size no GPU has) is answered 400 naming the field.",
         "properties": {
-            "kind": {"enum": ["mig", "shared", "whole", "any"]},
-            "memory_gib": {"type": "number", "exclusiveMinimum": 0},
-            "memory_mib": {"type": "integer", "minimum": 1},
-            "profile": {"type": "string", "pattern": "^\\d+g\\.\\d+gb(\\+me)?$"},
-            "model": {"type": "string"}, "count": {"type": "integer", "minimum": 1},
-            "node": {"type": "string"}, "cpu_milli": {"type": "integer", "minimum": 0},
-            "host_memory_mib": {"type": "integer", "minimum": 0},
+            "kind": {"enum": ["mig", "shared", "whole", "any"],
+                     "description": "Default: mig when a profile is given, else any."},
+            "memory_gib": {"type": "number", "exclusiveMinimum": 0, "maximum": SPEC_LIMITS["memory_gib"]},
+            "memory_mib": {"type": "integer", "minimum": 1, "maximum": SPEC_LIMITS["memory_mib"]},
+            "profile": {"type": "string", "maxLength": 32, "pattern": f"^{PROFILE_PATTERN}$",
+                        "x-rule": "must look like 1g.10gb or 3g.40gb"},
+            "model": NAME, "count": {"type": "integer", "minimum": 1, "maximum": SPEC_LIMITS["count"]},
+            "node": NAME, "cpu_milli": {"type": "integer", "minimum": 0, "maximum": SPEC_LIMITS["cpu_milli"]},
+            "host_memory_mib": {"type": "integer", "minimum": 0, "maximum": SPEC_LIMITS["host_memory_mib"]},
         },
+        "allOf": SPEC_RULES,
     },
     "Slice": {
         "type": "object", "required": ["kind", "node", "gpu_uuids", "memory_mib", "visible_devices"],
@@ -81,25 +122,26 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "required": ["spec", "holder"], "additionalProperties": False,
         "properties": {
             "spec": _ref("SliceSpec"),
-            "holder": {"type": "string", "pattern": "^(server(:.+)?|kernel:.+|job:.+)$"},
+            "holder": HOLDER,
             "priority": {"enum": ["interactive", "batch"], "default": "interactive"},
-            "wait": {"type": "number", "minimum": 0,
-                     "description": "Seconds to long-poll for a grant. Absent: queue and answer at once; "
-                                    "0: reject (409) if nothing fits now."},
+            "wait": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS,
+                     "description": "Seconds to long-poll for a grant (at most the service's max_wait). "
+                                    "Absent: queue and answer at once; 0: reject (409) if nothing fits now."},
             "preemptible": {"type": "boolean"},
-            "idle_timeout": {"type": "number", "minimum": 0},
+            "idle_timeout": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
         },
     },
     "Touch": {
         "type": "object", "additionalProperties": False,
         "properties": {
-            "last_activity": {"oneOf": [{"type": "number", "minimum": 0},
-                                        {"type": "string", "format": "date-time"}]},
-            "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0},
+            "last_activity": {"oneOf": [{"type": "number", "minimum": 0, "maximum": MAX_EPOCH},
+                                        {"type": "string", "format": "date-time", "maxLength": 64}],
+                              "description": "Epoch seconds or an RFC 3339 time; a time after now counts as now."},
+            "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
         },
     },
     "Heartbeat": {"type": "object", "additionalProperties": False,
-                  "properties": {"holders": {"type": "array", "items": {"type": "string"}}}},
+                  "properties": {"holders": {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}}},
     "Inventory": {
         "type": "object", "required": ["nodes", "queue"],
         "properties": {
@@ -144,7 +186,14 @@ SCHEMAS: dict[str, Any] = {
 LEASE_ID = {"name": "lease_id", "in": "path", "required": True, "schema": {"type": "string"}}
 GPU_UUID = {"name": "gpu_uuid", "in": "path", "required": True, "schema": {"type": "string"}}
 AUTH_ERRORS = {"401": _error("No or unknown credentials."),
-               "403": _error("Known caller without permission for this.")}
+               "403": _error("Known caller without permission for this; in a Jupyter server also a request "
+                             "without its credentials, or from a foreign Host or Origin.")}
+# Answers every operation may give, added to each where it applies.
+COMMON_ERRORS = {
+    "query": {"400": _error("A query parameter not as documented; `field` names it.")},
+    "body": {"400": _error("Bad input; `field` names it."), "413": _error("A body over 64 KiB."),
+             "415": _error("A multipart body: bodies are JSON.")},
+}
 
 OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
     "/health": {"get": {"summary": "Liveness; needs no authentication.", "security": [],
@@ -402,5 +451,26 @@ def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str
                               "description": "The service's JupyterHub OAuth cookie (browsers, hub mode)."},
             },
         },
-        "paths": OPERATIONS,
+        "paths": _with_common_errors(OPERATIONS),
     }
+
+
+def _with_common_errors(operations: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each operation's answers plus those every operation of its shape may give (auth, bad input)."""
+    paths = copy.deepcopy(operations)
+    for item in paths.values():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            responses = operation["responses"]
+            extra: dict[str, Any] = {}
+            if operation.get("security") != []:
+                extra.update(AUTH_ERRORS)
+            parameters = item.get("parameters", []) + operation.get("parameters", [])
+            if any(p["in"] == "query" for p in parameters):
+                extra.update(COMMON_ERRORS["query"])
+            if "requestBody" in operation:
+                extra.update(COMMON_ERRORS["body"])
+            for status, answer in extra.items():
+                responses.setdefault(status, answer)
+    return paths

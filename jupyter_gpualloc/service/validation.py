@@ -1,0 +1,166 @@
+"""Every request checked against the OpenAPI document's own schemas, by one mechanism for all routes.
+
+A body is parsed with bounds (nesting depth; NaN and Infinity spelled out; lone UTF-16
+surrogates, which JSON can spell but no store can keep) and then validated with jsonschema
+against the schema the document publishes for its operation, as are the declared query
+parameters. So the API accepts exactly what the document says, and the first problem becomes an
+`InputError` naming the field (`spec.memory_gib`, `holders[2]`, `all`) and saying what is wrong
+in a few words, never echoing the value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+from jsonschema import Draft202012Validator, ValidationError
+from jsonschema.exceptions import best_match
+
+MAX_DEPTH = 10
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_JSON_TYPES = {"object": "an object", "array": "an array", "string": "a string", "integer": "an integer",
+               "number": "a number", "boolean": "true or false", "null": "null"}
+
+
+class InputError(ValueError):
+    """A request value the API refuses; `field` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _SpelledOut:
+    """NaN, Infinity or -Infinity in a JSON text: not JSON numbers, kept to name their field."""
+
+    def __init__(self, token: str):
+        self.token = token
+
+
+def parse_json(raw: bytes) -> Any:
+    """A JSON text -> Python values; InputError on bad UTF-8, bad JSON, deep nesting, NaN, lone surrogates."""
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_SpelledOut)
+    except UnicodeDecodeError:
+        raise InputError("body", "is not UTF-8") from None
+    except RecursionError:
+        raise InputError("body", f"is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:
+        raise InputError("body", f"is not valid JSON ({str(err).split(':')[0]})") from None
+    for path, value, depth in _walk(data):
+        if depth > MAX_DEPTH:
+            raise InputError(path or "body", f"is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, _SpelledOut):
+            raise InputError(path, f"must be a finite number, not {value.token}")
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise InputError(path or "body", "holds a lone UTF-16 surrogate")
+    return data
+
+
+def _walk(data: Any) -> Iterator[tuple[str, Any, int]]:
+    """(field path, value, depth) of every value and object key, without recursion."""
+    stack = [("", data, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        yield path, value, depth
+        if isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else key
+                yield child, key, depth + 1
+                stack.append((child, item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
+
+
+def field_name(error: ValidationError) -> str:
+    """The request field a schema error is about: the missing, unknown or offending property."""
+    parts = list(error.absolute_path)
+    if error.validator == "required":
+        parts.append(next(p for p in error.validator_value if p not in error.instance))
+    elif error.validator == "additionalProperties":
+        known = error.schema.get("properties", {})
+        parts.append(next(k for k in error.instance if k not in known))
+    elif "x-field" in error.schema:
+        parts.append(error.schema["x-field"])
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "body"
+
+
+def describe(error: ValidationError) -> str:
+    """A schema error in a few words, without the offending value."""
+    schema, keyword, expected = error.schema, error.validator, error.validator_value
+    if keyword == "required":
+        return "is required"
+    if keyword == "additionalProperties":
+        return "is not a field of this request"
+    if keyword == "type":
+        types = expected if isinstance(expected, list) else [expected]
+        return "must be " + " or ".join(_JSON_TYPES[t] for t in types)
+    if keyword in ("enum", "const"):
+        values = expected if keyword == "enum" else [expected]
+        return "must be one of " + ", ".join(json.dumps(v) for v in values)
+    if keyword == "minimum":
+        return f"must be at least {expected}"
+    if keyword == "exclusiveMinimum":
+        return f"must be above {expected}"
+    if keyword == "maximum":
+        return f"must be at most {expected}"
+    if keyword == "minLength":
+        return f"must be at least {expected} character{'s' if expected != 1 else ''}"
+    if keyword == "maxLength":
+        return f"must be at most {expected} characters"
+    if keyword == "maxItems":
+        return f"must have at most {expected} items"
+    return schema.get("x-rule") or f"does not match the document ({keyword})"
+
+
+class RequestValidator:
+    """The request schemas of an OpenAPI document, compiled once, checked per operation."""
+
+    def __init__(self, document: dict[str, Any]):
+        components = document["components"]
+        self._bodies: dict[tuple[str, str], Draft202012Validator] = {}
+        self._queries: dict[tuple[str, str], dict[str, Draft202012Validator]] = {}
+        for path, operations in document["paths"].items():
+            for method, operation in operations.items():
+                if method == "parameters":
+                    continue
+                key = (path, method.upper())
+                content = operation.get("requestBody", {}).get("content", {}).get("application/json")
+                if content is not None:
+                    self._bodies[key] = Draft202012Validator({**content["schema"], "components": components})
+                parameters = operations.get("parameters", []) + operation.get("parameters", [])
+                self._queries[key] = {
+                    p["name"]: Draft202012Validator({**p["schema"], "components": components})
+                    for p in parameters if p["in"] == "query"}
+
+    def has_body(self, route: str, method: str) -> bool:
+        return (route, method) in self._bodies
+
+    def check_query(self, route: str, method: str, arguments: dict[str, list[bytes]]) -> None:
+        """Each declared query parameter given once, valid by its schema; others are not ours."""
+        for name, validator in self._queries.get((route, method), {}).items():
+            values = arguments.get(name)
+            if values is None:
+                continue
+            if len(values) > 1:
+                raise InputError(name, "must be given once")
+            try:
+                value = values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(name, "is not UTF-8") from None
+            self._raise_first(validator, value, prefix=name)
+
+    def check_body(self, route: str, method: str, data: Any) -> None:
+        self._raise_first(self._bodies[(route, method)], data)
+
+    @staticmethod
+    def _raise_first(validator: Draft202012Validator, value: Any, prefix: str = "") -> None:
+        error = best_match(validator.iter_errors(value))
+        if error is not None:
+            name = field_name(error)
+            raise InputError(prefix if prefix and name == "body" else name, describe(error))
