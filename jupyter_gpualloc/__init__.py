@@ -10,3 +10,8 @@ def unload_ipython_extension(ipython):
     from .kernel import unload_ipython_extension as unload
 
     unload(ipython)
+
+
+def _jupyter_labextension_paths():
+    """The prebuilt JupyterLab extension (the GPUs panel), for `jupyter labextension develop`."""
+    return [{"src": "labextension", "dest": "jupyter-gpualloc"}]

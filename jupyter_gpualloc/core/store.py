@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine,
                         delete, event, func, select)
@@ -56,6 +57,17 @@ mig_instances = Table(
 drained_gpus = Table(
     "drained_gpus", metadata,
     Column("gpu_uuid", String(128), primary_key=True),
+)
+
+# Write-ahead for MIG instances: a row is written before the core asks a device for an instance
+# and removed in the transaction that records the instance; a row found at start names an
+# instance the core made but never recorded.
+mig_intents = Table(
+    "mig_intents", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("gpu_uuid", String(128), nullable=False),
+    Column("profile_id", Integer, nullable=False),
+    Column("start", Integer, nullable=False),
 )
 
 meta = Table(
@@ -136,6 +148,7 @@ class MigIntent:
 class StoredState:
     leases: list[Lease] = field(default_factory=list)
     instances: list[InstanceRecord] = field(default_factory=list)
+    intents: list[MigIntent] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     seq: int = 0
 
@@ -150,7 +163,9 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         is_sqlite = url.startswith("sqlite")
-        self.engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {})
+        # pool_pre_ping: a server restart or a dropped connection costs a reconnect, not an error.
+        self.engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {},
+                                    pool_pre_ping=not is_sqlite)
         self._insert = sqlite_insert if is_sqlite else pg_insert
         if is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -170,8 +185,9 @@ class Store:
 
     # -------------------------------------------------------------- writes
     def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
-             seq: int) -> None:
-        """One transaction: upsert leases, add/remove MIG instance records, remember the sequence."""
+             seq: int, *, drains: Mapping[str, bool] | None = None, intents_done: Sequence[str] = ()) -> None:
+        """One transaction: upsert leases, add/remove MIG instance records, set GPUs' drain marks,
+        drop fulfilled MIG intents, remember the sequence. Nothing is written if any part fails."""
         with self.engine.begin() as conn:
             if changed:
                 conn.execute(self._upsert_leases, [_lease_row(l) for l in changed])
@@ -181,13 +197,24 @@ class Store:
                     conn.execute(mig_instances.insert().values(
                         uuid=inst.uuid, gpu_uuid=gpu_uuid, profile_id=inst.profile_id, start=inst.start,
                         size=inst.size, gi_id=inst.gi_id, ci_id=inst.ci_id, created_by_core=created))
+            for gpu_uuid, drained in (drains or {}).items():
+                conn.execute(delete(drained_gpus).where(drained_gpus.c.gpu_uuid == gpu_uuid))
+                if drained:
+                    conn.execute(drained_gpus.insert().values(gpu_uuid=gpu_uuid))
+            if intents_done:
+                conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(list(intents_done))))
             conn.execute(self._upsert_meta_row, {"key": "seq", "value": str(seq)})
 
-    def save_drain(self, gpu_uuid: str, drained: bool) -> None:
+    def record_intent(self, intent: MigIntent) -> None:
+        """Write, in its own transaction, that the core is about to create a MIG instance."""
         with self.engine.begin() as conn:
-            conn.execute(delete(drained_gpus).where(drained_gpus.c.gpu_uuid == gpu_uuid))
-            if drained:
-                conn.execute(drained_gpus.insert().values(gpu_uuid=gpu_uuid))
+            conn.execute(mig_intents.insert().values(id=intent.id, gpu_uuid=intent.gpu_uuid,
+                                                     profile_id=intent.profile_id, start=intent.start))
+
+    def clear_intents(self, intent_ids: Sequence[str]) -> None:
+        """Forget intents whose instance was destroyed again before any commit recorded it."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(list(intent_ids))))
 
     def save_jobs(self, changed: list[Job]) -> None:
         """One transaction: upsert job records."""
@@ -202,7 +229,7 @@ class Store:
 
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
-        """Active leases, recorded MIG instances, drained GPUs and the last sequence number."""
+        """Active leases, recorded MIG instances and intents, drained GPUs, the last sequence number."""
         state = StoredState()
         with self.engine.connect() as conn:
             active = [LeaseState.QUEUED.value, LeaseState.GRANTED.value]
@@ -212,6 +239,8 @@ class Store:
                 state.instances.append(InstanceRecord(row["gpu_uuid"], MigInstance(
                     uuid=row["uuid"], profile_id=row["profile_id"], start=row["start"], size=row["size"],
                     gi_id=row["gi_id"], ci_id=row["ci_id"]), row["created_by_core"]))
+            state.intents = [MigIntent(r["id"], r["gpu_uuid"], r["profile_id"], r["start"])
+                             for r in conn.execute(select(mig_intents)).mappings()]
             state.drained = [r[0] for r in conn.execute(select(drained_gpus.c.gpu_uuid))]
             seq = conn.execute(select(meta.c.value).where(meta.c.key == "seq")).scalar()
             state.seq = int(seq) if seq else 0

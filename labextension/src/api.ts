@@ -1,0 +1,142 @@
+/**
+ * The sidebar's client of the server extension: the sidebar API under `<base_url>gpualloc/api/`
+ * and, for jobs, REST API v1 under `<base_url>gpualloc/api/v1/`. Every request carries
+ * `no_track_activity=1`, so an open panel never keeps the server "active" for an idle culler.
+ */
+
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
+
+/** A refused call: the HTTP status and the server's message, for people. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+/** The sidebar API's own paths, and REST API v1's, below the server's base URL. */
+const ROOT = 'gpualloc/api';
+const V1 = 'gpualloc/api/v1';
+
+export class GpuApi {
+  constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+
+  url(path: string, query: Record<string, string> = {}): string {
+    const params = new URLSearchParams({ ...query, no_track_activity: '1' });
+    return `${URLExt.join(this.settings.baseUrl, path)}?${params}`;
+  }
+
+  async call<T>(path: string, init: RequestInit = {}, query: Record<string, string> = {}): Promise<T> {
+    const response = await ServerConnection.makeRequest(this.url(path, query), init, this.settings);
+    const text = await response.text();
+    let body: any = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      body = null;
+    }
+    if (!response.ok) {
+      const reason = body?.message || body?.error || body?.reason || response.statusText;
+      throw new ApiError(response.status, String(reason));
+    }
+    return body as T;
+  }
+
+  private post<T>(path: string, body: unknown): Promise<T> {
+    return this.call<T>(path, { method: 'POST', body: JSON.stringify(body) });
+  }
+
+  inventory(): Promise<Inventory> {
+    return this.call<Inventory>(`${ROOT}/inventory`);
+  }
+
+  async offers(): Promise<Offer[]> {
+    return (await this.call<{ offers: Offer[] }>(`${ROOT}/offers`)).offers;
+  }
+
+  async slices(): Promise<LeaseEntry[]> {
+    return (await this.call<{ slices: LeaseEntry[] }>(`${ROOT}/slices`)).slices;
+  }
+
+  /** Ask for an offer's slice for a kernel of this server (queued when nothing fits now). */
+  request(offer: string, kernelId: string): Promise<LeaseEntry> {
+    return this.post<LeaseEntry>(`${ROOT}/request`, { offer, kernel_id: kernelId });
+  }
+
+  /** Release a granted slice, or withdraw a queued request. */
+  release(leaseId: string): Promise<LeaseEntry> {
+    return this.post<LeaseEntry>(`${ROOT}/release`, { lease_id: leaseId });
+  }
+
+  /** Count now as the holder's activity: clears an idle warning. */
+  extend(leaseId: string): Promise<LeaseEntry> {
+    return this.post<LeaseEntry>(`${ROOT}/extend`, { lease_id: leaseId });
+  }
+
+  async jobs(): Promise<Job[]> {
+    return (await this.call<{ jobs: Job[] }>(`${V1}/jobs`)).jobs;
+  }
+
+  /** Run a notebook (path relative to the server's root) as a background job on an offer's slice. */
+  submitJob(notebook: string, spec: Record<string, unknown>): Promise<Job> {
+    return this.post<Job>(`${V1}/jobs`, { notebook, spec });
+  }
+
+  cancelJob(id: string): Promise<Job> {
+    return this.call<Job>(`${V1}/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+  }
+
+  rerunJob(id: string): Promise<Job> {
+    return this.post<Job>(`${V1}/jobs/${encodeURIComponent(id)}/rerun`, {});
+  }
+
+  /** A job's log as it grows: `onText` gets each new piece; the returned function stops reading. */
+  followLog(id: string, onText: (text: string) => void, onEnd: (error?: string) => void): () => void {
+    const controller = new AbortController();
+    const url = this.url(`${V1}/jobs/${encodeURIComponent(id)}/log`, { follow: '1' });
+    ServerConnection.makeRequest(url, { signal: controller.signal }, this.settings)
+      .then(async response => {
+        if (!response.ok || !response.body) {
+          onEnd(`the log is not available (${response.status})`);
+          return;
+        }
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) {
+            break;
+          }
+          onText(decoder.decode(value, { stream: true }));
+        }
+        onEnd();
+      })
+      .catch(err => {
+        if (!controller.signal.aborted) {
+          onEnd(String(err));
+        }
+      });
+    return () => controller.abort();
+  }
+
+  /** The event stream; `onEvent` for each event, `onState(true|false)` as it connects or drops. */
+  events(onEvent: (event: GpuEvent) => void, onState: (connected: boolean) => void): EventSource {
+    const query: Record<string, string> = this.settings.token ? { token: this.settings.token } : {};
+    const source = new EventSource(this.url(`${ROOT}/events`, query), { withCredentials: true });
+    source.onopen = () => onState(true);
+    source.onerror = () => onState(false);
+    source.onmessage = message => {
+      try {
+        onEvent(JSON.parse(message.data));
+      } catch {
+        // a message that is not JSON is not an event
+      }
+    };
+    return source;
+  }
+}

@@ -1,0 +1,216 @@
+/**
+ * The panel's and the status bar's shared state: fetched from the server extension, kept live by
+ * its event stream (polling only while the stream is down), and turned into notifications.
+ */
+
+import { Notification } from '@jupyterlab/apputils';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { ApiError, GpuApi } from './api';
+import { ACTIVE_JOB_STATES } from './model/jobs';
+import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
+
+/** Seconds between fetches while the event stream is down, and while a job of mine is active. */
+export const POLL_SECONDS = 10;
+export const JOB_POLL_SECONDS = 3;
+const FINISHED_JOB: Record<string, 'success' | 'error'> = {
+  succeeded: 'success',
+  failed: 'error',
+  timed_out: 'error'
+};
+
+export class GpuModel {
+  constructor(readonly api: GpuApi) {}
+
+  inventory: Inventory | null = null;
+  offers: Offer[] = [];
+  stream: StreamState = INITIAL_STATE;
+  /** null: the server has no jobs API. */
+  jobs: Job[] | null = [];
+  connected = false;
+  error: string | null = null;
+
+  get slices(): LeaseEntry[] {
+    return this.stream.slices;
+  }
+
+  get changed(): ISignal<GpuModel, void> {
+    return this._changed;
+  }
+
+  /** Fetch everything and open the event stream. */
+  start(): void {
+    void this.refresh();
+    void this.refreshJobs();
+    this.connect();
+    this._poll = window.setInterval(() => {
+      if (!this.connected) {
+        void this.refresh();
+      }
+    }, POLL_SECONDS * 1000);
+  }
+
+  dispose(): void {
+    this._source?.close();
+    window.clearInterval(this._poll);
+    window.clearTimeout(this._jobPoll);
+  }
+
+  async refresh(): Promise<void> {
+    try {
+      const [inventory, offers, slices] = await Promise.all([
+        this.api.inventory(),
+        this.api.offers(),
+        this.api.slices()
+      ]);
+      this.inventory = inventory;
+      this.offers = offers;
+      this.stream = withSlices(this.stream, slices);
+      this.error = null;
+    } catch (err) {
+      this.error = `The GPU allocator cannot be reached: ${(err as Error).message}`;
+    }
+    this._changed.emit();
+  }
+
+  async refreshJobs(): Promise<void> {
+    window.clearTimeout(this._jobPoll);
+    let jobs: Job[];
+    try {
+      jobs = await this.api.jobs();
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        this.jobs = null;
+        this._changed.emit();
+      }
+      return;
+    }
+    this.announceFinishedJobs(jobs);
+    this.jobs = jobs;
+    this._changed.emit();
+    if (jobs.some(j => ACTIVE_JOB_STATES.has(j.state))) {
+      this._jobPoll = window.setTimeout(() => void this.refreshJobs(), JOB_POLL_SECONDS * 1000);
+    }
+  }
+
+  /** Notify about jobs that were active at the last fetch and have finished since. */
+  private announceFinishedJobs(jobs: Job[]): void {
+    const before = new Map((this.jobs ?? []).map(j => [j.id, j.state]));
+    for (const job of jobs) {
+      const was = before.get(job.id);
+      const type = FINISHED_JOB[job.state];
+      if (was && ACTIVE_JOB_STATES.has(was) && type && !this._announcedJobs.has(job.id)) {
+        this._announcedJobs.add(job.id);
+        Notification.emit(`GPU job ${job.name || job.id} ${job.state.replace('_', ' ')}.`, type, {
+          autoClose: 8000
+        });
+      }
+    }
+  }
+
+  /** Apply an event: new state at once, a notification, then a fresh fetch of what it touched. */
+  handle(event: GpuEvent): void {
+    const reduction = reduce(this.stream, event);
+    this.stream = reduction.state;
+    this._changed.emit();
+    if (reduction.notice) {
+      this.notify(reduction.notice, event);
+    }
+    if (reduction.refreshLeases) {
+      void this.refresh();
+    }
+    if (reduction.refreshJobs) {
+      void this.refreshJobs();
+    }
+  }
+
+  private notify(notice: Notice, event: GpuEvent): void {
+    if (notice.kind === 'job-succeeded' || notice.kind === 'job-failed') {
+      if (event.job_id) {
+        this._announcedJobs.add(event.job_id);
+      }
+    }
+    const leaseId = notice.leaseId;
+    const actions: Notification.IAction[] =
+      notice.kind === 'idle-warning' && leaseId
+        ? [{ label: 'Extend', caption: 'Keep this GPU slice', callback: () => void this.extend(leaseId) }]
+        : [];
+    Notification.emit(notice.message, notice.type, {
+      autoClose: notice.kind === 'idle-warning' ? false : 8000,
+      actions
+    });
+  }
+
+  /** Run a call; a refusal becomes `error` in plain words. Returns the call's value or null. */
+  async act<T>(call: () => Promise<T>): Promise<T | null> {
+    try {
+      const value = await call();
+      this.error = null;
+      return value;
+    } catch (err) {
+      this.error = plainError(err);
+      this._changed.emit();
+      return null;
+    } finally {
+      void this.refresh();
+    }
+  }
+
+  request(offer: string, kernelId: string): Promise<LeaseEntry | null> {
+    return this.act(() => this.api.request(offer, kernelId));
+  }
+
+  release(leaseId: string): Promise<LeaseEntry | null> {
+    return this.act(() => this.api.release(leaseId));
+  }
+
+  extend(leaseId: string): Promise<LeaseEntry | null> {
+    return this.act(() => this.api.extend(leaseId));
+  }
+
+  async jobAction<T>(call: () => Promise<T>): Promise<T | null> {
+    const value = await this.act(call);
+    await this.refreshJobs();
+    return value;
+  }
+
+  private connect(): void {
+    this._source = this.api.events(
+      event => this.handle(event),
+      connected => {
+        const reconnected = connected && !this.connected;
+        this.connected = connected;
+        this._changed.emit();
+        if (reconnected) {
+          void this.refresh();
+        }
+      }
+    );
+  }
+
+  private _changed = new Signal<GpuModel, void>(this);
+  private _source: EventSource | null = null;
+  private _poll = 0;
+  private _jobPoll = 0;
+  private _announcedJobs = new Set<string>();
+}
+
+/** A refused call in plain words (quota, capacity, drained GPUs). */
+export function plainError(err: unknown): string {
+  if (!(err instanceof ApiError)) {
+    return `The request failed: ${String((err as Error)?.message ?? err)}`;
+  }
+  switch (err.status) {
+    case 403:
+      return `Your quota does not allow this: ${err.message}`;
+    case 409:
+      return `Not possible right now: ${err.message}`;
+    case 503:
+      return `The GPUs for this are drained for maintenance: ${err.message}`;
+    case 404:
+      return `Not found: ${err.message}`;
+    default:
+      return err.message;
+  }
+}

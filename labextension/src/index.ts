@@ -1,0 +1,140 @@
+/**
+ * jupyter-gpualloc in JupyterLab: the GPUs panel in the left sidebar, the status-bar item,
+ * notifications of lease and job events, and "Run as GPU job" for notebooks in the file browser.
+ */
+
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { InputDialog } from '@jupyterlab/apputils';
+import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Signal } from '@lumino/signaling';
+
+import { GpuApi } from './api';
+import { GpuModel } from './gpumodel';
+import { ICurrentNotebook } from './components/request';
+import { GpuPanel } from './panel';
+import { GpuStatus } from './statusbar';
+
+import gpuSvg from '../style/gpu.svg';
+
+export const gpuIcon = new LabIcon({ name: 'jupyter-gpualloc:gpu', svgstr: gpuSvg });
+
+const PANEL_ID = 'jp-gpualloc-panel';
+const RUN_AS_JOB = 'gpualloc:run-as-job';
+const OPEN_PANEL = 'gpualloc:open-panel';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-gpualloc:plugin',
+  description: 'GPU slices in JupyterLab: the GPUs panel, the status bar item and GPU jobs.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [IStatusBar, IFileBrowserFactory],
+  activate: (
+    app: JupyterFrontEnd,
+    notebooks: INotebookTracker,
+    statusBar: IStatusBar | null,
+    browsers: IFileBrowserFactory | null
+  ) => {
+    const model = new GpuModel(new GpuApi(app.serviceManager.serverSettings));
+    const currentChanged = new Signal<unknown, void>(notebooks);
+    notebooks.currentChanged.connect(() => currentChanged.emit());
+    notebooks.widgetAdded.connect((_, panel) =>
+      panel.sessionContext.kernelChanged.connect(() => currentChanged.emit())
+    );
+
+    const currentNotebook = (): ICurrentNotebook | null => {
+      const panel = notebooks.currentWidget;
+      if (!panel) {
+        return null;
+      }
+      return { path: panel.context.path, kernelId: panel.sessionContext.session?.kernel?.id ?? null };
+    };
+    const notebookOfKernel = (kernelId: string) =>
+      notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
+    const open = (path: string) => void app.commands.execute('docmanager:open', { path });
+
+    const panel = new GpuPanel({
+      model,
+      currentNotebook,
+      currentChanged,
+      slices: {
+        release: lease => void model.release(lease.id),
+        extend: lease => void model.extend(lease.id),
+        notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
+        openNotebook: kernelId => {
+          const found = notebookOfKernel(kernelId);
+          if (found) {
+            app.shell.activateById(found.id);
+          }
+        },
+        restartKernel: kernelId => void notebookOfKernel(kernelId)?.sessionContext.restartKernel()
+      },
+      jobs: {
+        cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
+        rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
+        open
+      }
+    });
+    panel.id = PANEL_ID;
+    panel.title.icon = gpuIcon;
+    panel.title.caption = 'GPUs';
+    app.shell.add(panel, 'left', { rank: 650 });
+
+    app.commands.addCommand(OPEN_PANEL, {
+      label: 'Show the GPUs panel',
+      execute: () => app.shell.activateById(PANEL_ID)
+    });
+
+    if (statusBar) {
+      const status = new GpuStatus(model, () => void app.commands.execute(OPEN_PANEL));
+      statusBar.registerStatusItem('jupyter-gpualloc:status', {
+        item: status,
+        align: 'left',
+        rank: 4
+      });
+    }
+
+    app.commands.addCommand(RUN_AS_JOB, {
+      label: 'Run as GPU job',
+      caption: 'Run this notebook in the background on a GPU slice',
+      icon: gpuIcon,
+      isVisible: () => {
+        const item = browsers?.tracker.currentWidget?.selectedItems().next();
+        return !!item && !item.done && item.value.path.endsWith('.ipynb');
+      },
+      execute: async () => {
+        const item = browsers?.tracker.currentWidget?.selectedItems().next();
+        if (!item || item.done) {
+          return;
+        }
+        const path = item.value.path;
+        await model.refresh();
+        const labels = model.offers.map(o => `${o.label} (${o.available > 0 ? `${o.available} free` : 'queue'})`);
+        const choice = await InputDialog.getItem({
+          title: `Run ${path} as a GPU job`,
+          label: 'Slice',
+          items: labels
+        });
+        const offer = model.offers[labels.indexOf(choice.value ?? '')];
+        if (!choice.button.accept || !offer) {
+          return;
+        }
+        const job = await model.jobAction(() => model.api.submitJob(path, offer.spec));
+        if (job) {
+          app.shell.activateById(PANEL_ID);
+        }
+      }
+    });
+    app.contextMenu.addItem({
+      command: RUN_AS_JOB,
+      selector: '.jp-DirListing-item[data-file-type="notebook"]',
+      rank: 3
+    });
+
+    model.start();
+  }
+};
+
+export default plugin;

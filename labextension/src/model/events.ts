@@ -1,0 +1,220 @@
+/**
+ * The event-stream reducer: what each event of `/gpualloc/api/events` changes in the panel's
+ * state, and which notification it raises. Pure, so the panel and the tests share it.
+ */
+
+import { GpuEvent, LeaseEntry } from './types';
+
+/** An idle warning in force: the slice is released at `releaseAt` (epoch seconds) unless used. */
+export interface IdleWarning {
+  leaseId: string;
+  holder: string;
+  releaseAt: number | null;
+}
+
+export interface StreamState {
+  slices: LeaseEntry[];
+  warnings: Record<string, IdleWarning>;
+  /** Leases ever listed as mine (the most recent KNOWN_LIMIT): their ends are announced. */
+  known: string[];
+  /** Leases listed as queued and not granted since: their grants are announced. */
+  waited: string[];
+}
+
+export type NoticeKind =
+  | 'idle-warning'
+  | 'released'
+  | 'expired'
+  | 'preempted'
+  | 'granted-after-wait'
+  | 'rejected'
+  | 'kernel-shutdown'
+  | 'over-cap'
+  | 'job-succeeded'
+  | 'job-failed';
+
+/** A notification to show: `type` is the JupyterLab notification type. */
+export interface Notice {
+  kind: NoticeKind;
+  type: 'info' | 'success' | 'warning' | 'error';
+  message: string;
+  leaseId: string | null;
+}
+
+export interface Reduction {
+  state: StreamState;
+  notice: Notice | null;
+  /** Whether the slices, offers and inventory should be fetched again. */
+  refreshLeases: boolean;
+  /** Whether the jobs should be fetched again. */
+  refreshJobs: boolean;
+}
+
+export const INITIAL_STATE: StreamState = { slices: [], warnings: {}, known: [], waited: [] };
+export const KNOWN_LIMIT = 500;
+
+const ENDED = new Set(['released', 'expired', 'preempted', 'cancelled', 'rejected']);
+
+function withoutWarning(warnings: Record<string, IdleWarning>, leaseId: string) {
+  const { [leaseId]: _dropped, ...rest } = warnings;
+  return rest;
+}
+
+function union(ids: string[], more: string[]): string[] {
+  return [...new Set([...ids, ...more])];
+}
+
+/** The state after a fresh list of my slices: warnings of leases no longer held are dropped. */
+export function withSlices(state: StreamState, slices: LeaseEntry[]): StreamState {
+  const held = new Set(slices.map(l => l.id));
+  const warnings: Record<string, IdleWarning> = {};
+  for (const [id, warning] of Object.entries(state.warnings)) {
+    if (held.has(id)) {
+      warnings[id] = warning;
+    }
+  }
+  const queued = slices.filter(l => l.state === 'queued').map(l => l.id);
+  return {
+    slices,
+    warnings,
+    known: union(state.known, [...held]).slice(-KNOWN_LIMIT),
+    waited: union(state.waited.filter(id => held.has(id)), queued)
+  };
+}
+
+function message(event: GpuEvent, fallback: string): string {
+  return event.message || fallback;
+}
+
+/** Apply one event. Events of leases that are not mine (not in `slices`) change nothing but a refresh. */
+export function reduce(state: StreamState, event: GpuEvent): Reduction {
+  const none = { state, notice: null, refreshLeases: false, refreshJobs: false };
+  const type = event.type;
+  if (type.startsWith('job.')) {
+    const state_ = type.slice(4);
+    if (state_ === 'succeeded' || state_ === 'failed' || state_ === 'timed_out') {
+      const ok = state_ === 'succeeded';
+      return {
+        ...none,
+        refreshJobs: true,
+        notice: {
+          kind: ok ? 'job-succeeded' : 'job-failed',
+          type: ok ? 'success' : 'error',
+          message: message(event, `GPU job ${event.job_id ?? ''} ${state_.replace('_', ' ')}.`),
+          leaseId: null
+        }
+      };
+    }
+    return { ...none, refreshJobs: true };
+  }
+  if (type === 'kernel.gpu_shutdown') {
+    return {
+      ...none,
+      refreshLeases: true,
+      notice: {
+        kind: 'kernel-shutdown',
+        type: 'warning',
+        message: message(event, `Kernel ${event.kernel_id} was shut down.`),
+        leaseId: event.lease_id ?? null
+      }
+    };
+  }
+  if (type === 'watchdog.over_cap') {
+    return {
+      ...none,
+      notice: {
+        kind: 'over-cap',
+        type: 'warning',
+        message: message(event, 'A kernel uses more GPU memory than its slice allows.'),
+        leaseId: event.lease_id ?? null
+      }
+    };
+  }
+  if (!type.startsWith('lease.') || !event.lease_id) {
+    return none;
+  }
+  const leaseId = event.lease_id;
+  const holder = event.holder ?? '';
+  const known = state.known.includes(leaseId);
+  const isJob = holder.startsWith('job:');
+  const refresh = { ...none, refreshLeases: true, refreshJobs: isJob };
+  switch (type.slice(6)) {
+    case 'idle_warning':
+      return {
+        ...refresh,
+        state: {
+          ...state,
+          warnings: {
+            ...state.warnings,
+            [leaseId]: { leaseId, holder, releaseAt: event.release_at ?? null }
+          }
+        },
+        notice: {
+          kind: 'idle-warning',
+          type: 'warning',
+          message: message(event, 'Your GPU slice is idle and will be released soon.'),
+          leaseId
+        }
+      };
+    case 'idle_cleared':
+      return { ...refresh, state: { ...state, warnings: withoutWarning(state.warnings, leaseId) } };
+    case 'granted': {
+      const waited = state.waited.includes(leaseId);
+      const slices = state.slices.map(l =>
+        l.id === leaseId
+          ? { ...l, state: 'granted' as const, slice: event.slice ?? l.slice, position: null }
+          : l
+      );
+      return {
+        ...refresh,
+        state: { ...state, slices, waited: state.waited.filter(id => id !== leaseId) },
+        notice: waited
+          ? {
+              kind: 'granted-after-wait',
+              type: 'success',
+              message: message(event, 'Your queued GPU request was granted.'),
+              leaseId
+            }
+          : null
+      };
+    }
+    default: {
+      const ended = event.state ?? type.slice(6);
+      if (!ENDED.has(ended)) {
+        return refresh;
+      }
+      const next: StreamState = {
+        ...state,
+        slices: state.slices.filter(l => l.id !== leaseId),
+        warnings: withoutWarning(state.warnings, leaseId),
+        waited: state.waited.filter(id => id !== leaseId)
+      };
+      return { ...refresh, state: next, notice: known && !isJob ? endNotice(ended, event, leaseId) : null };
+    }
+  }
+}
+
+function endNotice(ended: string, event: GpuEvent, leaseId: string): Notice | null {
+  switch (ended) {
+    case 'released':
+      return { kind: 'released', type: 'info', message: message(event, 'Your GPU slice was released.'), leaseId };
+    case 'expired':
+      return {
+        kind: 'expired',
+        type: 'warning',
+        message: message(event, 'Your GPU slice was released after being idle.'),
+        leaseId
+      };
+    case 'preempted':
+      return {
+        kind: 'preempted',
+        type: 'error',
+        message: message(event, 'Your GPU slice was taken back (preempted).'),
+        leaseId
+      };
+    case 'rejected':
+      return { kind: 'rejected', type: 'error', message: message(event, 'Your GPU request was refused.'), leaseId };
+    default:
+      return null;
+  }
+}

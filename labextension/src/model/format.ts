@@ -1,0 +1,80 @@
+/** Numbers and names as the sidebar and the status bar write them. */
+
+import { LeaseEntry, SliceInfo } from './types';
+
+/** 9728 -> "9.5" (GiB, one decimal). */
+export function gib(mib: number): string {
+  return (mib / 1024).toFixed(1);
+}
+
+/** "1g.10gb", "8 GiB shared", "whole A100 ×2". */
+export function sliceName(slice: SliceInfo): string {
+  if (slice.kind === 'mig' && slice.profile) {
+    return slice.profile;
+  }
+  if (slice.kind === 'shared') {
+    return `${gib(slice.memory_mib)} GiB shared`;
+  }
+  const count = slice.gpu_uuids.length;
+  return `whole ${slice.model ?? 'GPU'}${count > 1 ? ` ×${count}` : ''}`;
+}
+
+/** Who holds a lease, for people: "kernel abc123…", "this server", "job 42". */
+export function holderName(holder: string): string {
+  const [kind, id] = holder.split(/:(.*)/s, 2);
+  if (kind === 'kernel' && id) {
+    return `kernel ${id.slice(0, 8)}`;
+  }
+  if (kind === 'job' && id) {
+    return `job ${id}`;
+  }
+  return id ? `server ${id}` : 'this server';
+}
+
+/** What isolates a slice: "MIG", "MPS", "framework cap", "none". */
+export function isolation(lease: LeaseEntry): string {
+  const caps = lease.caps ?? [];
+  if (caps.includes('mig')) {
+    return 'MIG';
+  }
+  if (caps.includes('mps')) {
+    return 'MPS';
+  }
+  if (caps.includes('hami-core')) {
+    return 'HAMi-core';
+  }
+  if (caps.includes('framework')) {
+    return 'framework cap';
+  }
+  return lease.slice?.kind === 'whole' ? 'whole GPU' : 'none';
+}
+
+/** The cap in force, strongest first, in words ("MIG hardware", "framework cap + watchdog"). */
+export function capInForce(lease: LeaseEntry): string {
+  const words: Record<string, string> = {
+    mig: 'MIG hardware',
+    mps: 'MPS limit',
+    'hami-core': 'HAMi-core',
+    framework: 'framework cap',
+    watchdog: 'watchdog'
+  };
+  const caps = (lease.caps ?? []).map(c => words[c] ?? c);
+  return caps.length ? caps.join(' + ') : 'none';
+}
+
+/** The status bar's text: "GPU 1g.10gb · 3.1/9.5 GiB", "GPU 1g.10gb +1", "GPU queued #2" or "no GPU". */
+export function statusText(slices: LeaseEntry[]): string {
+  const granted = slices.filter(l => l.state === 'granted' && l.slice);
+  if (granted.length === 0) {
+    const queued = slices.find(l => l.state === 'queued');
+    return queued ? `GPU queued #${queued.position ?? '?'}` : 'no GPU';
+  }
+  const first = granted[0];
+  const slice = first.slice as SliceInfo;
+  const memory =
+    first.used_mib !== null && first.used_mib !== undefined
+      ? `${gib(first.used_mib)}/${gib(slice.memory_mib)} GiB`
+      : `${gib(slice.memory_mib)} GiB`;
+  const more = granted.length > 1 ? ` +${granted.length - 1}` : '';
+  return `GPU ${sliceName(slice)} · ${memory}${more}`;
+}

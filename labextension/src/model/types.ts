@@ -1,0 +1,136 @@
+/**
+ * The payloads of the server extension's sidebar API (`<base_url>gpualloc/api/...`) and of
+ * REST API v1 (`<base_url>gpualloc/api/v1/...`), as far as the sidebar reads them.
+ */
+
+export interface SliceInfo {
+  kind: 'mig' | 'shared' | 'whole';
+  node: string;
+  gpu_uuids: string[];
+  memory_mib: number;
+  profile?: string;
+  start?: number;
+  mig_uuid?: string;
+  milli?: number;
+  model?: string;
+  gpu_memory_mib?: number;
+  visible_devices: string;
+}
+
+export type LeaseState =
+  | 'queued'
+  | 'granted'
+  | 'released'
+  | 'expired'
+  | 'preempted'
+  | 'rejected'
+  | 'cancelled';
+
+export interface KernelRef {
+  id: string;
+  name: string;
+  execution_state: string;
+}
+
+/** A lease as /gpualloc/api/slices gives it: the v1 lease plus its kernel and the caps in force. */
+export interface LeaseEntry {
+  id: string;
+  user: string;
+  holder: string;
+  spec: Record<string, unknown>;
+  priority: 'interactive' | 'batch';
+  state: LeaseState;
+  slice: SliceInfo | null;
+  created_at: number;
+  granted_at?: number | null;
+  last_activity?: number | null;
+  idle_warned_at?: number | null;
+  idle_timeout?: number | null;
+  reason: string;
+  position: number | null;
+  kernel?: KernelRef | null;
+  caps?: string[];
+  used_mib?: number | null;
+  note?: string;
+}
+
+export interface MigInstance {
+  uuid?: string;
+  profile: string;
+  start: number;
+  size: number;
+  lease_id?: string | null;
+  user?: string;
+}
+
+export interface Share {
+  lease_id?: string | null;
+  memory_mib: number;
+  kind: string;
+  user?: string;
+}
+
+export interface Gpu {
+  uuid: string;
+  index?: number;
+  model: string;
+  memory_mib: number;
+  mig_mode: 'off' | 'static' | 'dynamic';
+  drained: boolean;
+  healthy?: boolean;
+  memory_slices?: number;
+  instances?: MigInstance[];
+  free_memory_slices?: number;
+  shares?: Share[];
+  free_memory_mib?: number;
+  whole_free?: boolean;
+}
+
+export interface InventoryNode {
+  name: string;
+  gpus: Gpu[];
+}
+
+export interface Inventory {
+  nodes: InventoryNode[];
+  queue: Record<string, number>;
+  user?: string;
+  admin?: boolean;
+}
+
+export interface Offer {
+  name: string;
+  label: string;
+  spec: Record<string, unknown>;
+  idle_timeout?: number | null;
+  available: number;
+}
+
+export interface Job {
+  id: string;
+  name?: string;
+  state: string;
+  position?: number | null;
+  created_at?: number | null;
+  started_at?: number | null;
+  ended_at?: number | null;
+  reason?: string | null;
+  lease_id?: string | null;
+  source?: { kind: string; path?: string; [key: string]: unknown };
+  [key: string]: unknown;
+}
+
+/** One message of the sidebar's event stream (`/gpualloc/api/events`). */
+export interface GpuEvent {
+  type: string;
+  lease_id?: string;
+  holder?: string;
+  kernel_id?: string;
+  state?: string;
+  reason?: string;
+  slice?: SliceInfo;
+  message?: string;
+  release_at?: number;
+  job_id?: string;
+  [key: string]: unknown;
+}

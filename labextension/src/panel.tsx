@@ -1,0 +1,82 @@
+/** The GPUs panel of the left sidebar: Fleet, My slices, Request, Jobs. */
+
+import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
+import { ISignal } from '@lumino/signaling';
+import React from 'react';
+
+import { GpuModel } from './gpumodel';
+import { Section } from './components/common';
+import { Fleet } from './components/fleet';
+import { IJobActions, Jobs } from './components/jobs';
+import { ICurrentNotebook, Request } from './components/request';
+import { ISliceActions, MySlices } from './components/slices';
+
+export interface IPanelContext {
+  model: GpuModel;
+  /** The current notebook and its kernel, and a signal when either changes. */
+  currentNotebook(): ICurrentNotebook | null;
+  currentChanged: ISignal<unknown, unknown>;
+  slices: ISliceActions;
+  jobs: IJobActions;
+}
+
+function PanelBody(props: { context: IPanelContext }): JSX.Element {
+  const { model } = props.context;
+  const notebook = props.context.currentNotebook();
+  const mine = new Set(model.slices.map(l => l.id));
+  const held = !!notebook?.kernelId && model.slices.some(l => l.holder === `kernel:${notebook.kernelId}`);
+  return (
+    <div className="jp-gpualloc-body">
+      <header className="jp-gpualloc-header">
+        <h2>GPUs</h2>
+        <span
+          className={`jp-gpualloc-live${model.connected ? ' jp-mod-on' : ''}`}
+          title={model.connected ? 'live updates' : 'updates every few seconds (event stream down)'}
+        >
+          {model.connected ? 'live' : 'polling'}
+        </span>
+      </header>
+      {model.error && (
+        <div className="jp-gpualloc-error" role="alert">
+          {model.error}
+        </div>
+      )}
+      <Section id="fleet" title="Fleet">
+        <Fleet inventory={model.inventory} mine={mine} />
+      </Section>
+      <Section id="mine" title="My slices">
+        <MySlices slices={model.slices} warnings={model.stream.warnings} actions={props.context.slices} />
+      </Section>
+      <Section id="request" title="Request">
+        <Request
+          offers={model.offers}
+          notebook={notebook}
+          held={held}
+          request={(offer, kernelId) => void model.request(offer, kernelId)}
+        />
+      </Section>
+      <Section id="jobs" title="Jobs">
+        <Jobs jobs={model.jobs} api={model.api} actions={props.context.jobs} />
+      </Section>
+    </div>
+  );
+}
+
+export class GpuPanel extends ReactWidget {
+  constructor(private context: IPanelContext) {
+    super();
+    this.addClass('jp-gpualloc-panel');
+  }
+
+  render(): JSX.Element {
+    return (
+      <UseSignal signal={this.context.model.changed}>
+        {() => (
+          <UseSignal signal={this.context.currentChanged}>
+            {() => <PanelBody context={this.context} />}
+          </UseSignal>
+        )}
+      </UseSignal>
+    );
+  }
+}

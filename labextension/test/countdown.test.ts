@@ -1,0 +1,56 @@
+import { describe, expect, it } from 'vitest';
+
+import { formatCountdown, formatDuration, secondsLeft } from '../src/model/countdown';
+import { statusText } from '../src/model/format';
+import { LeaseEntry } from '../src/model/types';
+
+describe('idle countdown', () => {
+  it('counts whole seconds down to the release and stops at zero', () => {
+    expect(secondsLeft(100, 40_000)).toBe(60);
+    expect(secondsLeft(100, 99_001)).toBe(1);
+    expect(secondsLeft(100, 100_000)).toBe(0);
+    expect(secondsLeft(100, 500_000)).toBe(0);
+  });
+
+  it('writes minutes and seconds, and hours when there are some', () => {
+    expect(formatCountdown(0)).toBe('0:00');
+    expect(formatCountdown(75)).toBe('1:15');
+    expect(formatCountdown(3725)).toBe('1:02:05');
+  });
+
+  it('measures a running time until now, or until its end', () => {
+    expect(formatDuration(null, null, 0)).toBe('—');
+    expect(formatDuration(10, null, 70_000)).toBe('1:00');
+    expect(formatDuration(10, 20, 70_000)).toBe('0:10');
+  });
+});
+
+describe('status-bar text', () => {
+  const granted: LeaseEntry = {
+    id: 'a',
+    user: 'me',
+    holder: 'kernel:k',
+    spec: {},
+    priority: 'interactive',
+    state: 'granted',
+    slice: {
+      kind: 'mig',
+      node: 'ws',
+      gpu_uuids: ['GPU-a'],
+      memory_mib: 9728,
+      profile: '1g.10gb',
+      visible_devices: 'MIG-1'
+    },
+    created_at: 0,
+    reason: '',
+    position: null
+  };
+
+  it('says "no GPU", a queue position, or the slice with its memory', () => {
+    expect(statusText([])).toBe('no GPU');
+    expect(statusText([{ ...granted, state: 'queued', slice: null, position: 3 }])).toBe('GPU queued #3');
+    expect(statusText([granted])).toBe('GPU 1g.10gb · 9.5 GiB');
+    expect(statusText([{ ...granted, used_mib: 3174 }])).toBe('GPU 1g.10gb · 3.1/9.5 GiB');
+    expect(statusText([granted, { ...granted, id: 'b' }])).toBe('GPU 1g.10gb · 9.5 GiB +1');
+  });
+});
