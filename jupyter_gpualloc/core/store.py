@@ -251,7 +251,6 @@ class Store:
             row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
         return _lease_from_row(row) if row else None
 
-
     def load_jobs(self, *, user: str | None = None, active_only: bool = False, limit: int | None = None) -> list[Job]:
         """Job records, newest first (of one user, and only queued or running ones, when asked)."""
         query = select(jobs.c.data).order_by(jobs.c.created_at.desc())
