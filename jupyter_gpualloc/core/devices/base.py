@@ -37,6 +37,14 @@ class GpuProcess:
     mig_uuid: str | None = None
 
 
+@dataclass(frozen=True)
+class UnusableNode:
+    """A node a backend found but cannot serve (e.g. a MIG model the catalogue lacks), and why."""
+
+    name: str
+    reason: str
+
+
 class DeviceBackend(ABC):
     """Where GPUs come from: enumeration, MIG instance life cycle, per-process memory."""
 
@@ -61,6 +69,10 @@ class DeviceBackend(ABC):
     @abstractmethod
     def process_memory(self) -> list[GpuProcess]:
         """Each process currently holding GPU memory, with the GPU (or MIG device) it uses."""
+
+    def unusable_nodes(self) -> list[UnusableNode]:
+        """The nodes the last discover() found but left out, each with its reason."""
+        return []
 
     @property
     def can_change_mig(self) -> bool:

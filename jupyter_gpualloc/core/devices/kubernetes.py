@@ -1,17 +1,28 @@
 """GPU capacity of a Kubernetes cluster, read from its Node objects.
 
 What a node offers comes from its allocatable resources, as the NVIDIA device plugin advertises
-them: `nvidia.com/gpu` (whole GPUs, or replicas of them when time-slicing is configured) and,
-with the `mixed` MIG strategy, `nvidia.com/mig-<profile>`. The model, memory and GPU count come
-from NVIDIA GPU Feature Discovery labels (`nvidia.com/gpu.product`, `nvidia.com/gpu.memory` in
-MiB, `nvidia.com/gpu.count`, `nvidia.com/mig.strategy`, `nvidia.com/gpu.replicas`).
+them: `nvidia.com/gpu` (whole GPUs, or replicas of them when time-slicing or MPS is configured,
+or `nvidia.com/gpu.shared` when shared resources are renamed) and, with the `mixed` MIG strategy,
+`nvidia.com/mig-<profile>` (a `+me` profile is advertised as `nvidia.com/mig-1g.10gb.me`). The
+model, memory and counts come from NVIDIA GPU Feature Discovery labels: `nvidia.com/gpu.product`
+(with `-MIG-<profile>` under the `single` strategy and `-SHARED` when shared),
+`nvidia.com/gpu.count` (physical GPUs; MIG devices under `single`), `nvidia.com/gpu.memory` (MiB),
+`nvidia.com/gpu.replicas`, `nvidia.com/mig.strategy`, `nvidia.com/mig-<profile>.count|.memory|.replicas`.
+HAMi nodes advertise `nvidia.com/gpu` as GPUs x deviceSplitCount and list their GPUs in the
+`hami.io/node-nvidia-register` annotation; physical GPUs are counted from that list.
 
-MIG on Kubernetes is static: the NVIDIA MIG manager owns the geometry (`nvidia.com/mig.config`).
-Advertised MIG devices become existing instances, placed legally on the node's MIG GPUs. Pods
-get their devices from the device plugin, so the GPU and MIG UUIDs here are stable identifiers
-for the scheduler's bookkeeping (derived from node name and index), not driver UUIDs; spawners
-request extended resources rather than setting CUDA_VISIBLE_DEVICES. Cordoned and not-Ready
-nodes, and nodes without NVIDIA resources, are left out.
+MIG on Kubernetes is static: the NVIDIA MIG manager owns the geometry. When a node's
+`nvidia.com/mig.config` is one of mig-parted's default named configs (`all-<profile>`,
+`all-balanced`) and `nvidia.com/mig.config.state` is `success`, every MIG GPU has that layout;
+otherwise the advertised MIG devices are packed onto the node's MIG GPUs by counts (GPUs with the
+same instance counts are interchangeable), in time polynomial in the device counts. Pods get their
+devices from the device plugin, so the GPU and MIG UUIDs here are stable identifiers for the
+scheduler's bookkeeping (derived from node name and index), not driver UUIDs; spawners request
+extended resources rather than setting CUDA_VISIBLE_DEVICES. Cordoned and not-Ready nodes, and
+nodes without NVIDIA resources, are left out. A node that cannot be read (a MIG model the
+catalogue lacks, devices that fit no legal layout) is logged, listed by `unusable_nodes()` and
+skipped; the rest of the cluster is served. Each node is read again only when what is read from
+it changes.
 """
 
 from __future__ import annotations
@@ -19,24 +30,38 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
+import json
+import logging
 import re
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import mig
 from ..fleet import gpu_uuid, mig_uuid
 from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
-from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess
+from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess, UnusableNode
 
-GPU_RESOURCE = "nvidia.com/gpu"
-_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb(?:\+me)?)$")
-_SINGLE_PRODUCT = re.compile(r"^(.*)-MIG-(\d+g\.\d+gb(?:\+me)?)$")
+log = logging.getLogger(__name__)
+
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+HAMI_REGISTER = "hami.io/node-nvidia-register"
+_PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
+_MIG_RESOURCE = re.compile(rf"^nvidia\.com/mig-({_PROFILE})(?:\.shared)?$")
+_MIG_LABEL = re.compile(rf"^nvidia\.com/mig-({_PROFILE})\.(count|memory|replicas)$")
+_PRODUCT = re.compile(rf"^(.*?)(?:-MIG-({_PROFILE}))?(?:-SHARED)?$")
+_VENDOR = re.compile(r"^(?:NVIDIA[-\s]+)+", re.IGNORECASE)
 _SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
              "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
 _STATIC = ("MIG geometry on Kubernetes is managed by the NVIDIA MIG manager (label nvidia.com/mig.config); "
            "cannot {action} from here")
+# mig-parted's `all-balanced` (deployments/systemd/config-default.yaml): two of the smallest 1g,
+# one 2g and one 3g on 8-slice GPUs; two 1g.6gb and one 2g.12gb on the A30.
+_ALL_BALANCED = {mig.MigGeometry(8, 7): {19: 2, 14: 1, 9: 1}, mig.MigGeometry(4, 4): {14: 2, 5: 1}}
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
@@ -54,6 +79,15 @@ def parse_quantity(value: str | int | float) -> Decimal:
     return amount * Decimal(_SUFFIXES[suffix or ""])
 
 
+@dataclass
+class _Reading:
+    """What one Node object says: the Node (None when skipped) and each MIG GPU's profile table."""
+
+    node: Node | None
+    profiles: dict[str, dict[int, MigProfile]] = field(default_factory=dict)
+    problem: str | None = None
+
+
 class KubernetesBackend(DeviceBackend):
     """A cluster's GPU nodes, as their Node objects describe them; MIG is static here."""
 
@@ -61,7 +95,9 @@ class KubernetesBackend(DeviceBackend):
 
     def __init__(self, list_nodes: Callable[[], list[dict[str, Any]]]):
         self._list_nodes = list_nodes
+        self._readings: dict[str, tuple[Any, _Reading]] = {}  # node name -> (what was read, reading)
         self._profiles: dict[str, dict[int, MigProfile]] = {}
+        self._unusable: list[UnusableNode] = []
 
     @classmethod
     def from_node_objects(cls, nodes: Iterable[Mapping[str, Any]]) -> "KubernetesBackend":
@@ -85,13 +121,24 @@ class KubernetesBackend(DeviceBackend):
         return False
 
     def discover(self) -> list[Node]:
-        fleet = []
+        """Every usable GPU node; a node is read again only when what is read from it changed."""
+        fleet, unusable, readings, profiles = [], [], {}, {}
         for raw in self._list_nodes():
-            node = node_from_object(raw)
-            if node is not None:
-                fleet.append(node)
-        self._profiles = {g.uuid: _model_profiles(g) for n in fleet for g in n.gpus}
+            name = str((raw.get("metadata") or {}).get("name") or "")
+            key = _reading_key(raw)
+            cached = self._readings.get(name)
+            reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name)
+            readings[name] = (key, reading)
+            if reading.problem is not None:
+                unusable.append(UnusableNode(name or "(unnamed)", reading.problem))
+            elif reading.node is not None:
+                fleet.append(copy.deepcopy(reading.node))
+                profiles.update(reading.profiles)
+        self._readings, self._profiles, self._unusable = readings, profiles, unusable
         return fleet
+
+    def unusable_nodes(self) -> list[UnusableNode]:
+        return list(self._unusable)
 
     def mig_profiles(self, gpu_uuid: str) -> dict[int, MigProfile]:
         if gpu_uuid not in self._profiles:
@@ -113,57 +160,319 @@ class KubernetesBackend(DeviceBackend):
 
 
 def node_from_object(raw: Mapping[str, Any]) -> Node | None:
-    """The Node (with its GPUs) a Kubernetes Node object describes, or None for nodes to skip."""
+    """The Node (with its GPUs) a Kubernetes Node object describes, or None for nodes to skip;
+    DeviceError for a node that cannot be read."""
+    return _read_node(raw).node
+
+
+def _read(raw: Mapping[str, Any], name: str) -> _Reading:
+    """Read one node; a node that cannot be read is logged and marked with its problem."""
+    try:
+        return _read_node(raw)
+    except DeviceError as exc:
+        log.warning("skipping Kubernetes node %s: %s", name or "(unnamed)", exc)
+        return _Reading(None, problem=str(exc))
+
+
+def _reading_key(raw: Mapping[str, Any]) -> Any:
+    """Everything `_read_node` looks at, so an unchanged key means an unchanged reading."""
+    metadata, status = raw.get("metadata") or {}, raw.get("status") or {}
+    labels = metadata.get("labels") or {}
+    return (json.dumps({k: v for k, v in labels.items() if k.startswith("nvidia.com/")}, sort_keys=True),
+            (metadata.get("annotations") or {}).get(HAMI_REGISTER),
+            json.dumps(status.get("allocatable") or {}, sort_keys=True),
+            bool((raw.get("spec") or {}).get("unschedulable")), _ready(status))
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """The GPU Feature Discovery labels of one node, parsed."""
+
+    node: str
+    product: str
+    strategy: str
+    count: int | None
+    memory_mib: int | None
+    replicas: int
+    mig_config: str | None
+    mig: dict[str, dict[str, int]]  # profile -> {"count", "memory", "replicas"}
+
+    @classmethod
+    def of(cls, node: str, labels: Mapping[str, str]) -> "_Labels":
+        per_profile: dict[str, dict[str, int]] = {}
+        for key in labels:
+            if match := _MIG_LABEL.match(key):
+                profile, what = match.groups()
+                per_profile.setdefault(_profile_name(profile), {})[what] = _label_int(labels, key, node)
+        config = labels.get("nvidia.com/mig.config") if labels.get("nvidia.com/mig.config.state") == "success" else None
+        return cls(node=node, product=labels.get("nvidia.com/gpu.product", ""),
+                   strategy=labels.get("nvidia.com/mig.strategy", "none"),
+                   count=_label_int(labels, "nvidia.com/gpu.count", node),
+                   memory_mib=_label_int(labels, "nvidia.com/gpu.memory", node),
+                   replicas=max(_label_int(labels, "nvidia.com/gpu.replicas", node) or 1, 1),
+                   mig_config=config, mig=per_profile)
+
+
+def _read_node(raw: Mapping[str, Any]) -> _Reading:
     metadata, status = raw.get("metadata") or {}, raw.get("status") or {}
     name = metadata.get("name")
     if not name:
         raise DeviceError("a Kubernetes Node object without metadata.name")
     if (raw.get("spec") or {}).get("unschedulable") or not _ready(status):
-        return None
-    labels: Mapping[str, str] = metadata.get("labels") or {}
+        return _Reading(None)
+    labels = _Labels.of(name, metadata.get("labels") or {})
     allocatable: Mapping[str, Any] = status.get("allocatable") or {}
-    whole = _count(allocatable.get(GPU_RESOURCE, 0), name, GPU_RESOURCE)
-    mig_devices = {m.group(1): _count(v, name, key) for key, v in allocatable.items()
-                   if (m := _MIG_RESOURCE.match(key))}
+    advertised = sum(_count(allocatable.get(r, 0), name, r) for r in GPU_RESOURCES)
+    mig_devices: dict[str, int] = {}
+    for key, value in allocatable.items():
+        if match := _MIG_RESOURCE.match(key):
+            profile = _profile_name(match.group(1))
+            replicas = max(labels.mig.get(profile, {}).get("replicas") or 1, 1)
+            mig_devices[profile] = mig_devices.get(profile, 0) + -(-_count(value, name, key) // replicas)
     mig_devices = {profile: n for profile, n in mig_devices.items() if n > 0}
-    if whole == 0 and not mig_devices:
-        return None
+    if advertised == 0 and not mig_devices:
+        return _Reading(None)
     node = Node(name=name, cpu_milli=int(parse_quantity(allocatable.get("cpu", 0)) * 1000),
                 memory_mib=int(parse_quantity(allocatable.get("memory", 0)) / 2**20))
-    product = labels.get("nvidia.com/gpu.product", "")
-    strategy = labels.get("nvidia.com/mig.strategy", "none")
-    single = _SINGLE_PRODUCT.match(product)
-    if strategy == "single" and single:
-        model_name, profile_name = single.groups()
-        per_gpu = _max_per_gpu(_catalogue(model_name, name), profile_name, name)
-        mig_devices = {profile_name: whole}
-        whole, mig_gpus = 0, -(-mig_devices[profile_name] // per_gpu)
-        memory = None  # the memory label describes one MIG device under the single strategy
-    else:
-        model_name = product.removesuffix("-SHARED")  # time-slicing renames the product
-        whole = -(-whole // max(_label_int(labels, "nvidia.com/gpu.replicas", name) or 1, 1))
-        total = _label_int(labels, "nvidia.com/gpu.count", name)
-        mig_gpus = total - whole if mig_devices and total and total > whole else None
-        memory = _label_int(labels, "nvidia.com/gpu.memory", name)
-    model_name = re.sub(r"^NVIDIA[-\s]+", "", model_name) or "unknown"
+    match = _PRODUCT.match(labels.product)
+    model_name, single_profile = _VENDOR.sub("", match.group(1)), match.group(2)
+    hami = _hami_gpus(metadata.get("annotations") or {}, name)
+    if hami and not model_name:
+        model_name = _VENDOR.sub("", hami[0][0])
+    model_name = model_name or "unknown"
+    reading = _Reading(node)
+    if labels.strategy == "single" and single_profile:
+        catalogue = _catalogue(model_name, name)
+        profile = _profile(catalogue, _profile_name(single_profile), name)
+        devices = labels.count if labels.count is not None else -(-advertised // labels.replicas)
+        profiles = _node_profiles(catalogue, {profile.name: {"memory": labels.memory_mib}} if labels.memory_mib else {})
+        per_gpu = _named_config(labels.mig_config, catalogue) or {profile.profile_id: mig.room_for(
+            mig.Layout(catalogue.geometry), profile)}
+        if set(per_gpu) != {profile.profile_id}:
+            raise DeviceError(f"node {name}: the single MIG strategy advertises only {profile.name}, but "
+                              f"its MIG config {labels.mig_config} makes other profiles too")
+        full, rest = divmod(devices, per_gpu[profile.profile_id])
+        layouts = [per_gpu] * full + ([{profile.profile_id: rest}] if rest else [])
+        _add_mig_gpus(reading, catalogue, profiles, [_place(catalogue, counts, name) for counts in layouts])
+        return reading
     catalogue = mig.lookup_model(model_name)
     model = catalogue.name if catalogue else model_name
-    memory_mib = memory or (catalogue.memory_mib if catalogue else 0)
-    for _ in range(whole):
-        node.gpus.append(Gpu(uuid=gpu_uuid(name, len(node.gpus)), index=len(node.gpus), model=model,
-                             memory_mib=memory_mib, node=name, mig_capable=bool(catalogue and catalogue.mig_capable)))
+    whole = -(-advertised // labels.replicas)
+    physical = labels.count if labels.count is not None else (len(hami) if hami else None)
+    mig_layouts: list[tuple[tuple[MigProfile, int], ...]] = []
     if mig_devices:
         catalogue = _catalogue(model_name, name)
-        layouts = _pack(name, catalogue, mig_devices, mig_gpus)
-        for layout in layouts:
-            index = len(node.gpus)
-            uuid = gpu_uuid(name, index)
-            instances = [MigInstance(uuid=mig_uuid(uuid, start, profile.profile_id, n), profile_id=profile.profile_id,
-                                     start=start, size=profile.memory_slices, gi_id=n + 1, ci_id=0)
-                         for n, (profile, start) in enumerate(layout)]
-            node.gpus.append(Gpu(uuid=uuid, index=index, model=catalogue.name, memory_mib=catalogue.memory_mib,
-                                 node=name, mig_capable=True, mig_mode=MigMode.STATIC, instances=instances))
-    return node
+        profiles = _node_profiles(catalogue, labels.mig)
+        wanted = {_profile(catalogue, p, name).profile_id: n for p, n in mig_devices.items()}
+        mig_layouts = _mig_layouts(catalogue, wanted, physical, whole, labels.mig_config, name)
+        whole = min(whole, physical - len(mig_layouts)) if physical is not None else whole
+    elif physical is not None:
+        whole = min(whole, physical)
+    memory_mib = labels.memory_mib or (catalogue.memory_mib if catalogue else 0) or (hami[0][1] if hami else 0)
+    for _ in range(whole):
+        uuid = gpu_uuid(name, len(node.gpus))
+        node.gpus.append(Gpu(uuid=uuid, index=len(node.gpus), model=model, memory_mib=memory_mib, node=name,
+                             mig_capable=bool(catalogue and catalogue.mig_capable)))
+        reading.profiles[uuid] = {}
+    if mig_layouts:
+        _add_mig_gpus(reading, catalogue, profiles, mig_layouts)
+    return reading
+
+
+def _add_mig_gpus(reading: _Reading, model: mig.GpuModel, profiles: dict[int, MigProfile],
+                  layouts: list[tuple[tuple[MigProfile, int], ...]]) -> None:
+    node = reading.node
+    for layout in layouts:
+        index = len(node.gpus)
+        uuid = gpu_uuid(node.name, index)
+        instances = [MigInstance(uuid=mig_uuid(uuid, start, profile.profile_id, n), profile_id=profile.profile_id,
+                                 start=start, size=profile.memory_slices, gi_id=n + 1, ci_id=0)
+                     for n, (profile, start) in enumerate(layout)]
+        node.gpus.append(Gpu(uuid=uuid, index=index, model=model.name, memory_mib=model.memory_mib,
+                             node=node.name, mig_capable=True, mig_mode=MigMode.STATIC, instances=instances))
+        reading.profiles[uuid] = profiles
+
+
+def _node_profiles(model: mig.GpuModel, labelled: Mapping[str, Mapping[str, int | None]]) -> dict[int, MigProfile]:
+    """The model's profiles, with the memory GFD measured on this node where it labels one."""
+    profiles = dict(model.profiles)
+    for pid, profile in model.profiles.items():
+        memory = labelled.get(profile.name, {}).get("memory")
+        if memory:
+            profiles[pid] = dataclasses.replace(profile, memory_mib=memory)
+    return profiles
+
+
+def _mig_layouts(model: mig.GpuModel, wanted: dict[int, int], physical: int | None, whole: int,
+                 config: str | None, node: str) -> list[tuple[tuple[MigProfile, int], ...]]:
+    """The layout of each MIG GPU holding the advertised MIG devices (`wanted`: count per id)."""
+    per_gpu = _named_config(config, model)
+    if per_gpu and set(per_gpu) == set(wanted):
+        gpus, rest = divmod(next(iter(wanted.values())), next(iter(per_gpu.values())))
+        if not rest and gpus and all(wanted[pid] == gpus * n for pid, n in per_gpu.items()) \
+                and (physical is None or gpus <= physical):
+            return [_place(model, per_gpu, node)] * gpus
+    shape = _shape(model)
+    pids = tuple(sorted(wanted))
+    counts = tuple(wanted[pid] for pid in pids)
+    fewest = _fewest_gpus(shape, pids, counts, physical)
+    if fewest is None:
+        summary = ", ".join(f"{n}x {model.profile(pid).name}" for pid, n in sorted(wanted.items()))
+        raise DeviceError(f"node {node}: the advertised MIG devices ({summary}) do not fit on "
+                          f"{physical if physical is not None else sum(counts)} {model.name} GPU(s)")
+    gpus = fewest if physical is None else min(physical, max(fewest, physical - whole))
+    per_gpu_counts = _pack(shape, pids, counts, gpus)
+    return [_place(model, dict(zip(pids, c)), node) for c in per_gpu_counts]
+
+
+def _named_config(config: str | None, model: mig.GpuModel) -> dict[int, int] | None:
+    """Instances per GPU of one of mig-parted's default named configs on this model, or None."""
+    if not config:
+        return None
+    if config == "all-balanced":
+        return _ALL_BALANCED.get(model.geometry)
+    if match := re.fullmatch(r"all-(\d+g\.\d+gb)(\.me)?", config):
+        name = match.group(1) + ("+me" if match.group(2) else "")
+        try:
+            profile = model.profile(name)
+        except KeyError:
+            return None
+        return {profile.profile_id: mig.room_for(mig.Layout(model.geometry), profile)}
+    return None
+
+
+def _shape(model: mig.GpuModel) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
+    """The model's placement rules alone (no names or sizes), so equal geometries share caches."""
+    return tuple((p.profile_id, p.compute_slices, p.memory_slices, p.max_instances, p.starts)
+                 for _, p in sorted(model.profiles.items()))
+
+
+def _shape_profiles(shape) -> dict[int, MigProfile]:
+    return {pid: MigProfile(profile_id=pid, name=str(pid), compute_slices=c, memory_slices=m, memory_mib=0,
+                            max_instances=n, starts=starts) for pid, c, m, n, starts in shape}
+
+
+@lru_cache(maxsize=64)
+def _one_gpu_layouts(shape) -> dict[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """Every instance count one GPU can hold (as Layout.counts), with one legal placement of it:
+    ((profile id, start), ...)."""
+    profiles = _shape_profiles(shape)
+    empty = mig.Layout(mig.MigGeometry.of(profiles))
+    seen = {empty: ()}
+    frontier = [empty]
+    while frontier:
+        layout = frontier.pop()
+        for profile in profiles.values():
+            for start in mig.legal_starts(layout, profile):
+                grown = layout.with_instance(profile, start)
+                if grown not in seen:
+                    seen[grown] = seen[layout] + ((profile.profile_id, start),)
+                    frontier.append(grown)
+    placements: dict[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = {}
+    for layout, placed in seen.items():
+        placements.setdefault(layout.counts, placed)
+    return placements
+
+
+@lru_cache(maxsize=1024)
+def _fits_one_gpu(shape, pids: tuple[int, ...]) -> frozenset[tuple[int, ...]]:
+    """The count vectors (over `pids`) one GPU can hold, using no other profile."""
+    return frozenset(tuple(dict(counts).get(pid, 0) for pid in pids) for counts in _one_gpu_layouts(shape)
+                     if all(pid in pids for pid, _ in counts))
+
+
+def _too_few(shape, pids: tuple[int, ...], counts: tuple[int, ...], gpus: int) -> bool:
+    """Whether `gpus` GPUs lack the compute slices, memory slices or instance limits for `counts`."""
+    rules = {pid: (compute, memory, most) for pid, compute, memory, most, _ in shape}
+    geometry = mig.MigGeometry.of(_shape_profiles(shape))
+    return (sum(n * rules[pid][0] for pid, n in zip(pids, counts)) > gpus * geometry.compute_slices
+            or sum(n * rules[pid][1] for pid, n in zip(pids, counts)) > gpus * geometry.memory_slices
+            or any(n > gpus * rules[pid][2] for pid, n in zip(pids, counts)))
+
+
+@lru_cache(maxsize=1024)
+def _fewest_gpus(shape, pids: tuple[int, ...], counts: tuple[int, ...], limit: int | None) -> int | None:
+    """The fewest GPUs that hold these instance counts (at most `limit`), or None."""
+    top = sum(counts) if limit is None else min(limit, sum(counts))
+    for gpus in range(1, top + 1):
+        if not _too_few(shape, pids, counts, gpus) and _pack(shape, pids, counts, gpus) is not None:
+            return gpus
+    return None if sum(counts) else 0
+
+
+@lru_cache(maxsize=1024)
+def _pack(shape, pids: tuple[int, ...], counts: tuple[int, ...], gpus: int) -> tuple[tuple[int, ...], ...] | None:
+    """Instance counts for each of `gpus` GPUs adding up to `counts`, or None when impossible.
+
+    GPUs with the same counts are interchangeable, so this searches count vectors, not placements:
+    a state is the counts still to place and the GPUs left. Each GPU takes a vector that fits it
+    and cannot take one more of any remaining profile (any solution can be changed into one of
+    those by moving instances onto earlier GPUs), and failed states are remembered, so the work
+    is bounded by the number of count vectors below `counts` times the vectors one GPU can hold."""
+    fits = _fits_one_gpu(shape, pids)
+    failed: set[tuple[tuple[int, ...], int]] = set()
+    rules = {pid: (compute, memory) for pid, compute, memory, _, _ in shape}
+    geometry = mig.MigGeometry.of(_shape_profiles(shape))
+    compute = [rules[pid][0] for pid in pids]
+    memory = [rules[pid][1] for pid in pids]
+
+    def maximal(remaining: tuple[int, ...]) -> list[tuple[int, ...]]:
+        out = []
+        for vector in fits:
+            if any(v > r for v, r in zip(vector, remaining)):
+                continue
+            if any(vector[i] < remaining[i] and vector[:i] + (vector[i] + 1,) + vector[i + 1:] in fits
+                   for i in range(len(vector))):
+                continue
+            out.append(vector)
+        return sorted(out, reverse=True)
+
+    def solve(remaining: tuple[int, ...], left: int) -> list[tuple[int, ...]] | None:
+        if not any(remaining):
+            return [tuple(0 for _ in remaining)] * left
+        if left == 0 or (remaining, left) in failed \
+                or sum(c * r for c, r in zip(compute, remaining)) > left * geometry.compute_slices \
+                or sum(m * r for m, r in zip(memory, remaining)) > left * geometry.memory_slices:
+            return None
+        for vector in maximal(remaining):
+            rest = solve(tuple(r - v for r, v in zip(remaining, vector)), left - 1)
+            if rest is not None:
+                return [vector, *rest]
+        failed.add((remaining, left))
+        return None
+
+    solution = solve(counts, gpus)
+    return tuple(solution) if solution is not None else None
+
+
+def _place(model: mig.GpuModel, counts: Mapping[int, int], node: str) -> tuple[tuple[MigProfile, int], ...]:
+    """A legal placement of these instance counts on one GPU of the model."""
+    key = tuple(sorted((pid, n) for pid, n in counts.items() if n))
+    placed = _one_gpu_layouts(_shape(model)).get(key)
+    if placed is None:
+        summary = ", ".join(f"{n}x {model.profile(pid).name}" for pid, n in key)
+        raise DeviceError(f"node {node}: {summary} do not fit on one {model.name} GPU")
+    return tuple(sorted(((model.profile(pid), start) for pid, start in placed), key=lambda item: item[1]))
+
+
+def _hami_gpus(annotations: Mapping[str, str], node: str) -> list[tuple[str, int]]:
+    """(type, memory MiB) of each GPU HAMi registered on the node: JSON records, or the older
+    `uuid,count,devmem,devcore,type,numa,health[,...]:` records."""
+    raw = annotations.get(HAMI_REGISTER)
+    if not raw:
+        return []
+    try:
+        if raw.lstrip().startswith("["):
+            return [(str(d.get("type", "")), int(d.get("devmem", 0))) for d in json.loads(raw)]
+        return [(fields[4], int(fields[2])) for record in raw.split(":") if record.strip()
+                for fields in [record.split(",")]]
+    except (ValueError, IndexError, TypeError, AttributeError):
+        raise DeviceError(f"node {node}: cannot read the annotation {HAMI_REGISTER}: {raw[:80]!r}") from None
+
+
+def _profile_name(advertised: str) -> str:
+    """The catalogue's name of an advertised profile: `1g.10gb.me` (resource names allow no `+`) is `1g.10gb+me`."""
+    return advertised.replace(".me", "+me")
 
 
 def _label_int(labels: Mapping[str, str], key: str, node: str) -> int | None:
@@ -191,7 +500,7 @@ def _count(value: Any, node: str, resource: str) -> int:
 
 
 def _catalogue(model_name: str, node: str) -> mig.GpuModel:
-    model = mig.lookup_model(re.sub(r"^NVIDIA[-\s]+", "", model_name))
+    model = mig.lookup_model(model_name)
     if model is None or not model.mig_capable:
         raise DeviceError(f"node {node}: advertises MIG devices on {model_name or 'an unlabelled GPU'}, "
                           "which is not a MIG-capable model this allocator knows")
@@ -203,71 +512,6 @@ def _profile(model: mig.GpuModel, profile_name: str, node: str) -> MigProfile:
         return model.profile(profile_name)
     except KeyError:
         raise DeviceError(f"node {node}: {model.name} has no MIG profile {profile_name!r}") from None
-
-
-def _max_per_gpu(model: mig.GpuModel, profile_name: str, node: str) -> int:
-    """How many instances of one profile fit on one GPU (what `all-<profile>` configs make)."""
-    profile = _profile(model, profile_name, node)
-    layout, count = mig.Layout(model.geometry), 0
-    while starts := mig.legal_starts(layout, profile):
-        layout, count = layout.with_instance(profile, starts[0]), count + 1
-    return count
-
-
-def _pack(node: str, model: mig.GpuModel, devices: Mapping[str, int],
-          gpus: int | None) -> list[list[tuple[MigProfile, int]]]:
-    """Place the advertised MIG devices legally on `gpus` GPUs (None: on as few as hold them)."""
-    wanted = sorted((_profile(model, name, node) for name, n in devices.items() for _ in range(n)),
-                    key=lambda p: (-p.memory_slices, -p.compute_slices, p.profile_id))
-    for count in ([gpus] if gpus else range(1, len(wanted) + 1)):
-        layout = _pack_on(wanted, count, model.geometry)
-        if layout is not None:
-            return layout
-    summary = ", ".join(f"{n}x {name}" for name, n in sorted(devices.items()))
-    raise DeviceError(f"node {node}: the advertised MIG devices ({summary}) do not fit on "
-                      f"{gpus or len(wanted)} {model.name} GPU(s)")
-
-
-def _pack_on(wanted: list[MigProfile], gpus: int,
-             geometry: mig.MigGeometry) -> list[list[tuple[MigProfile, int]]] | None:
-    """A legal placement of `wanted` (largest first) on `gpus` GPUs, by backtracking; or None."""
-    layouts = [mig.Layout(geometry) for _ in range(gpus)]
-    placed: list[list[tuple[MigProfile, int]]] = [[] for _ in range(gpus)]
-    dead_ends: set[tuple[int, tuple[Any, ...]]] = set()
-
-    def place(k: int) -> bool:
-        if k == len(wanted):
-            return True
-        state = (k, tuple(sorted((lay.occupied, lay.compute_used, lay.counts) for lay in layouts)))
-        if state in dead_ends:
-            return False
-        profile = wanted[k]
-        tried: set[mig.Layout] = set()
-        for g in range(gpus):
-            before = layouts[g]
-            if before in tried:
-                continue  # GPUs with the same layout are interchangeable
-            tried.add(before)
-            for start in mig.legal_starts(before, profile):
-                layouts[g] = before.with_instance(profile, start)
-                placed[g].append((profile, start))
-                if place(k + 1):
-                    return True
-                placed[g].pop()
-                layouts[g] = before
-        dead_ends.add(state)
-        return False
-
-    if not place(0):
-        return None
-    return [sorted(p, key=lambda item: item[1]) for p in placed]
-
-
-def _model_profiles(gpu: Gpu) -> dict[int, MigProfile]:
-    if gpu.mig_mode is MigMode.OFF:
-        return {}
-    model = mig.lookup_model(gpu.model)
-    return dict(model.profiles) if model else {}
 
 
 async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None,
