@@ -722,9 +722,41 @@ class Scheduler:
                     plans.append(_Plan(SliceKind.WHOLE, g.model, g.memory_mib * spec.count, count=spec.count))
         if not plans:
             raise SpecError(_unmet_field(spec, groups), f"no GPU in this fleet can provide a {spec.describe()}")
+        hosted = [p for p in plans if self._host_nodes(p, spec)]
+        if not hosted:
+            raise self._no_host(plans, spec)
+        plans = hosted
         kind_rank = {SliceKind.MIG: 0, SliceKind.SHARED: 1, SliceKind.WHOLE: 2}
         plans.sort(key=lambda p: (kind_rank[p.kind], p.memory_mib))
         return plans
+
+    def _host_nodes(self, plan: _Plan, spec: SliceSpec, *, host: bool = True) -> set[int]:
+        """Nodes with enough GPUs of the plan's model and (when `host`) enough CPU and host
+        memory in all to hold the request, busy or not."""
+        is_mig = plan.kind is SliceKind.MIG
+        group = next(g for g in self._model_groups if g.model == plan.model and g.is_mig == is_mig)
+        found = set()
+        for name, gpus in group.per_node.items():
+            node = self.nodes[self._node_index[name]]
+            if gpus >= plan.count and (not spec.node or name == spec.node) and (not host or (
+                    node.cpu_milli >= spec.cpu_milli and node.memory_mib >= spec.host_memory_mib)):
+                found.add(self._node_index[name])
+        return found
+
+    def _no_host(self, plans: Sequence[_Plan], spec: SliceSpec) -> SpecError:
+        """Why no node could ever hold the request beside a fitting GPU, blaming CPU or host memory."""
+        nodes = [self.nodes[i] for p in plans for i in self._host_nodes(p, spec, host=False)]
+        most_cpu = max(n.cpu_milli for n in nodes)
+        most_memory = max(n.memory_mib for n in nodes)
+        what = f"a {spec.describe()}"
+        if spec.cpu_milli > most_cpu:
+            return SpecError("spec.cpu_milli", f"{spec.cpu_milli} milli-CPU is more than any node with {what} "
+                                               f"has (at most {most_cpu})")
+        if spec.host_memory_mib > most_memory:
+            return SpecError("spec.host_memory_mib", f"{spec.host_memory_mib} MiB of host memory is more than any "
+                                                     f"node with {what} has (at most {most_memory})")
+        return SpecError("spec.cpu_milli", f"no node with {what} has both {spec.cpu_milli} milli-CPU and "
+                                           f"{spec.host_memory_mib} MiB of host memory")
 
     @staticmethod
     def _pick_profile(profiles: dict[int, MigProfile], spec: SliceSpec) -> MigProfile | None:
@@ -895,9 +927,10 @@ class Scheduler:
     def _reservation(self, lease: Lease, taken: set[str]) -> set[str]:
         """The GPUs this waiting request will most likely fit on first."""
         plan = self._plans[lease.id][0]
+        hosts = self._host_nodes(plan, lease.spec)  # never a GPU on a node too small for the request
         if plan.kind is SliceKind.MIG:
             cands = [gs for gs in self._mig_candidates(plan, lease.spec, taken)
-                     if gs.gpu.mig_mode is MigMode.DYNAMIC]
+                     if gs.gpu.mig_mode is MigMode.DYNAMIC and gs.node_index in hosts]
             if not cands:
                 return set()
             best = max(cands, key=lambda gs: (gs.layout().free_memory_slices, -gs.slot))
@@ -905,7 +938,7 @@ class Scheduler:
         by_node: dict[int, list[_GpuState]] = {}
         for gs in self._gpus.values():
             if (not gs.is_mig and not gs.drained and gs.gpu.model == plan.model and gs.gpu.uuid not in taken
-                    and (lease.spec.node is None or gs.gpu.node == lease.spec.node)):
+                    and gs.node_index in hosts):
                 by_node.setdefault(gs.node_index, []).append(gs)
         best_set: list[_GpuState] = []
         best_free = -1
