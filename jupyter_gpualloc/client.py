@@ -75,6 +75,14 @@ class HolderBusy(GpuAllocError):
         return self.body.get("lease_id")
 
 
+class Conflict(GpuAllocError):
+    """409: the job's state does not allow this (e.g. cancelling a finished job); `state` says what it is."""
+
+    @property
+    def state(self) -> str | None:
+        return self.body.get("state")
+
+
 class ServiceUnavailable(GpuAllocError):
     """503 (e.g. the fleet is drained; `retry_after` seconds), or the service cannot be reached."""
 
@@ -130,6 +138,8 @@ def error_for(status: int, body: Mapping[str, Any], headers: Mapping[str, str] |
     if status == 404:
         return NotFound(message, status, body)
     if status == 409:
+        if "state" in body:
+            return Conflict(message, status, body)
         return (HolderBusy if "lease_id" in body else NoCapacity)(message, status, body)
     if status == 503:
         retry = (headers or {}).get("Retry-After")

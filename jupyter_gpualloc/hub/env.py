@@ -20,6 +20,11 @@ SLICE_ENV_NAMES = (
 )
 
 
+def server_holder(server_name: str) -> str:
+    """The holder of a single-user server's lease: 'server', or 'server:<name>' for a named server."""
+    return f"server:{server_name}" if server_name else "server"
+
+
 def memory_fraction(slice_: Mapping[str, Any], gpu_memory_mib: int | None = None) -> float:
     """The share of its GPU a slice may use: memory_mib / the GPU's memory (else milli / 1000)."""
     if gpu_memory_mib:

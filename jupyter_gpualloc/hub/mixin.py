@@ -26,7 +26,7 @@ from traitlets import Bool, Float, Unicode, default
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
 from ..core.model import SliceSpec
 from . import form
-from .env import slice_env
+from .env import server_holder, slice_env
 from .link import ServiceLink, delete_token, user_service_token
 
 
@@ -101,7 +101,7 @@ class GPUSpawnerMixin(Spawner):
     @property
     def gpu_holder(self) -> str:
         """The lease's holder: 'server' for the default server, 'server:<name>' for named ones."""
-        return f"server:{self.name}" if self.name else "server"
+        return server_holder(self.name)
 
     def hub_service_url(self) -> str:
         if self.gpualloc_url:

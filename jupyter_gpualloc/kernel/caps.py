@@ -82,6 +82,14 @@ def clear_lease_env(environ: MutableMapping[str, str] | None = None) -> None:
     environ.update(slice_env(None))
 
 
+def restore_env(saved: Mapping[str, str], environ: MutableMapping[str, str] | None = None) -> None:
+    """Put back slice variables saved earlier (e.g. the ones the process started with), and only those."""
+    environ = os.environ if environ is None else environ
+    for name in slice_variables():
+        environ.pop(name, None)
+    environ.update(saved)
+
+
 # ------------------------------------------------------------------ appliers
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import sys
 import threading
 import time
@@ -18,17 +19,18 @@ from typing import Any, Callable, MutableMapping
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
-from .caps import FrameworkCaps, apply_lease_env, cap_from_env, clear_lease_env
+from .caps import FrameworkCaps, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
-from .status import describe_lease, describe_request, describe_slice, error_line, status_lines
+from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
 
 ACTIONS = ("request", "release", "status", "offers", "list")
 ACTIVE = ("queued", "granted")
 HEARTBEAT_INTERVAL = 30.0
 POLL_INTERVAL = 1.0
+SERVER_NAME_VARIABLE = "JUPYTERHUB_SERVER_NAME"  # JupyterHub sets it in every single-user server
 
 
 def kernel_holder(environ: MutableMapping[str, str], connection_file: str | None) -> str:
@@ -41,6 +43,15 @@ def kernel_holder(environ: MutableMapping[str, str], connection_file: str | None
         if match:
             return f"kernel:{match.group(1)}"
     return f"kernel:pid-{os.getpid()}"
+
+
+def server_holder_of(environ: MutableMapping[str, str]) -> str | None:
+    """The holder of the lease of the JupyterHub server this kernel runs in; None outside JupyterHub."""
+    if SERVER_NAME_VARIABLE not in environ:
+        return None
+    from ..hub.env import server_holder
+
+    return server_holder(environ[SERVER_NAME_VARIABLE])
 
 
 def running_connection_file() -> str | None:
@@ -141,8 +152,10 @@ class KernelGpu:
         self.poll_interval = poll_interval
         self.clock = clock
         self._client = None
-        # a lease the provisioner applied at launch is in effect already
+        # a lease the provisioner applied at launch is in effect already (or, in a server holding
+        # a slice, the server's lease: `status` tells them apart by holder)
         self.lease_id: str | None = self.environ.get("GPUALLOC_LEASE_ID") or None
+        self.launch_env = {name: self.environ[name] for name in slice_variables() if name in self.environ}
         self.applied_id: str | None = self.lease_id
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
@@ -185,6 +198,14 @@ class KernelGpu:
             return mine[-1]
         self.heartbeat.stop()
         return None
+
+    def server_lease(self) -> dict | None:
+        """The granted lease of the JupyterHub server this kernel runs in, or None."""
+        holder = server_holder_of(self.environ)
+        if holder is None:
+            return None
+        granted = [lease for lease in self.client.leases() if lease["holder"] == holder and lease["state"] == "granted"]
+        return granted[-1] if granted else None
 
     def _gpu_memory_mib(self, slice_: dict) -> int | None:
         """The total memory of the slice's GPU, from the inventory (None if it is not listed)."""
@@ -273,19 +294,45 @@ class KernelGpu:
         return line
 
     def forget(self, lease: dict) -> str:
-        """After a release: no slice in this process's environment any more. Returns a note, or ''."""
+        """After a release: the server's slice (if its server holds one) or none. Returns a note, or ''."""
         self.heartbeat.stop()
         note = ""
         if lease["id"] == self.applied_id:
-            clear_lease_env(self.environ)
-            self.caps.uninstall()
+            note = self._fall_back_to_server()
             self.applied_id = None
             busy = cuda_initialised_by()
             if busy:
-                note = f"; CUDA in this kernel ({', '.join(busy)}) keeps its context until the kernel restarts"
+                note += f"; CUDA in this kernel ({', '.join(busy)}) keeps its context until the kernel restarts"
         if lease["id"] == self.restart_needed_for:
             self.restart_needed_for = None
         return note
+
+    def _fall_back_to_server(self) -> str:
+        """Give this process its server's slice again, or no GPU when the server holds none. Returns a note."""
+        try:
+            server = self.server_lease()
+        except Exception as err:
+            if not _is_expected(err):
+                raise
+            server, note = None, f"; could not ask for the server's slice ({error_line(err)[5:]}): no GPU visible"
+        else:
+            note = ""
+        if server is None:
+            clear_lease_env(self.environ)
+            self.caps.uninstall()
+            return note
+        if self.launch_env.get("GPUALLOC_LEASE_ID") == server["id"]:
+            restore_env(self.launch_env, self.environ)  # exactly what the spawner set
+        else:
+            shared = server["slice"]["kind"] == "shared"
+            apply_lease_env(server, self._gpu_memory_mib(server["slice"]) if shared else None, self.environ)
+        cap = cap_from_env(self.environ)
+        if cap is not None:
+            self.caps.install(cap)
+        else:
+            self.caps.uninstall()
+        return (f"; this kernel uses its server's {describe_slice(server['slice'])} again: "
+                f"CUDA_VISIBLE_DEVICES={self.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 
     def release(self) -> list[str]:
         lease = self.current()
@@ -310,9 +357,12 @@ class KernelGpu:
                     ended = self.client.lease(self.lease_id)
                 except NotFound:
                     ended = None
+                if ended is not None and ended["holder"] != self.holder:  # the server's, inherited at launch
+                    ended = self.lease_id = self.applied_id = None
                 if ended is not None and ended["id"] == self.applied_id:
                     self.forget(ended)
-            return status_lines(None, now=self.clock(), in_effect=False, environ=self.environ, ended=ended), None
+            return status_lines(None, now=self.clock(), in_effect=False, environ=self.environ, ended=ended,
+                                server=self.server_lease()), None
         if lease["state"] == "granted" and lease["id"] not in (self.applied_id, self.restart_needed_for):
             lines.append(self.take_effect(lease))
         in_effect = lease["id"] == self.applied_id
@@ -324,9 +374,10 @@ class KernelGpu:
         offers = self.client.offers()
         if not offers:
             return ["gpu: no slices are offered"]
+        width = max(len(offer["label"]) for offer in offers)
         lines = ["gpu: offers (available now, and how to ask)"]
         for offer in offers:
-            lines.append(f"  {offer['label']:<34} {offer['available']:>3} available   "
+            lines.append(f"  {offer['label']:<{width}} {offer['available']:>3} available   "
                          f"%gpu request {request_arguments(offer['spec'])}")
         return lines
 
@@ -334,18 +385,12 @@ class KernelGpu:
         leases = self.client.leases()
         if not leases:
             return ["gpu: you hold no GPU slices"]
-        lines = ["gpu: your leases (* this kernel)"]
-        for lease in leases:
-            mark = "*" if lease["holder"] == self.holder else " "
-            where = f" (position {lease['position']})" if lease.get("position") else ""
-            lines.append(f" {mark} {lease['id']}  {lease['holder']:<24} {lease['state']:<8} "
-                         f"{describe_lease(lease)}{where}")
-        return lines
+        return ["gpu: your leases (* this kernel)", *lease_table(leases, self.holder)]
 
 
 def request_arguments(spec: dict) -> str:
     """The `%gpu request` arguments that ask for an offer's spec."""
-    model = f" --model '{spec['model']}'" if spec.get("model") else ""
+    model = f" --model {shlex.quote(spec['model'])}" if spec.get("model") else ""
     if spec.get("kind") == "mig" or spec.get("profile"):
         return f"--mig {spec['profile']}{model}"
     if spec.get("kind") == "whole":
@@ -387,8 +432,8 @@ class GpuMagics(Magics):
         Examples: %gpu request 10GB; %gpu request --mig 1g.10gb --wait 10m; %gpu release
         """
         try:
-            args = parse_argstring(self.gpu, line)
-        except UsageError as err:
+            args = self.gpu.parser.parse_args(shlex.split(line))
+        except (UsageError, ValueError) as err:  # ValueError: shlex's unbalanced quotes
             print(f"gpu: {err} (%gpu? shows the usage)", file=sys.stderr)
             return
         try:

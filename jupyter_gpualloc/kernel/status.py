@@ -6,6 +6,7 @@ the ipywidgets view.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from ..core.model import SliceSpec, SpecError
@@ -85,13 +86,18 @@ def memory_text(used_mib: int | None, slice_: Mapping[str, Any]) -> str:
 
 def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool,
                  environ: Mapping[str, str], frameworks: str = "", used_mib: int | None = None,
-                 ended: Mapping[str, Any] | None = None) -> list[str]:
-    """The plain-text status of this kernel's lease (or of its absence)."""
+                 ended: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None) -> list[str]:
+    """The plain-text status of this kernel's lease (or of its absence, and then of its server's slice)."""
     if lease is None:
+        lines = []
         if ended is not None:
             reason = f": {ended['reason']}" if ended.get("reason") else ""
-            return [f"gpu: no GPU slice; lease {ended['id']} {ended['state']}{reason}"]
-        return ["gpu: this kernel holds no GPU slice (%gpu request 10GB asks for one)"]
+            lines.append(f"gpu: no GPU slice of this kernel's own; lease {ended['id']} {ended['state']}{reason}"
+                         if server else f"gpu: no GPU slice; lease {ended['id']} {ended['state']}{reason}")
+        if server is not None:
+            lines.append(f"gpu: this kernel uses its server's {describe_slice(server['slice'])} (lease {server['id']}); "
+                         f"%gpu request 10GB asks for a slice of its own")
+        return lines or ["gpu: this kernel holds no GPU slice (%gpu request 10GB asks for one)"]
     if lease["state"] == "queued":
         position = lease.get("position")
         where = f" at position {position}" if position else ""
@@ -108,6 +114,29 @@ def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     if idle:
         lines.append(f"  idle: {idle}")
     return lines
+
+
+HOLDER_WIDTH = 48  # fits kernel:<uuid>; wider holders are cut with an ellipsis so the columns stay readable
+
+
+def clip(text: str, width: int) -> str:
+    """`text`, or its first width-1 characters and an ellipsis when it is longer than `width`."""
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def lease_table(leases: list[Mapping[str, Any]], holder: str) -> list[str]:
+    """One aligned row per lease: a '*' for `holder`'s, id, holder, state, then the slice."""
+    holders = [clip(lease["holder"], HOLDER_WIDTH) for lease in leases]
+    id_width = max(len(str(lease["id"])) for lease in leases)
+    holder_width = max(len(h) for h in holders)
+    state_width = max(len(lease["state"]) for lease in leases)
+    rows = []
+    for lease, shown in zip(leases, holders):
+        mark = "*" if lease["holder"] == holder else " "
+        where = f" (position {lease['position']})" if lease.get("position") else ""
+        rows.append(f" {mark} {str(lease['id']):<{id_width}}  {shown:<{holder_width}}  "
+                    f"{lease['state']:<{state_width}}  {describe_lease(lease)}{where}")
+    return rows
 
 
 def error_line(err: Exception, service_url: str = "") -> str:
@@ -127,6 +156,6 @@ def error_line(err: Exception, service_url: str = "") -> str:
         retry = f" (try again in {err.retry_after:g} s)" if err.retry_after else ""
         return f"gpu: {err}{retry}"
     message = str(err)
-    if isinstance(err, BadRequest) and err.field and message.startswith(f"{err.field}: "):
-        message = message[len(err.field) + 2:]
+    if isinstance(err, BadRequest) and err.field:  # 'spec.profile: must ...' or 'spec.profile must ...'
+        message = re.sub(rf"^{re.escape(err.field)}:? ", "", message)
     return f"gpu: {message}"

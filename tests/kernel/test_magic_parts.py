@@ -1,9 +1,11 @@
 """The magic's pieces that need no kernel: holder names, specs, usage, status words."""
 
+import shlex
+
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpualloc.kernel.magics import Progress, kernel_holder, request_arguments, spec_from_args
+from jupyter_gpualloc.kernel.magics import GpuMagics, Progress, kernel_holder, request_arguments, spec_from_args
 from jupyter_gpualloc.kernel.sizes import InputError
 from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, status_lines
 
@@ -26,10 +28,24 @@ def test_specs(args, spec):
 
 
 def test_offers_turn_into_request_arguments():
-    assert request_arguments({"kind": "mig", "profile": "1g.10gb", "model": "H100"}) == "--mig 1g.10gb --model 'H100'"
-    assert request_arguments({"kind": "shared", "memory_gib": 8, "model": "L4"}) == "--shared 8GB --model 'L4'"
+    assert request_arguments({"kind": "mig", "profile": "1g.10gb", "model": "H100"}) == "--mig 1g.10gb --model H100"
+    assert request_arguments({"kind": "shared", "memory_gib": 8, "model": "H100 80GB HBM3"}) == \
+        "--shared 8GB --model 'H100 80GB HBM3'"
     assert request_arguments({"kind": "whole", "count": 2}) == "--whole 2"
     assert request_arguments({"kind": "any", "memory_gib": 10}) == "10GB"
+
+
+@pytest.mark.parametrize("spec", [
+    {"kind": "mig", "profile": "1g.10gb", "model": "H100 80GB HBM3"},
+    {"kind": "shared", "memory_gib": 8.0, "model": "RTX A6000"},
+    {"kind": "whole", "count": 2, "model": "L4"},
+    {"kind": "any", "memory_gib": 10.0},
+])
+def test_what_offers_print_parses_back_to_the_offer(spec):
+    """The suggestion, pasted after '%gpu request', is read as a shell would and asks for the same spec."""
+    parser = GpuMagics.gpu.parser
+    args = parser.parse_args(shlex.split(f"request {request_arguments(spec)}"))
+    assert spec_from_args(" ".join(args.size), args.mig, args.shared, args.whole, args.model) == spec
 
 
 def test_exactly_one_kind():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
 
 import pytest
 
@@ -92,11 +93,35 @@ def test_a_size_gets_the_smallest_fit_and_a_shared_slice_gets_its_caps(service, 
         "GPUALLOC_MEMORY_LIMIT_MIB": None, "CUPY_GPU_MEMORY_LIMIT": None}
 
 
-def test_offers_show_how_to_ask(kernel):
+def test_offers_show_how_to_ask_and_each_suggestion_works_when_pasted(service, kernel):
     out = kernel.run("%gpu offers").stdout
     assert out.startswith("gpu: offers")
-    assert "%gpu request --mig 1g.5gb --model 'A100-SXM4-40GB'" in out
-    assert "%gpu request --whole --model 'L4'" in out
+    assert "%gpu request --mig 1g.5gb --model A100-SXM4-40GB" in out
+    assert "%gpu request --whole --model L4" in out
+    rows = [re.fullmatch(r"  (.+?) +(\d+) available   (%gpu request .+)", line) for line in out.splitlines()[1:]]
+    assert all(rows) and len({row.start(2) for row in rows}) == 1  # the counts line up
+    for row in rows:
+        if int(row.group(2)) == 0:
+            continue
+        pasted = kernel.run(row.group(3))
+        assert pasted.stdout.startswith("gpu: granted") and not pasted.stderr, (row.group(3), pasted)
+        [lease] = mine(service, kernel)
+        assert lease["spec"]["model"] == lease["slice"]["model"]
+        kernel.run("%gpu release")
+
+
+def test_models_go_by_the_names_people_know(service, kernel):
+    for line in ('%gpu request --whole --model "NVIDIA L4"', "%gpu request --shared 4GB --model nvidia-l4",
+                 "%gpu request --mig 1g.5gb --model a100", "%gpu request 4GB --model 'NVIDIA A100-SXM4-40GB'"):
+        cell = kernel.run(line)
+        assert cell.stdout.startswith("gpu: granted") and not cell.stderr, (line, cell)
+        kernel.run("%gpu release")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        service.call("POST", "leases", {"spec": {"kind": "whole", "model": "H100"}, "holder": "kernel:api"}, token=ALICE)
+    assert err.value.code == 400
+    assert json.loads(err.value.read()) == {
+        "error": "spec.model: no GPU model 'H100' in this fleet: valid models are A100-SXM4-40GB, L4",
+        "field": "spec.model"}
 
 
 def test_waiting_shows_the_position_and_an_interrupt_withdraws(service, kernel):
@@ -180,7 +205,10 @@ def test_cuda_already_initialised_means_restart(service, kernel):
     ("%gpu request 4GB --mig 1g.5gb", "gpu: give one of a size, --mig, --shared or --whole"),
     ("%gpu request 4GB --wait 10x", "gpu: duration '10x' not understood"),
     ("%gpu request 4GB --wait 1m --no-wait", "gpu: give --wait or --no-wait, not both"),
-    ("%gpu request --mig 3g.40gb", "gpu: no GPU in this fleet can provide a 3g.40gb slice"),
+    ("%gpu request --mig 3g.40gb", "gpu: no MIG profile '3g.40gb' in this fleet: valid profiles are 1g.5gb, "),
+    ("%gpu request --mig 1g.5gb --model L4", "gpu: no MIG GPU on L4 in this fleet offers profile '1g.5gb'"),
+    ("%gpu request --whole --model H100", "gpu: no GPU model 'H100' in this fleet: valid models are A100-SXM4-40GB, L4"),
+    ("%gpu request --whole --model 'L4", "gpu: No closing quotation (%gpu? shows the usage)"),
     ("%gpu request --mig huge", "gpu: must look like 1g.10gb or 3g.40gb"),
     ("%gpu request --whole 9 --model L4", "gpu: no GPU in this fleet can provide"),
     ("%gpu frobnicate", "gpu: argument action: invalid choice: 'frobnicate'"),
@@ -203,7 +231,7 @@ def test_quota_and_service_errors_print_one_line(service, start_kernel):
     assert carol.run("import os; print(os.environ['GPUALLOC_HOLDER'])").stdout.strip() == "kernel:carol-1"
     service.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "kernel:carol-0"},
                  token=CAROL)
-    assert_one_line_error(carol.run("%gpu request 4GB"), "gpu: user quota for carol: at most 1 slices")
+    assert_one_line_error(carol.run("%gpu request 4GB"), "gpu: user quota for carol: at most 1 slice")
 
     def reloaded(**env: str | None) -> None:
         code = "".join(f"os.environ.pop({k!r}, None)\n" if v is None else f"os.environ[{k!r}] = {v!r}\n"
@@ -255,3 +283,66 @@ def test_the_kernel_heartbeats_while_it_holds_a_lease(service, kernel):
     time.sleep(1.0)
     [lease] = mine(service, kernel)
     assert lease["heartbeat_at"] > beat
+
+
+SLICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID", "GPUALLOC_SLICE_KIND", "GPUALLOC_MEMORY_LIMIT_MIB",
+                   "GPUALLOC_MEMORY_FRACTION", "CUDA_DEVICE_MEMORY_LIMIT", "CUPY_GPU_MEMORY_LIMIT")
+
+
+def test_a_released_kernel_slice_gives_the_kernel_its_servers_slice_back(service, start_kernel):
+    server = service.call("POST", "leases", {"spec": {"kind": "shared", "memory_gib": 8, "model": "L4"},
+                                             "holder": "server"}, token=ALICE)
+    server_env = slice_env(server, gpu_memory_mib=23034)  # what the spawner put in the server's env
+    kernel = start_kernel(JUPYTERHUB_SERVER_NAME="", **server_env)
+    status = kernel.run("%gpu status")
+    assert status.stdout.strip() == (f"gpu: this kernel uses its server's shared 8 GiB on L4 (node0) (lease "
+                                     f"{server['id']}); %gpu request 10GB asks for a slice of its own"), status
+    assert env_of(kernel, *SLICE_VARIABLES) == {name: server_env.get(name) for name in SLICE_VARIABLES}
+
+    kernel.run("%gpu request --mig 1g.5gb")
+    [own] = mine(service, kernel)
+    assert env_of(kernel, "CUDA_VISIBLE_DEVICES", "GPUALLOC_MEMORY_LIMIT_MIB") == {
+        "CUDA_VISIBLE_DEVICES": own["slice"]["mig_uuid"], "GPUALLOC_MEMORY_LIMIT_MIB": None}
+    released = kernel.run("%gpu release")
+    assert released.stdout.strip() == (
+        f"gpu: released MIG 1g.5gb on A100-SXM4-40GB (node0) (lease {own['id']}); this kernel uses its server's "
+        f"shared 8 GiB on L4 (node0) again: CUDA_VISIBLE_DEVICES={server['slice']['gpu_uuids'][0]}"), released
+    assert env_of(kernel, *SLICE_VARIABLES) == {name: server_env.get(name) for name in SLICE_VARIABLES}
+    caps = kernel.run("from jupyter_gpualloc.kernel import _LOADED\n[gpu] = _LOADED.values(); print(gpu.caps.cap)")
+    assert caps.stdout.strip() == "MemoryCap(limit_mib=8192, fraction=0.3556, device=0)"
+
+
+def test_a_kernel_launched_with_its_own_slice_falls_back_to_its_named_servers(service, start_kernel):
+    server = service.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "server:lab"},
+                          token=ALICE)
+    holder = "kernel:launched-2"
+    own = service.call("POST", "leases", {"spec": {"kind": "shared", "memory_gib": 4, "model": "L4"},
+                                          "holder": holder}, token=ALICE)
+    kernel = start_kernel(JUPYTERHUB_SERVER_NAME="lab", GPUALLOC_HOLDER=holder, **slice_env(own, gpu_memory_mib=23034))
+    released = kernel.run("%gpu release")
+    assert released.stdout.strip().endswith(f"this kernel uses its server's MIG 1g.5gb on A100-SXM4-40GB (node0) "
+                                            f"again: CUDA_VISIBLE_DEVICES={server['slice']['mig_uuid']}"), released
+    assert env_of(kernel, *SLICE_VARIABLES) == {name: slice_env(server).get(name) for name in SLICE_VARIABLES}
+
+
+def test_list_columns_line_up_whatever_the_holders(service, kernel):
+    kernel.run("%gpu request 4GB")
+    long_holder = "server:" + "a-very-long-server-name-" * 4
+    for holder in (long_holder, "job:1"):
+        service.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": holder}, token=ALICE)
+    rows = kernel.run("%gpu list").stdout.splitlines()[1:]
+    assert len(rows) == 3
+    assert len({row.index(" granted ") for row in rows}) == 1, rows
+    [cut] = [row for row in rows if "server:" in row]
+    assert long_holder[:47] + "\u2026" in cut and long_holder not in cut
+
+
+def test_no_gpu_output_or_help_shows_the_token(service, start_kernel):
+    secret = "tok-that-must-stay-secret"
+    kernel = start_kernel(token=secret)
+    outputs = [kernel.run(line) for line in ("%gpu", "%gpu offers", "%gpu list", "%gpu request 4GB",
+                                             "%gpu request --model x", "%gpu nonsense")]
+    outputs.append(kernel.run("print(get_ipython().find_line_magic('gpu').__doc__)"))
+    text = "".join(cell.stdout + cell.stderr + json.dumps(cell.displays) for cell in outputs)
+    assert "refused this kernel's token" in text and "--model MODEL" in text
+    assert secret not in text
