@@ -1,6 +1,6 @@
 """Inside the user's kernel: the `%gpu` magic, the lease view and framework memory caps.
 
-`%load_ext jupyter_gpualloc` (or `jupyter_gpualloc.kernel`) registers `%gpu`. Loading imports no
+`%load_ext jupyter_gpualloc` (or `jupyter_gpualloc.kernel`) registers `%gpu` and `%%gpu job`. Loading imports no
 framework (torch, tensorflow, jax, cupy) and no server code, and makes no network call: the
 service client is made on the first `%gpu`.
 """
@@ -14,6 +14,7 @@ _LOADED: dict[int, Any] = {}
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register `%gpu` in this IPython shell (a kernel's, or a terminal's)."""
+    from .job_magics import GpuJobMagics
     from .magics import GpuMagics, KernelGpu
 
     if id(ipython) in _LOADED:
@@ -21,6 +22,7 @@ def load_ipython_extension(ipython: Any) -> None:
     kernel_gpu = KernelGpu(in_kernel=getattr(ipython, "kernel", None) is not None)
     _LOADED[id(ipython)] = kernel_gpu
     ipython.register_magics(GpuMagics(ipython, kernel_gpu))
+    ipython.register_magics(GpuJobMagics(ipython, kernel_gpu))
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -430,7 +430,13 @@ class GpuMagics(Magics):
 
         Without --wait or --no-wait, a request that cannot be granted now fails at once.
         Examples: %gpu request 10GB; %gpu request --mig 1g.10gb --wait 10m; %gpu release
+        Background jobs: %%gpu job ... on a cell; %gpu jobs; %gpu job logs|cancel|result|rerun ID
         """
+        if line.split(None, 1)[:1] in (["job"], ["jobs"]):
+            from .job_magics import job_line
+
+            job_line(self.kernel_gpu, self.shell, line)
+            return
         try:
             args = self.gpu.parser.parse_args(shlex.split(line))
         except (UsageError, ValueError) as err:  # ValueError: shlex's unbalanced quotes

@@ -40,3 +40,33 @@ async def job_ends(client, job_id: str, timeout: float = 60.0) -> dict:
 def cell_job(workdir, code: str, spec=None, **extra) -> dict:
     return {"spec": spec or {"kind": "shared", "memory_gib": 4, "model": "L4"}, "workdir": str(workdir),
             "source": {"kind": "cell", "code": code, **extra.pop("source", {})}, **extra}
+
+
+@pytest.fixture
+def notebook_kernel(jp_serverapp, gpualloc, workdir, jp_asyncio_loop):
+    """A kernel started by the server in `workdir` (the notebook's directory), %gpu loaded; run(code) -> (out, err)."""
+    km = jp_serverapp.kernel_manager
+    kernel_id = jp_asyncio_loop.run_until_complete(km.start_kernel(path=str(workdir)))
+    kc = km.get_kernel(kernel_id).client()
+    kc.start_channels()
+    jp_asyncio_loop.run_until_complete(kc.wait_for_ready(timeout=60))
+
+    async def run(code: str, timeout: float = 60.0) -> tuple[str, str]:
+        out: list[str] = []
+        err: list[str] = []
+
+        def hook(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                (out if content["name"] == "stdout" else err).append(content["text"])
+            elif msg["msg_type"] == "error":
+                err.append("\n".join(content["traceback"]))
+            elif msg["msg_type"] in ("display_data", "execute_result"):
+                out.append(content["data"].get("text/plain", "") + "\n")
+
+        await kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+        return "".join(out), "".join(err)
+
+    yield run
+    kc.stop_channels()
+    jp_asyncio_loop.run_until_complete(km.shutdown_kernel(kernel_id, now=True))
