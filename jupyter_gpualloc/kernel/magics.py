@@ -418,7 +418,8 @@ class GpuMagics(Magics):
     @argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
     @argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
     @argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")
-    @argument("--model", help="only this GPU model, e.g. H100")
+    @argument("--model", help="only GPUs of this model, named as you know it: e.g. H100, h100-80gb, L4 or "
+                              "'NVIDIA H100 80GB HBM3' (any case)")
     @argument("--wait", nargs="?", const="", metavar="DURATION",
               help="queue if nothing fits now, and wait up to DURATION (e.g. 10m; no value: until granted), "
                    "showing the queue position; interrupt the cell to withdraw")
