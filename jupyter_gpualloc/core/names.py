@@ -21,7 +21,7 @@ _VENDOR_WORDS = ("nvidia", "tesla")
 @lru_cache(maxsize=1024)
 def name_words(name: str) -> tuple[str, ...]:
     """A model name as comparable words: 'NVIDIA H100 80 GB HBM3' -> ('h100', '80gb', 'hbm3')."""
-    text = re.sub(r"(\d+)\s*(?:gib|gb|g)\b", r"\1gb", name.strip().lower())
+    text = re.sub(r"\b(\d+)\s*(?:gib|gb|g)\b", r"\1gb", name.strip().lower())
     words = [w for w in re.split(r"[\s_\-/]+", text) if w]
     while words and words[0] in _VENDOR_WORDS:
         words.pop(0)

@@ -167,6 +167,8 @@ class Scheduler:
         self._undo = _Undo(self._seq)
         self._announced: list[Event] = []
         self._load_fleet()
+        for unusable in self.backend.unusable_nodes():
+            self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
         self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
         self.usage = UsageLedger(store, self.policy, self.policy.offers or self._derived_offers(), now=now)
@@ -498,6 +500,8 @@ class Scheduler:
                         {"uuid": i.uuid, "profile": gs.profiles[i.profile_id].name, "start": i.start,
                          "size": i.size, "lease_id": gs.owner.get(i.uuid)}
                         for i in sorted(gs.instances.values(), key=lambda i: i.start)]
+                    entry["memory_slices"] = layout.geometry.memory_slices
+                    entry["compute_slices"] = layout.geometry.compute_slices
                     entry["free_memory_slices"] = layout.free_memory_slices
                     entry["free_compute_slices"] = layout.free_compute_slices
                     entry["free_profiles"] = self._free_profiles(gs, layout)
@@ -515,7 +519,8 @@ class Scheduler:
             nodes.append({"name": node.name, "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
                           "free_cpu_milli": free_cpu, "free_memory_mib": free_mem, "gpus": gpus})
         waiting = [self._leases[i].priority for i in self._queue]
-        return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass}}
+        return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass},
+                "unusable_nodes": [{"name": u.name, "reason": u.reason} for u in self.backend.unusable_nodes()]}
 
     def offers(self, user: str | None = None, groups: Sequence[str] = ()) -> list[dict]:
         """The slice choices policy offers this user, with how many could be granted now."""

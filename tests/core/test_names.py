@@ -6,7 +6,7 @@ from jupyter_gpualloc.core import names
 from jupyter_gpualloc.core.model import SliceSpec, SpecError
 from tests.core.conftest import fleet
 
-FLEET_MODELS = ["A100-SXM4-80GB", "A100-SXM4-40GB", "H100 80GB HBM3", "H100 NVL", "L4", "L40S", "T4"]
+FLEET_MODELS = ["A100-SXM4-80GB", "A100-SXM4-40GB", "A10", "H100 80GB HBM3", "H100 NVL", "L4", "L40S", "T4"]
 
 
 @pytest.mark.parametrize("asked, expected", [
@@ -24,18 +24,19 @@ FLEET_MODELS = ["A100-SXM4-80GB", "A100-SXM4-40GB", "H100 80GB HBM3", "H100 NVL"
     ("a100-80gb", ["A100-SXM4-80GB"]),
     ("NVIDIA A100-SXM4-40GB", ["A100-SXM4-40GB"]),
     ("Tesla T4", ["T4"]),
+    ("A10G", ["A10"]),                                       # an alias, not "A10 GB"
 ])
 def test_names_people_know_match_the_fleet_models(asked, expected):
     assert names.models_named(asked, FLEET_MODELS) == expected
 
 
-@pytest.mark.parametrize("asked", ["H200", "L", "80GB", "A10", "", "H100 96GB"])
+@pytest.mark.parametrize("asked", ["H200", "L", "80GB", "A1", "", "H100 96GB"])
 def test_a_name_that_matches_nothing_is_refused_with_the_valid_names(asked):
     with pytest.raises(SpecError) as err:
         names.models_named(asked, FLEET_MODELS)
     assert err.value.field == "spec.model"
     assert f"no GPU model {asked!r} in this fleet" in err.value.message
-    assert "valid models are A100-SXM4-40GB, A100-SXM4-80GB, H100 80GB HBM3, H100 NVL, L4, L40S, T4" in err.value.message
+    assert "valid models are A10, A100-SXM4-40GB, A100-SXM4-80GB, H100 80GB HBM3, H100 NVL, L4, L40S, T4" in err.value.message
 
 
 def test_profiles_are_checked_against_the_models_considered():
