@@ -152,6 +152,9 @@ SCHEMAS: dict[str, Any] = {
                                "free_memory_mib": {"type": "integer"},
                                "gpus": {"type": "array", "items": _ref("Gpu")}}}},
             "queue": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "unusable_nodes": {"type": "array", "items": {
+                "type": "object", "required": ["name", "reason"],
+                "properties": {"name": {"type": "string"}, "reason": {"type": "string"}}}},
         },
     },
     "Gpu": {
@@ -161,6 +164,7 @@ SCHEMAS: dict[str, Any] = {
             "memory_mib": {"type": "integer"}, "mig_mode": {"enum": ["off", "static", "dynamic"]},
             "drained": {"type": "boolean"},
             "instances": {"type": "array", "items": {"type": "object"}},
+            "memory_slices": {"type": "integer"}, "compute_slices": {"type": "integer"},
             "free_memory_slices": {"type": "integer"}, "free_compute_slices": {"type": "integer"},
             "free_profiles": {"type": "object", "additionalProperties": {"type": "integer"}},
             "shares": {"type": "array", "items": {"type": "object"}},

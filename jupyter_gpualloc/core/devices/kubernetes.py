@@ -52,6 +52,8 @@ _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
 _MIG_RESOURCE = re.compile(rf"^nvidia\.com/mig-({_PROFILE})(?:\.shared)?$")
 _MIG_LABEL = re.compile(rf"^nvidia\.com/mig-({_PROFILE})\.(count|memory|replicas)$")
 _PRODUCT = re.compile(rf"^(.*?)(?:-MIG-({_PROFILE}))?(?:-SHARED)?$")
+_READ_LABELS = frozenset(f"nvidia.com/{name}" for name in (
+    "gpu.product", "gpu.count", "gpu.memory", "gpu.replicas", "mig.strategy", "mig.config", "mig.config.state"))
 _VENDOR = re.compile(r"^(?:NVIDIA[-\s]+)+", re.IGNORECASE)
 _SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
              "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
@@ -178,7 +180,7 @@ def _reading_key(raw: Mapping[str, Any]) -> Any:
     """Everything `_read_node` looks at, so an unchanged key means an unchanged reading."""
     metadata, status = raw.get("metadata") or {}, raw.get("status") or {}
     labels = metadata.get("labels") or {}
-    return (json.dumps({k: v for k, v in labels.items() if k.startswith("nvidia.com/")}, sort_keys=True),
+    return (json.dumps({k: v for k, v in labels.items() if k in _READ_LABELS or _MIG_LABEL.match(k)}, sort_keys=True),
             (metadata.get("annotations") or {}).get(HAMI_REGISTER),
             json.dumps(status.get("allocatable") or {}, sort_keys=True),
             bool((raw.get("spec") or {}).get("unschedulable")), _ready(status))
