@@ -8,6 +8,7 @@ the same scheduler core.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 import tempfile
@@ -180,6 +181,30 @@ def render_inventory(backend) -> Iterable[str]:
             yield head + "  |" + "|".join(cells) + "|  " + (" ".join(names) or "no instances")
 
 
+# --------------------------------------------------------------------------- usage
+
+
+def usage(args: argparse.Namespace, out: TextIO) -> int:
+    """GPU-hours from the service's GET /usage, as a table (or CSV)."""
+    from .client import GpuAllocError, SyncGpuAllocClient
+    from .kernel.usage import usage_lines
+
+    try:
+        with SyncGpuAllocClient(args.url, args.token) as client:
+            report = client.usage(since=args.since, until=args.until, by=args.by, user=args.user)
+    except GpuAllocError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.csv:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([args.by, "gpu_hours", "gib_hours", "leases"])
+        writer.writerows([row[args.by], row["gpu_hours"], row["gib_hours"], row["leases"]] for row in report["rows"])
+    else:
+        for line in usage_lines(report):
+            print(line, file=out)
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -210,6 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--backend", default=None, choices=["simulated", "nvml"],
                      help="where GPUs come from (default: simulated with --fleet, else nvml)")
     inv.set_defaults(func=inventory)
+
+    use = sub.add_parser("usage", help="GPU-hours from the gpualloc service (yours; everyone's for admins)")
+    use.add_argument("--since", help="start: a date (2026-11-01), an ISO-8601 time or epoch seconds, UTC "
+                                     "(default: the start of this month)")
+    use.add_argument("--until", help="end, same forms (default: now)")
+    use.add_argument("--by", default="user", choices=["user", "group", "model", "kind", "offer", "holder_kind", "day"],
+                     help="one row per user (default), group, GPU model, slice kind, offer, holder kind or UTC day")
+    use.add_argument("--user", help="admins: only this user's usage")
+    use.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    use.add_argument("--url", help="the service's URL (default: $GPUALLOC_URL or JupyterHub's environment)")
+    use.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
+    use.set_defaults(func=usage)
     return parser
 
 

@@ -271,6 +271,13 @@ class GpuAllocClient:
     async def metrics(self) -> str:
         return await self.call("GET", "metrics")
 
+    async def usage(self, *, since: str | float | None = None, until: str | float | None = None,
+                    by: str = "user", user: str | None = None) -> dict:
+        """GPU-hours per `by` (user, group, model, kind, offer, holder_kind, day) and the caller's usage quotas."""
+        query = {k: str(v) for k, v in (("since", since), ("until", until), ("by", by), ("user", user))
+                 if v is not None}
+        return await self.call("GET", f"usage?{urlencode(query)}")
+
     async def submit_job(self, request: Mapping[str, Any]) -> dict:
         """Queue a background job (see the JobRequest schema); the job, queued."""
         return await self.call("POST", "jobs", dict(request))
@@ -408,6 +415,9 @@ class SyncGpuAllocClient:
 
     def metrics(self) -> str:
         return self._run(self._client.metrics())
+
+    def usage(self, **query: Any) -> dict:
+        return self._run(self._client.usage(**query))
 
     def submit_job(self, request: Mapping[str, Any]) -> dict:
         return self._run(self._client.submit_job(request))

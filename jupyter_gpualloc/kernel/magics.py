@@ -25,8 +25,9 @@ from .caps import FrameworkCaps, apply_lease_env, cap_from_env, clear_lease_env,
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
 from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
+from .usage import usage_lines
 
-ACTIONS = ("request", "release", "status", "offers", "list")
+ACTIONS = ("request", "release", "status", "offers", "list", "usage")
 ACTIVE = ("queued", "granted")
 HEARTBEAT_INTERVAL = 30.0
 POLL_INTERVAL = 1.0
@@ -411,7 +412,8 @@ class GpuMagics(Magics):
     @line_magic
     @magic_arguments()
     @argument("action", nargs="?", default="status", choices=ACTIONS,
-              help="request a slice, release it, show its status (default), list the offers or all your leases")
+              help="request a slice, release it, show its status (default), list the offers or all your leases, "
+                   "or show your GPU-hours this month and your usage quotas (usage)")
     @argument("size", nargs="*", help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB; "
                                       "the smallest offer with that much (a MIG profile where one fits, else a "
                                       "shared slice)")
@@ -471,6 +473,8 @@ class GpuMagics(Magics):
             self._show_status(lines, lease)
         elif args.action == "offers":
             _say(self.kernel_gpu.offers())
+        elif args.action == "usage":
+            _say(usage_lines(self.kernel_gpu.client.usage(by="model")))
         else:
             _say(self.kernel_gpu.list())
 

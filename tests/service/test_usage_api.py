@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -113,3 +115,27 @@ def test_prometheus_counter_and_the_dashboard_use_only_exported_metrics(service)
             names = set(re.findall(r"\bgpualloc_[a-z_]+", query))
             assert names, query
             assert names <= set(samples), (path.name, names - set(samples))
+
+
+def run_cli(service, *args: str, token: str = ALICE) -> subprocess.CompletedProcess:
+    base = service.url[: -len("api/v1/")]
+    return subprocess.run([sys.executable, "-m", "jupyter_gpualloc.cli", "usage", *args, "--url", base,
+                           "--token", token], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_prints_a_table_and_csv(service):
+    table = run_cli(service, "--since", "2020-01-01", "--by", "group", token=ROOT)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("GPU usage from 2020-01-01 00:00 UTC to ") and lines[0].endswith("for everyone")
+    assert re.fullmatch(r"group +GPU-hours +GiB-hours +leases", lines[1])
+    assert sorted(line.split()[0] for line in lines[2:4]) == ["-", "students"]
+    assert lines[4].startswith("total")
+    mine = run_cli(service, "--since", "2020-01-01", "--csv")
+    assert mine.stdout.splitlines()[0] == "user,gpu_hours,gib_hours,leases"
+    assert [line.split(",")[0] for line in mine.stdout.splitlines()[1:]] == ["alice"]
+    refused = run_cli(service, "--user", "bob")
+    assert refused.returncode == 1 and refused.stderr.strip() == \
+        "error: only the allocator's admins see other users' usage"
+    bad = run_cli(service, "--since", "last week")
+    assert bad.returncode == 1 and "since must be a date" in bad.stderr
