@@ -158,3 +158,38 @@ def test_make_backend():
         make_backend("simulated")
     with pytest.raises(ValueError, match="unknown device backend 'cuda'"):
         make_backend("cuda")
+
+
+A30_FLEET = {"nodes": [{"name": "a30-box", "cpu_milli": 32000, "memory_mib": 131072, "gpus": [
+    {"model": "NVIDIA A30", "mig": "dynamic"}, {"model": "A100-SXM4-40GB", "mig": "dynamic"}]}]}
+
+
+def test_a30_has_four_memory_slices_and_its_own_profile_ids():
+    backend = SimulatedBackend(A30_FLEET)
+    a30, a100 = backend.discover()[0].gpus
+    profiles = backend.mig_profiles(a30.uuid)
+    assert profiles[5].name == "2g.12gb" and backend.mig_profiles(a100.uuid)[5].name == "4g.20gb"
+    backend.create_mig_instance(a30.uuid, 5, 2)
+    backend.create_mig_instance(a30.uuid, 14, 0)
+    with pytest.raises(DeviceError, match="legal starts now: 1$"):
+        backend.create_mig_instance(a30.uuid, 14, 4)
+    with pytest.raises(DeviceError, match="legal starts now: none"):
+        backend.create_mig_instance(a30.uuid, 0, 0)
+
+
+def test_the_scheduler_and_the_inventory_drawing_use_each_gpus_geometry(harness):
+    from jupyter_gpualloc.cli import render_inventory
+    from jupyter_gpualloc.core.model import SliceKind, SliceSpec
+
+    h = harness(A30_FLEET)
+    spec = SliceSpec(kind=SliceKind.MIG, profile="2g.12gb")
+    granted = [h.scheduler.submit("u", f"kernel:{n}", spec, now=0, wait=False) for n in range(3)]
+    assert [lease.state.value for lease in granted] == ["granted", "granted", "rejected"]
+    assert {lease.slice.start for lease in granted[:2]} == {0, 2}
+    a30, a100 = h.scheduler.inventory()["nodes"][0]["gpus"]
+    assert (a30["memory_slices"], a30["compute_slices"], a30["free_memory_slices"]) == (4, 4, 0)
+    assert (a100["memory_slices"], a100["compute_slices"], a100["free_memory_slices"]) == (8, 7, 8)
+    assert sorted((i["start"], i["size"]) for i in a30["instances"]) == [(0, 2), (2, 2)]
+    lines = list(render_inventory(h.backend))
+    assert lines[1].endswith("|a|a|b|b|  a=2g.12gb@0 b=2g.12gb@2")
+    assert "|.|.|.|.|.|.|.|.|  no instances" in lines[2]
