@@ -104,7 +104,11 @@ def test_a_kernel_in_a_server_asks_for_its_own_slice_with_the_magic(demo_hub):
     assert lease["user"] == "alice" and lease["state"] == "granted"
     assert run_cell(demo_hub, "alice", kernel_id, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip() \
         == lease["slice"]["visible_devices"]
-    assert run_cell(demo_hub, "alice", kernel_id, "%gpu release").startswith("gpu: released")
+    released = run_cell(demo_hub, "alice", kernel_id, "%gpu release")
+    server = active_lease(demo_hub, "alice")  # the MIG slice alice's server took at spawn
+    assert released.startswith("gpu: released") and "this kernel uses its server's MIG 1g.10gb" in released, released
+    assert run_cell(demo_hub, "alice", kernel_id, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").strip() \
+        == server["slice"]["visible_devices"]
     requests.delete(demo_hub.url + f"/user/alice/api/kernels/{kernel_id}", timeout=60,
                     headers={"Authorization": f"token {demo_hub.token('alice')}"})
     assert not any(l["holder"] == f"kernel:{kernel_id}" for l in demo_hub.leases())
