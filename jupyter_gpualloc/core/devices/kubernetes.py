@@ -234,8 +234,8 @@ def _read_node(raw: Mapping[str, Any]) -> _Reading:
     mig_devices = {profile: n for profile, n in mig_devices.items() if n > 0}
     if advertised == 0 and not mig_devices:
         return _Reading(None)
-    node = Node(name=name, cpu_milli=int(parse_quantity(allocatable.get("cpu", 0)) * 1000),
-                memory_mib=int(parse_quantity(allocatable.get("memory", 0)) / 2**20))
+    node = Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
+                memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20))
     match = _PRODUCT.match(labels.product)
     model_name, single_profile = _VENDOR.sub("", match.group(1)), match.group(2)
     hami = _hami_gpus(metadata.get("annotations") or {}, name)
@@ -499,6 +499,13 @@ def _count(value: Any, node: str, resource: str) -> int:
         return int(parse_quantity(value))
     except ValueError:
         raise DeviceError(f"node {node}: allocatable {resource} is not a count: {value!r}") from None
+
+
+def _quantity(value: Any, node: str, resource: str) -> Decimal:
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        raise DeviceError(f"node {node}: allocatable {resource} is not a quantity: {value!r}") from None
 
 
 def _catalogue(model_name: str, node: str) -> mig.GpuModel:

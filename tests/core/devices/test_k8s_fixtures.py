@@ -140,3 +140,13 @@ def test_an_unknown_mig_model_is_reported_and_skipped_not_fatal(caplog, tmp_path
     a30 = next(g for n in scheduler.inventory()["nodes"] if n["name"] == "a30x4-all-balanced" for g in n["gpus"])
     assert (a30["memory_slices"], a30["compute_slices"]) == (4, 4)
     assert sorted((i["start"], i["size"]) for i in a30["instances"]) == [(0, 2), (2, 1), (3, 1)]
+
+
+def test_a_malformed_node_is_skipped_with_its_reason():
+    broken = json.loads(json.dumps(FIXTURES["l4x2-mps"]["node"]))
+    broken["metadata"]["name"] = "l4-broken"
+    broken["status"]["allocatable"]["cpu"] = "lots"
+    backend = KubernetesBackend.from_node_objects([broken, FIXTURES["l4x2-mps"]["node"]])
+    assert [n.name for n in backend.discover()] == ["l4x2-mps"]
+    [unusable] = backend.unusable_nodes()
+    assert unusable.name == "l4-broken" and "allocatable cpu is not a quantity: 'lots'" in unusable.reason
