@@ -68,6 +68,15 @@ class QuotaExceeded(SchedulerError):
         self.scope = scope
         self.key = key
         self.limit = limit
+        self.limit_text = ""  # 'at most 20 GiB': what an offer the quota never allows shows
+
+
+def _amount(key: str, value: float) -> str:
+    """A quota amount with its unit: '20 GiB', '79.6 GiB', '1 slice', '2 whole GPUs'."""
+    if key == "memory_gib":
+        return f"{value:.1f}".removesuffix(".0") + " GiB"
+    unit = {"slices": "slice", "whole_gpus": "whole GPU"}[key]
+    return f"{value:g} {unit}{'' if value == 1 else 's'}"
 
 
 class HolderBusy(SchedulerError):
@@ -529,9 +538,11 @@ class Scheduler:
             allowed = offer.get("groups")
             if allowed and not set(allowed) & set(groups):
                 continue
+            never = self._quota_check(user, groups, plans, None, assume_empty=True) if user else None
             out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
                         "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
-                        "available": self._count_available(plans)})
+                        "available": self._count_available(plans),
+                        "over_quota": never.limit_text if never else None})
         return out
 
     def _offer_plans(self) -> list[tuple[dict, SliceSpec, list[_Plan]]]:
@@ -1071,28 +1082,37 @@ class Scheduler:
                      assume_empty: bool = False) -> QuotaExceeded | None:
         """The quota that granting the cheapest of `plans` would break (even with nothing else
         held, when assume_empty), or None."""
+        return self._quota_check(lease.user, lease.groups, plans, lease.id, assume_empty=assume_empty)
+
+    def _quota_check(self, user: str, groups: Sequence[str], plans: Sequence[_Plan], lease_id: str | None, *,
+                     assume_empty: bool = False) -> QuotaExceeded | None:
         plan = min(plans, key=lambda p: p.memory_mib)
         ask = {"slices": 1, "memory_gib": plan.memory_mib / MIB_PER_GIB,
                "whole_gpus": plan.count if plan.kind is SliceKind.WHOLE else 0}
-        scopes = [("user", lease.user, self.policy.user_quota(lease.user),
-                   [l for l in self._leases.values() if l.user == lease.user])]
-        for group in lease.groups:
+        scopes = [("user", user, self.policy.user_quota(user),
+                   [l for l in self._leases.values() if l.user == user])]
+        for group in groups:
             limits = self.policy.group_quotas.get(group)
             if limits:
                 scopes.append(("group", group, limits,
                                [l for l in self._leases.values() if group in l.groups]))
         for scope, who, limits, held in scopes:
-            held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease.id]
+            held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease_id]
             used = {"slices": len(held),
                     "memory_gib": sum(l.slice.memory_mib for l in held) / MIB_PER_GIB,
                     "whole_gpus": sum(len(l.slice.gpu_uuids) for l in held if l.slice.kind is SliceKind.WHOLE)}
             for key, limit in limits.items():
                 if ask[key] and used[key] + ask[key] > limit + 1e-9:
-                    label = {"slices": "slices", "memory_gib": "GiB of GPU memory",
-                             "whole_gpus": "whole GPUs"}[key]
-                    return QuotaExceeded(scope, key, limit,
-                                         f"{scope} quota for {who}: at most {limit:g} {label} "
-                                         f"({used[key]:g} in use, this request needs {ask[key]:g})")
+                    at_most = f"at most {_amount(key, limit)}"
+                    what = " of GPU memory" if key == "memory_gib" else ""
+                    if assume_empty:
+                        detail = f"{at_most}{what}, and this request alone needs {_amount(key, ask[key])}"
+                    else:
+                        detail = (f"{at_most}{what} ({_amount(key, used[key])} in use; "
+                                  f"this request needs {_amount(key, ask[key])})")
+                    error = QuotaExceeded(scope, key, limit, f"{scope} quota for {who}: {detail}")
+                    error.limit_text = at_most
+                    return error
         return None
 
     # -------------------------------------------------------------- recovery

@@ -176,7 +176,9 @@ SCHEMAS: dict[str, Any] = {
     "Offers": {"type": "object", "required": ["offers"], "properties": {"offers": {"type": "array", "items": {
         "type": "object", "required": ["name", "label", "spec", "available"],
         "properties": {"name": {"type": "string"}, "label": {"type": "string"}, "spec": _ref("SliceSpec"),
-                       "idle_timeout": NULLABLE_NUMBER, "available": {"type": "integer"}}}}}},
+                       "idle_timeout": NULLABLE_NUMBER, "available": {"type": "integer"},
+                       "over_quota": {"type": ["string", "null"],
+                                      "description": "The caller's quota never allows this offer: 'at most 20 GiB'."}}}}}},
     "Health": {"type": "object", "required": ["status"],
                "properties": {"status": {"const": "ok"}, "version": {"type": "string"},
                               "backend": {"type": "string"}, "gpus": {"type": "integer"}}},

@@ -150,7 +150,7 @@ def test_user_quota_rejects_interactive_and_queues_batch(harness):
     first = s.submit("alice", "kernel:1", shared(4), now=0)
     with pytest.raises(QuotaExceeded) as err:
         s.submit("alice", "kernel:2", shared(4), now=0)
-    assert err.value.key == "slices" and "at most 1 slices" in str(err.value)
+    assert err.value.key == "slices" and "at most 1 slice" in str(err.value)
     job = s.submit("alice", "job:1", shared(4), BATCH, now=0)
     assert job.state is LeaseState.QUEUED and "quota" in job.reason
     s.release(first.id, now=1)
