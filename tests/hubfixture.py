@@ -45,7 +45,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 out = Path(sys.argv[1]) / f"server-env-{os.environ['JUPYTERHUB_USER']}.json"
-out.write_text(json.dumps({k: v for k, v in os.environ.items() if k.startswith(("JUPYTERHUB_", "GPUALLOC_"))}))
+out.write_text(json.dumps({k: v for k, v in os.environ.items()
+                          if k.startswith(("JUPYTERHUB_", "GPUALLOC_", "CUDA_", "NVIDIA_"))}))
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -283,6 +284,11 @@ class Hub:
         status, body = self.api("POST", f"/users/{user}/server")
         if status not in (201, 202, 400):
             raise RuntimeError(f"cannot start the server of {user}: {status} {body}")
+        return self.server_env(user, timeout)
+
+    def server_env(self, user: str, timeout: float = 60) -> dict[str, str]:
+        """The environment of `user`'s default server, once it is ready (started any way)."""
+        env_file = self.workdir / f"server-env-{user}.json"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status, model = self.api("GET", f"/users/{user}")

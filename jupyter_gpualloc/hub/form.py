@@ -1,9 +1,10 @@
-"""The spawn form's GPU choices, and the one strict check of what a user chose.
+"""The spawn form's GPU choices, and the one check of what a user chose.
 
-`render_form` lists the service's offers (with how many are free now) as radio buttons;
-`options_from_form` turns the submitted form into `user_options` (`{"gpu": "<offer name>"}`);
-`choose_offer` validates `user_options` however they arrived (form or REST API) against the
-offers and returns the chosen one. Nothing here talks to JupyterHub or the service.
+The GPU choice is one field, `gpu`, beside whatever the spawner's own form offers (e.g.
+KubeSpawner's `profile`): `render_form` lists the service's offers (with how many are free now,
+and those the user's quota can never allow greyed out) as radio buttons; `gpu_from_form` reads
+the submitted field; `chosen_name` and `choose_offer` check `user_options["gpu"]` however it
+arrived (form or REST API). Nothing here talks to JupyterHub or the service.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ NO_GPU = "none"
 
 
 class OptionsError(ValueError):
-    """user_options that name no offer, or are malformed; the message is for the user."""
+    """A GPU choice that names no offer, or is malformed; the message is for the user."""
 
 
 def no_gpu_offer(label: str = "No GPU") -> dict[str, Any]:
@@ -25,7 +26,9 @@ def no_gpu_offer(label: str = "No GPU") -> dict[str, Any]:
 
 
 def availability(offer: Mapping[str, Any]) -> str:
-    """'3 free now', 'none free now: you will wait in the queue', or '' for no GPU."""
+    """'over your quota: ...', '3 free now', 'none free now: you will wait in the queue', or ''."""
+    if offer.get("over_quota"):
+        return f"over your quota: {offer['over_quota']}"
     free = offer.get("available")
     if free is None:
         return ""
@@ -36,58 +39,58 @@ def availability(offer: Mapping[str, Any]) -> str:
 
 def render_form(offers: Iterable[Mapping[str, Any]], selected: str | None = None, *,
                 message: str = "") -> str:
-    """The HTML snippet JupyterHub puts inside its spawn form: one radio button per offer."""
+    """The HTML snippet JupyterHub puts inside its spawn form: one radio button per offer.
+
+    Offers the user's quota can never allow are shown disabled, with the limit.
+    """
     offers = list(offers)
-    names = [o["name"] for o in offers]
-    if selected not in names:
-        selected = names[0] if names else None
+    choosable = [o["name"] for o in offers if not o.get("over_quota")]
+    if selected not in choosable:
+        selected = choosable[0] if choosable else None
     rows = []
     for i, offer in enumerate(offers):
         ident = f"gpualloc-offer-{i}"
         checked = " checked" if offer["name"] == selected else ""
+        disabled = " disabled" if offer.get("over_quota") else ""
         note = availability(offer)
         note_html = f' <small class="text-muted">({escape(note)})</small>' if note else ""
         rows.append(
             f'<div class="form-check">'
             f'<input class="form-check-input" type="radio" name="{OPTION}" id="{ident}" '
-            f'value="{escape(offer["name"], quote=True)}"{checked}>'
-            f'<label class="form-check-label" for="{ident}">{escape(offer["label"])}{note_html}</label>'
+            f'value="{escape(offer["name"], quote=True)}"{checked}{disabled}>'
+            f'<label class="form-check-label{" text-muted" if disabled else ""}" for="{ident}">'
+            f'{escape(offer["label"])}{note_html}</label>'
             f'</div>')
     intro = f'<p class="text-muted">{escape(message)}</p>' if message else ""
     return (f'<fieldset class="gpualloc-offers mb-3"><legend>GPU for this server</legend>{intro}'
             + "".join(rows) + "</fieldset>")
 
 
-def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, str]:
-    """Submitted form data (a dict of lists of strings) -> `{"gpu": name}`, strictly."""
-    for key in formdata:
-        if key not in (OPTION, "_xsrf"):  # JupyterHub's own XSRF field may come in the body
-            raise OptionsError(f"unexpected form field {key!r}")
-    values = formdata.get(OPTION, [])
+def gpu_from_form(values: list[str]) -> str:
+    """The submitted values of the `gpu` field (a list of strings) -> the offer name."""
     if len(values) != 1 or not isinstance(values[0], str) or not values[0].strip():
         raise OptionsError("choose exactly one GPU option")
-    return {OPTION: values[0].strip()}
+    return values[0].strip()
 
 
-def choose_offer(user_options: Any, offers: Iterable[Mapping[str, Any]], *, default: str = NO_GPU,
-                 key: str = OPTION, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The offer `user_options` names (`{key: name}`; empty options mean `default`).
+def chosen_name(user_options: Any, default: str = NO_GPU) -> str:
+    """The offer name `user_options` choose (`{"gpu": name}`; absent means `default`).
 
-    Strict: user_options must be an object whose only key is `key` (or starts with one of
-    `extra_keys`), and the name must be one of `offers`; otherwise OptionsError says what is wrong.
+    Other keys belong to the spawner class (e.g. KubeSpawner's `profile`) and are not looked at.
     """
-    offers = {o["name"]: dict(o) for o in offers}
     if user_options is None:
-        user_options = {}
+        return default
     if not isinstance(user_options, Mapping):
-        raise OptionsError("user_options must be an object like {\"%s\": \"<offer name>\"}" % key)
-    for name in user_options:
-        if name != key and not any(name.startswith(p) for p in extra_keys):
-            raise OptionsError(f"unknown option {name!r}: the only option is {key!r}, one of "
-                               f"{', '.join(offers)}")
-    chosen = user_options.get(key, default)
+        raise OptionsError('user_options must be an object like {"%s": "<offer name>"}' % OPTION)
+    chosen = user_options.get(OPTION, default)
     if not isinstance(chosen, str) or not chosen:
-        raise OptionsError(f"option {key!r} must be the name of an offer: one of {', '.join(offers)}")
-    if chosen not in offers:
-        raise OptionsError(f"no GPU offer named {chosen!r} for you: choose one of {', '.join(offers)}")
-    return offers[chosen]
+        raise OptionsError(f"option {OPTION!r} must be the name of a GPU offer, e.g. {NO_GPU!r}")
+    return chosen
+
+
+def choose_offer(name: str, offers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The offer called `name`; OptionsError lists the valid names when there is none."""
+    offers = {o["name"]: dict(o) for o in offers}
+    if name not in offers:
+        raise OptionsError(f"no GPU offer named {name!r} for you: choose one of {', '.join(offers)}")
+    return offers[name]

@@ -5,7 +5,11 @@ plugin's extended resources (`nvidia.com/mig-<profile>` in the mixed MIG strateg
 `nvidia.com/gpu` in the single one, `nvidia.com/gpu` x count for whole GPUs, and configurable
 names for shared slices such as time-sliced `nvidia.com/gpu.shared` or HAMi's
 `nvidia.com/gpumem`); tolerations for GPU nodes; and the slice env (memory caps, service URL).
-The offers can also be published as KubeSpawner `profile_list` entries (`gpu_profile_list`).
+A pod without a slice gets `NVIDIA_VISIBLE_DEVICES=void`, so a CUDA image's `all` shows it no GPU.
+
+KubeSpawner's own options keep working beside the GPU choice: `profile_list` and
+`profile_options` (the form, `kubespawner_override`, `{value}` substitution) are KubeSpawner's,
+applied by its `load_user_options()` when the server starts.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from typing import Any, Mapping
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
 
-from . import form
 from .mixin import GPUSpawnerMixin
 
 MIB_PER_GIB = 1024
@@ -46,14 +49,6 @@ def node_affinity(node: str, label: str = "kubernetes.io/hostname") -> dict[str,
     return {"matchExpressions": [{"key": label, "operator": "In", "values": [node]}]}
 
 
-def offers_profile_list(offers: list[dict], selected: str | None = None) -> list[dict]:
-    """The offers as KubeSpawner profile_list entries (slug = offer name)."""
-    names = [o["name"] for o in offers]
-    chosen = selected if selected in names else (names[0] if names else None)
-    return [{"display_name": o["label"], "slug": o["name"], "description": form.availability(o) or "no GPU",
-             "default": o["name"] == chosen, "kubespawner_override": {}} for o in offers]
-
-
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     """KubeSpawner on GPU slices from the scheduler service."""
 
@@ -81,10 +76,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         NVIDIA_VISIBLE_DEVICES = the lease's UUIDs). Leave False when the device plugin assigns
         the devices of the requested resources (it sets NVIDIA_VISIBLE_DEVICES itself).""",
     ).tag(config=True)
-    gpu_profile_list = Bool(
-        False, help="""Publish the offers as KubeSpawner profile_list entries (KubeSpawner's own
-        form; the choice arrives as user_options {"profile": <offer name>}) instead of the
-        allocator's form.""",
+    gpu_hide_devices_without_slice = Bool(
+        True, help="""Whether pods without a GPU slice get NVIDIA_VISIBLE_DEVICES=void (and an
+        empty CUDA_VISIBLE_DEVICES): CUDA images set NVIDIA_VISIBLE_DEVICES=all, which shows
+        every GPU of the node to a pod that requested none where the NVIDIA runtime is the default.""",
     ).tag(config=True)
 
     @validate("gpu_mig_strategy")
@@ -98,29 +93,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return True
 
     def gpu_sets_visible_devices(self) -> bool:
+        if self._gpu_lease is None:
+            return self.gpu_hide_devices_without_slice
         return self.gpu_device_env
-
-    def gpu_option_keys(self) -> tuple[str, tuple[str, ...]]:
-        if self.gpu_profile_list:
-            return "profile", ("profile-option-",)
-        return super().gpu_option_keys()
-
-    async def get_options_form(self):
-        if not self.gpu_profile_list:
-            return await super().get_options_form()
-        previous = (self.orm_spawner.user_options or {}).get("profile") if self.orm_spawner else None
-        entries = offers_profile_list(await self.gpu_offers(), previous or self.gpu_default_offer)
-        return self._render_options_form(entries)
-
-    @default("options_from_form")
-    def _kube_options_from_form_default(self):
-        return self._options_from_form if self.gpu_profile_list else form.options_from_form
-
-    async def load_user_options(self):
-        """Nothing to load: the GPU choice was checked and kept by apply_user_options.
-
-        (KubeSpawner's own profile overrides do not apply: the GPU offers are the profiles.)
-        """
 
     def gpu_pod_settings(self) -> dict[str, Any]:
         """Extra resource limits, node affinity and tolerations for the lease now held."""

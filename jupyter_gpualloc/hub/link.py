@@ -25,7 +25,8 @@ def access_scope(service_name: str) -> str:
 def user_service_token(user: Any, service_name: str, note: str) -> str:
     """A new token of JupyterHub `user` that may only reach the service; older ones with `note` go.
 
-    Raises PermissionError when the user lacks the access scope (the token would not work).
+    Raises PermissionError, saying which scope an administrator must grant, when the user lacks
+    it (JupyterHub then refuses the token, or would make one that does not work).
     """
     db = user.db
     for old in list(user.orm_user.api_tokens):
@@ -33,15 +34,17 @@ def user_service_token(user: Any, service_name: str, note: str) -> str:
             db.delete(old)
     db.commit()
     scope = access_scope(service_name)
-    token = user.new_api_token(note=note, scopes=[scope])
+    refused = PermissionError(f"To use GPUs, an administrator must grant {scope} to you.")
+    try:
+        token = user.new_api_token(note=note, scopes=[scope])
+    except ValueError:  # "Not assigning requested scopes ... not held by User ..."
+        raise refused from None
     orm_token = orm.APIToken.find(db, token)
     held = get_scopes_for(orm_token)
     if scope not in held and "access:services" not in held:
         db.delete(orm_token)
         db.commit()
-        raise PermissionError(
-            f"user {user.name} may not use the {service_name} service: grant the scope {scope} "
-            "to the user (e.g. in the 'user' role of c.JupyterHub.load_roles)")
+        raise refused
     return token
 
 

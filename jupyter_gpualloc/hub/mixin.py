@@ -2,9 +2,13 @@
 
     class MySpawner(GPUSpawnerMixin, SomeSpawner): ...
 
-- The options form lists the service's offers for the user (with how many are free now);
-  `user_options` (`{"gpu": "<offer name>"}`, from the form or the REST API) are checked strictly
-  in `apply_user_options`, so a bad choice is a 400 before anything starts.
+- The spawner class keeps its own form and options: the mixin adds one field, `gpu`, to the
+  form (the service's offers, with how many are free now) and owns only `user_options["gpu"]`;
+  every other field goes to the spawner class's own `options_from_form` (e.g. KubeSpawner's
+  `profile`). `apply_user_options` checks the GPU choice, so a bad one is a 400 before anything
+  starts.
+- *No GPU* never contacts the service: a hub whose allocator is down, not configured, or not
+  granted to a user keeps starting servers without a GPU (the form says why).
 - `start()` submits a `server` lease and waits while it is queued, reporting the queue position
   through `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's
   quota, it withdraws the lease and raises SpawnException(reason="capacity", 503).
@@ -20,7 +24,7 @@ import time
 from typing import Any
 
 from jupyterhub.spawner import Spawner, SpawnException
-from jupyterhub.utils import url_path_join
+from jupyterhub.utils import maybe_future, url_path_join
 from traitlets import Bool, Float, Unicode, default
 
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
@@ -35,8 +39,37 @@ def describe_spec(spec: dict) -> str:
     return SliceSpec.from_json(spec).describe()
 
 
+def spawn_error(message: str, reason: str, status: int) -> SpawnException:
+    """A SpawnException whose message JupyterHub's pages show as written (not '503 SpawnException(...)')."""
+    error = SpawnException(message, reason=reason, status_code=status)
+    error.jupyterhub_message = message
+    return error
+
+
 def capacity_error(message: str) -> SpawnException:
-    return SpawnException(message, reason="capacity", status_code=503)
+    return spawn_error(message, "capacity", 503)
+
+
+# Advice for a quota that blocks a request now (the quota key the service names -> a sentence).
+QUOTA_ADVICE = {
+    "slices": "Stop another server or kernel that holds a GPU slice.",
+    "memory_gib": "Stop another server or kernel that holds a GPU slice, or choose a smaller one.",
+    "whole_gpus": "Stop another server or kernel that holds a whole GPU, or choose a slice.",
+}
+
+
+class AllocatorNotConfigured(Exception):
+    """The hub names no scheduler service: servers start without a GPU."""
+
+
+def base_class_default(spawner: Spawner, trait: str) -> Any:
+    """The default of `trait` as the spawner class after GPUSpawnerMixin in the MRO defines it."""
+    mro = type(spawner).__mro__
+    for klass in mro[mro.index(GPUSpawnerMixin) + 1:]:
+        generator = klass.__dict__.get("_trait_default_generators", {}).get(trait)
+        if generator is not None:
+            return generator(spawner)
+    return spawner.traits()[trait].default()
 
 
 class GPUSpawnerMixin(Spawner):
@@ -84,6 +117,16 @@ class GPUSpawnerMixin(Spawner):
 
     gpu_lease_id = Unicode("", help="The server's lease (kept in the spawner state).")
 
+    def __init_subclass__(cls, **kwargs):
+        """Like Spawner's own check: the spawner the mixin goes with must implement start, stop, poll."""
+        super().__init_subclass__(**kwargs)
+        missing = [name for name in ("start", "stop", "poll")
+                   if getattr(cls, name) is getattr(GPUSpawnerMixin, name)
+                   and getattr(super(GPUSpawnerMixin, cls), name) is getattr(Spawner, name)]
+        if missing:
+            raise NotImplementedError(f"class {cls.__name__} mixes GPUSpawnerMixin into no spawner that "
+                                      f"implements {', '.join(missing)}: put a spawner class after the mixin")
+
     # ---------------------------------------------------------------- the link
     def _gpu_init(self) -> None:
         if not hasattr(self, "_gpu_link"):
@@ -97,6 +140,7 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_events: list[dict] = []
             self._gpu_signal = asyncio.Event()
             self._gpu_done = True
+            self._gpu_granted = ""
 
     @property
     def gpu_holder(self) -> str:
@@ -104,21 +148,36 @@ class GPUSpawnerMixin(Spawner):
         return server_holder(self.name)
 
     def hub_service_url(self) -> str:
+        """The service's URL as the hub reaches it; '' when the hub has no such service."""
         if self.gpualloc_url:
             return self.gpualloc_url
-        service = self.user.settings.get("services", {}).get(self.gpualloc_service_name)
-        if service is None or not service.url:
-            raise RuntimeError(f"no service {self.gpualloc_service_name!r} with a url in c.JupyterHub.services: "
-                               "add it, or set GPUSpawnerMixin.gpualloc_url")
+        settings = getattr(self.user, "settings", None) or {}
+        service = (settings.get("services") or {}).get(self.gpualloc_service_name)
+        if service is None or not getattr(service, "url", None):
+            return ""
         return url_path_join(service.url, service.prefix)
 
     def server_service_url(self) -> str:
+        """The service's URL as the server reaches it (its GPUALLOC_URL); '' without a service."""
         return self.gpualloc_server_url or self.hub_service_url()
 
+    _gpu_unconfigured_logged = False
+
     def gpu_link(self) -> ServiceLink:
-        """The service as this spawner's user (a token of the user made by the hub on first use)."""
+        """The service as this spawner's user (a token of the user made by the hub on first use).
+
+        Raises AllocatorNotConfigured (logged once per hub) when there is no service to link to,
+        and PermissionError when the user may not use it.
+        """
         self._gpu_init()
         if self._gpu_link is None:
+            if not self.hub_service_url():
+                if not GPUSpawnerMixin._gpu_unconfigured_logged:
+                    GPUSpawnerMixin._gpu_unconfigured_logged = True
+                    self.log.warning(
+                        "GPU allocator not configured (no service %r with a url in c.JupyterHub.services, "
+                        "and no gpualloc_url): servers start without a GPU", self.gpualloc_service_name)
+                raise AllocatorNotConfigured("this hub has no GPU allocator")
             note = f"gpualloc spawner {self.user.name}/{self.name}"
             self._gpu_token = user_service_token(self.user, self.gpualloc_service_name, note)
             self._gpu_link = ServiceLink(self.hub_service_url(), self._gpu_token, timeout=self.gpu_request_timeout)
@@ -145,46 +204,78 @@ class GPUSpawnerMixin(Spawner):
         return GPUSpawnerMixin.render_gpu_form
 
     async def render_gpu_form(self) -> str:
-        """The spawn form: the offers now, the previous choice selected."""
+        """The spawner class's own form (if any) followed by the GPU choice.
+
+        Without a configured allocator the GPU choice is left out; with the allocator down, or
+        the user not allowed to use it, only No GPU is offered and the form says why.
+        """
+        base = base_class_default(self, "options_form")
+        base_html = (await maybe_future(base(self)) if callable(base) else base) or ""
         previous = (self.orm_spawner.user_options or {}).get(form.OPTION) if self.orm_spawner else None
+        message = ""
         try:
             offers = await self.gpu_offers()
-            message = ""
+        except AllocatorNotConfigured:
+            return base_html
         except (ServiceUnavailable, PermissionError) as err:
-            self.log.warning("gpualloc offers for %s: %s", self._log_name, err)
-            offers = [form.no_gpu_offer(self.gpu_no_gpu_label)] if self.gpu_no_gpu_offer else []
-            message = "The GPU allocator is not answering right now: only servers without a GPU can start."
-        return form.render_form(offers, previous or self.gpu_default_offer, message=message)
+            self.log.warning("GPU offers for %s: %s", self._log_name, err)
+            offers = [form.no_gpu_offer(self.gpu_no_gpu_label)]
+            if isinstance(err, PermissionError):
+                message = f"{err} Until then, only servers without a GPU can start."
+            else:
+                message = "The GPU allocator is not answering right now: only servers without a GPU can start."
+        return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message)
 
     @default("options_from_form")
     def _gpu_options_from_form_default(self):
-        return form.options_from_form
+        return self.gpu_options_from_form
+
+    def gpu_options_from_form(self, formdata: dict[str, list[str]]) -> dict[str, Any]:
+        """The `gpu` field as {"gpu": name}; every other field read by the spawner class's own
+        options_from_form (JupyterHub's passthrough, KubeSpawner's profiles, ...)."""
+        others = {key: value for key, value in formdata.items() if key != form.OPTION}
+        options = dict(base_class_default(self, "options_from_form")(others) or {})
+        if form.OPTION in formdata:
+            try:
+                options[form.OPTION] = form.gpu_from_form(formdata[form.OPTION])
+            except form.OptionsError as err:
+                raise spawn_error(str(err), "options", 400) from None
+        return options
 
     @default("apply_user_options")
     def _gpu_apply_default(self):
         return GPUSpawnerMixin.apply_gpu_options
 
     async def apply_gpu_options(self, user_options: Any) -> None:
-        """Check user_options against the offers (400 on a bad choice); remember the offer."""
+        """Check the GPU choice in user_options (400 on a bad one); remember the offer."""
         self._gpu_init()
         self._gpu_offer = await self.choose_gpu_offer(user_options)
 
-    def gpu_option_keys(self) -> tuple[str, tuple[str, ...]]:
-        """The user_options key naming the offer, and prefixes of other keys allowed beside it."""
-        return form.OPTION, ()
-
     async def choose_gpu_offer(self, user_options: Any) -> dict:
+        """The offer user_options["gpu"] names; No GPU is decided without the service."""
+        try:
+            name = form.chosen_name(user_options, default=self.gpu_default_offer)
+        except form.OptionsError as err:
+            raise spawn_error(str(err), "options", 400) from None
+        if name == form.NO_GPU and (self.gpu_no_gpu_offer or not self.hub_service_url()):
+            return form.no_gpu_offer(self.gpu_no_gpu_label)
         try:
             offers = await self.gpu_offers()
+        except AllocatorNotConfigured:
+            raise capacity_error("This hub has no GPU allocator: choose No GPU to start without a GPU.") from None
         except ServiceUnavailable as err:
-            raise capacity_error(f"The GPU allocator is not answering: {err}") from None
+            raise capacity_error(f"The GPU allocator is not answering ({err}): choose No GPU to start "
+                                 "without a GPU, or try again later.") from None
         except PermissionError as err:
-            raise SpawnException(str(err), reason="permission", status_code=403) from None
-        key, extra = self.gpu_option_keys()
+            raise spawn_error(str(err), "permission", 403) from None
         try:
-            return form.choose_offer(user_options, offers, default=self.gpu_default_offer, key=key, extra_keys=extra)
+            offer = form.choose_offer(name, offers)
         except form.OptionsError as err:
-            raise SpawnException(str(err), reason="options", status_code=400) from None
+            raise spawn_error(str(err), "options", 400) from None
+        if offer.get("over_quota"):
+            raise spawn_error(f"Your quota never allows {offer['label']}: {offer['over_quota']}. "
+                              "Choose a smaller one, or ask an administrator for a larger quota.", "quota", 403)
+        return offer
 
     # ------------------------------------------------------------ progress
     def _gpu_progress(self, message: str, progress: int | None = None) -> None:
@@ -196,7 +287,8 @@ class GPUSpawnerMixin(Spawner):
         self.log.info("%s: %s", self._log_name, message)
 
     async def progress(self):
-        """The GPU steps (queue position, grant) first, then the spawner's own progress."""
+        """The GPU steps (queue position, grant) first, then the spawner's own progress, whose
+        messages keep saying which slice was granted (the page shows only the latest message)."""
         self._gpu_init()
         sent = 0
         while True:
@@ -208,6 +300,8 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_signal.clear()
             await self._gpu_signal.wait()
         async for event in super().progress():
+            if self._gpu_granted and event.get("message") and not event.get("html_message"):
+                event = {**event, "message": f"{event['message']} ({self._gpu_granted})"}
             yield event
 
     # ------------------------------------------------------------ lifecycle
@@ -220,6 +314,7 @@ class GPUSpawnerMixin(Spawner):
         self._gpu_lost = ""
         self._gpu_events = []
         self._gpu_done = False
+        self._gpu_granted = ""
 
     def get_state(self) -> dict:
         state = super().get_state()
@@ -301,6 +396,7 @@ class GPUSpawnerMixin(Spawner):
             waited = time.monotonic() - started
             where = slice_.get("mig_uuid") or ", ".join(slice_["gpu_uuids"])
             self._gpu_progress(f"granted a {what} after {waited:.0f} s ({where} on {slice_['node']})", 40)
+            self._gpu_granted = f"on your {what}"
             return lease
         except BaseException:
             await self.release_slice("withdrawn: the server did not start")
@@ -316,8 +412,10 @@ class GPUSpawnerMixin(Spawner):
                 await link.release(err.lease_id)
                 return await link.submit(offer["spec"], self.gpu_holder, idle_timeout=offer.get("idle_timeout"))
         except QuotaExceeded as err:
-            raise capacity_error(f"You cannot have a {what} now: {err}. Stop another server "
-                                 "or kernel that holds a GPU slice, or choose a smaller one.") from None
+            if offer.get("over_quota"):
+                raise spawn_error(f"Your quota never allows a {what}: {err}.", "quota", 403) from None
+            advice = QUOTA_ADVICE.get(err.quota.get("key"), "")
+            raise capacity_error(f"You cannot have a {what} now: {err}. {advice}".rstrip()) from None
         except ServiceUnavailable as err:
             raise capacity_error(f"The GPU allocator cannot give you a {what} now: {err}") from None
         except GpuAllocError as err:

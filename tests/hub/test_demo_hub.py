@@ -11,6 +11,7 @@ import os
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import requests
@@ -114,18 +115,23 @@ def test_a_kernel_in_a_server_asks_for_its_own_slice_with_the_magic(demo_hub):
     assert not any(l["holder"] == f"kernel:{kernel_id}" for l in demo_hub.leases())
 
 
-def test_a_request_beyond_quota_fails_with_the_capacity_message(demo_hub):
+def test_what_the_quota_never_allows_is_greyed_out_and_refused_plainly(demo_hub):
+    carol = Browser(demo_hub, "carol")
+    carol.login()
+    html = carol.spawn_form()
+    assert 'value="whole-h100" disabled' in html and "Whole H100 <small class=\"text-muted\">(over your quota: " \
+        "at most 20 GiB)</small>" in html
+    assert 'value="shared-8gb-l4" disabled' not in html
     reply = spawn(demo_hub, "carol", {"gpu": "whole-h100"})
-    assert reply.status_code == 503, reply.text
-    message = reply.json()["message"]
-    assert "You cannot have a whole GPU on H100 80GB HBM3 now" in message
-    assert "user quota for carol: at most 20 GiB of GPU memory" in message
+    assert reply.status_code == 403, reply.text
+    assert reply.json()["message"] == ("Your quota never allows Whole H100: at most 20 GiB. "
+                                       "Choose a smaller one, or ask an administrator for a larger quota.")
     assert active_lease(demo_hub, "carol") is None
     assert demo_hub.server("carol") is None
 
 
 def test_rest_api_spawns_with_strictly_checked_user_options(demo_hub):
-    for options in ({"gpu": "mig-9g.99gb"}, {"gpu": "none", "image": "x"}, {"gpu": 7}):
+    for options in ({"gpu": "mig-9g.99gb"}, {"gpu": ""}, {"gpu": 7}):
         reply = spawn(demo_hub, "dave", options)
         assert reply.status_code == 400, (options, reply.text)
         assert "offer" in reply.json()["message"] or "option" in reply.json()["message"]
@@ -153,8 +159,13 @@ def test_a_user_waits_in_the_queue_until_another_server_stops(demo_hub):
     assert any(e["message"] == f"waiting for a whole GPU on {H100}: position 1 in queue" for e in events)
     assert active_lease(demo_hub, "dave")["state"] == "queued"
     bob_lease = active_lease(demo_hub, "bob")
-    assert demo_hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
-    demo_hub.wait_stopped("bob")
+    with ThreadPoolExecutor(1) as pool:  # the progress page, while bob's server stops
+        later = pool.submit(demo_hub.progress, "dave", f"(on your whole GPU on {H100})", 60)
+        assert demo_hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
+        demo_hub.wait_stopped("bob")
+        messages = [e["message"] for e in later.result()]
+    assert messages[-1] == f"Spawning server... (on your whole GPU on {H100})"
+    assert any(m.startswith(f"granted a whole GPU on {H100} after") for m in messages)
     assert demo_hub.service("GET", f"leases/{bob_lease['id']}").json()["state"] == "released"
     env, lease = check_env(demo_hub, "dave")
     assert env["CUDA_VISIBLE_DEVICES"] == gpu_uuid(demo_hub, H100)

@@ -78,37 +78,40 @@ def test_env_module_imports_without_jupyterhub():
 OFFERS = [form.no_gpu_offer(),
           {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {"kind": "mig", "profile": "1g.10gb"},
            "available": 4},
-          {"name": "whole-h100", "label": "Whole <H100>", "spec": {"kind": "whole"}, "available": 0}]
+          {"name": "whole-h100", "label": "Whole <H100>", "spec": {"kind": "whole"}, "available": 0},
+          {"name": "whole-a100", "label": "Whole A100", "spec": {"kind": "whole"}, "available": 2,
+           "over_quota": "at most 20 GiB"}]
 
 
 def test_form_lists_offers_with_what_is_free():
     html = form.render_form(OFFERS, "whole-h100")
-    assert html.count('type="radio"') == 3
+    assert html.count('type="radio"') == 4
     assert "MIG 1g.10gb <small class=\"text-muted\">(4 free now)</small>" in html
     assert "Whole &lt;H100&gt;" in html and "none free now: you will wait in the queue" in html
     assert 'value="whole-h100" checked' in html and 'value="none" checked' not in html
     assert 'value="none" checked' in form.render_form(OFFERS, "gone")
 
 
-def test_form_data_is_parsed_strictly():
-    assert form.options_from_form({"gpu": ["mig-1g.10gb"]}) == {"gpu": "mig-1g.10gb"}
-    for bad in ({}, {"gpu": []}, {"gpu": ["a", "b"]}, {"gpu": [" "]}, {"gpu": ["a"], "cmd": ["x"]}):
-        with pytest.raises(form.OptionsError):
-            form.options_from_form(bad)
+def test_form_greys_out_what_the_quota_never_allows():
+    html = form.render_form(OFFERS, "whole-a100")
+    assert 'value="whole-a100" disabled' in html and "(over your quota: at most 20 GiB)" in html
+    assert 'value="none" checked' in html and "checked disabled" not in html
+
+
+def test_the_gpu_field_is_read_strictly():
+    assert form.gpu_from_form(["mig-1g.10gb"]) == "mig-1g.10gb"
+    for bad in ([], ["a", "b"], [" "]):
+        with pytest.raises(form.OptionsError, match="exactly one"):
+            form.gpu_from_form(bad)
 
 
 def test_user_options_must_name_an_offer():
-    assert form.choose_offer({"gpu": "mig-1g.10gb"}, OFFERS)["spec"]["profile"] == "1g.10gb"
-    assert form.choose_offer({}, OFFERS)["name"] == "none"
-    assert form.choose_offer(None, OFFERS, default="whole-h100")["name"] == "whole-h100"
-    cases = {
-        "no GPU offer named 'mig-7g'": {"gpu": "mig-7g"},
-        "unknown option 'image'": {"gpu": "none", "image": "x"},
-        "must be the name of an offer": {"gpu": 3},
-        "must be an object": ["gpu"],
-    }
-    for message, options in cases.items():
+    assert form.chosen_name({"gpu": "mig-1g.10gb"}) == "mig-1g.10gb"
+    assert form.chosen_name({}) == form.chosen_name(None) == "none"
+    assert form.chosen_name({"profile": "big", "image": "x"}, default="whole-h100") == "whole-h100"
+    assert form.choose_offer("mig-1g.10gb", OFFERS)["spec"]["profile"] == "1g.10gb"
+    with pytest.raises(form.OptionsError, match="no GPU offer named 'mig-7g' for you: choose one of none, "):
+        form.choose_offer("mig-7g", OFFERS)
+    for message, options in {"must be the name of a GPU offer": {"gpu": 3}, "must be an object": ["gpu"]}.items():
         with pytest.raises(form.OptionsError, match=message):
-            form.choose_offer(options, OFFERS)
-    assert form.choose_offer({"profile": "none", "profile-option-none--image": "x"}, OFFERS, key="profile",
-                             extra_keys=("profile-option-",))["name"] == "none"
+            form.chosen_name(options)

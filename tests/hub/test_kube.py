@@ -9,11 +9,12 @@ import kubernetes_validate
 import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
+from jupyterhub.spawner import SpawnException
 from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpualloc.core.model import Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec
-from jupyter_gpualloc.hub.kube import GPUKubeSpawner, offers_profile_list, resource_limits
+from jupyter_gpualloc.hub.kube import GPUKubeSpawner, resource_limits
 
 K8S_VERSION = "1.30.0"
 SERVICE = "http://proxy-public/services/gpualloc/"
@@ -49,17 +50,26 @@ def offline_kubeconfig(tmp_path, monkeypatch):
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
 
 
-def make_spawner(**settings) -> GPUKubeSpawner:
+def make_spawner(service: str | None = SERVICE, **settings) -> GPUKubeSpawner:
     c = Config()
-    c.GPUKubeSpawner.gpualloc_url = SERVICE
+    if service:
+        c.GPUKubeSpawner.gpualloc_url = service
     for name, value in settings.items():
         setattr(c.GPUKubeSpawner, name, value)
     return GPUKubeSpawner(config=c, _mock=True)
 
 
-def pod_for(kind: str | None, **settings) -> dict:
+def validated(pod: dict) -> dict:
+    """A pod (as KubeSpawner's serialized manifest) checked against the Kubernetes schemas."""
+    pod.setdefault("apiVersion", "v1")
+    pod.setdefault("kind", "Pod")
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    return pod
+
+
+def pod_for(kind: str | None, service: str | None = SERVICE, **settings) -> dict:
     async def build():
-        spawner = make_spawner(**settings)
+        spawner = make_spawner(service, **settings)
         spawner._gpu_init()
         spawner._gpu_lease = lease_json(kind) if kind else None
         spawner._gpu_memory = 81559 if kind == "shared" else None
@@ -67,11 +77,7 @@ def pod_for(kind: str | None, **settings) -> dict:
         assert spawner.extra_resource_limits == settings.get("extra_resource_limits", {})
         return ApiClient().sanitize_for_serialization(pod)
 
-    pod = asyncio.run(build())
-    pod.setdefault("apiVersion", "v1")
-    pod.setdefault("kind", "Pod")
-    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
-    return pod
+    return validated(asyncio.run(build()))
 
 
 def container_env(pod: dict) -> dict[str, str]:
@@ -134,7 +140,18 @@ def test_no_gpu_pod_hides_devices():
     limits = (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
     assert not any(name.startswith("nvidia.com/") for name in limits)
     assert "affinity" not in pod["spec"] or not pod["spec"]["affinity"]
-    assert container_env(pod)["GPUALLOC_URL"] == SERVICE
+    env = container_env(pod)
+    assert env["GPUALLOC_URL"] == SERVICE
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["CUDA_VISIBLE_DEVICES"] == ""
+    shown = container_env(pod_for(None, gpu_hide_devices_without_slice=False))
+    assert "NVIDIA_VISIBLE_DEVICES" not in shown and "CUDA_VISIBLE_DEVICES" not in shown
+
+
+def test_pods_and_env_need_no_service():
+    env = container_env(pod_for(None, service=None))
+    assert not any(name.startswith("GPUALLOC_") for name in env)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert container_env(pod_for("mig", service=None))["GPUALLOC_LEASE_ID"] == "lease-mig"
 
 
 async def constructed(**settings) -> GPUKubeSpawner:
@@ -153,16 +170,64 @@ def test_resource_limits_templates():
     assert resource_limits(shared, shared_resources={}) == {}
 
 
-def test_offers_become_profile_list_entries():
-    offers = [{"name": "none", "label": "No GPU", "spec": None, "available": None},
-              {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {"kind": "mig"}, "available": 0}]
-    entries = offers_profile_list(offers, selected="mig-1g.10gb")
-    assert [e["slug"] for e in entries] == ["none", "mig-1g.10gb"]
-    assert [e["default"] for e in entries] == [False, True]
-    assert entries[1]["description"] == "none free now: you will wait in the queue"
-    spawner = asyncio.run(constructed(gpu_profile_list=True))
-    assert spawner.gpu_option_keys() == ("profile", ("profile-option-",))
-    assert spawner.options_from_form({"profile": ["mig-1g.10gb"]}) == {"profile": "mig-1g.10gb"}
+PROFILES = [
+    {"display_name": "Small", "slug": "small", "default": True,
+     "kubespawner_override": {"image": "example.org/small:1", "cpu_limit": 1.0}},
+    {"display_name": "Data science", "slug": "ds",
+     "kubespawner_override": {"cpu_limit": 4.0, "environment": {"TEAM": "ds"}},
+     "profile_options": {"image": {
+         "display_name": "Image",
+         "choices": {"scipy": {"display_name": "SciPy", "kubespawner_override": {"image": "example.org/scipy:2"}},
+                     "torch": {"display_name": "PyTorch", "default": True,
+                               "kubespawner_override": {"image": "example.org/torch:3"}}},
+         "unlisted_choice": {"enabled": True, "display_name": "Other image",
+                             "kubespawner_override": {"image": "{value}"}}}}},
+]
+
+
+def test_profile_list_is_kubespawners_beside_the_gpu_choice():
+    async def scenario():
+        spawner = make_spawner(service=None, profile_list=PROFILES)
+        form = await spawner.get_options_form()
+        assert 'name="profile"' in form and "gpualloc-offers" not in form  # no allocator: no GPU field
+        options = spawner.options_from_form({"profile": ["ds"], "profile-option-ds--image": ["scipy"],
+                                             "gpu": ["mig-3g.40gb"], "_xsrf": ["x"]})
+        assert options == {"profile": "ds", "image": "scipy", "gpu": "mig-3g.40gb"}
+        spawner.user_options = options
+        await spawner.load_user_options()
+        assert (spawner.image, spawner.cpu_limit, spawner.environment["TEAM"]) == ("example.org/scipy:2", 4.0, "ds")
+        spawner._gpu_init()
+        spawner._gpu_lease = lease_json("mig")
+        return ApiClient().sanitize_for_serialization(await spawner.get_pod_manifest())
+
+    pod = validated(asyncio.run(scenario()))
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "example.org/scipy:2"
+    assert container["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+    assert container_env(pod)["TEAM"] == "ds"
+
+
+def test_profile_options_defaults_and_unlisted_choices_apply():
+    async def loaded(user_options: dict) -> GPUKubeSpawner:
+        spawner = make_spawner(profile_list=PROFILES)
+        spawner.user_options = user_options
+        await spawner.apply_gpu_options(user_options)  # No GPU: decided without the service
+        await spawner.load_user_options()
+        return spawner
+
+    assert asyncio.run(loaded({})).image == "example.org/small:1"
+    assert asyncio.run(loaded({"profile": "ds", "gpu": "none"})).image == "example.org/torch:3"
+    assert asyncio.run(loaded({"profile": "ds", "image--unlisted-choice": "me/mine:4"})).image == "me/mine:4"
+
+
+def test_a_gpu_choice_without_an_allocator_is_refused_plainly():
+    async def apply():
+        await make_spawner(service=None).apply_gpu_options({"profile": "ds", "gpu": "mig-3g.40gb"})
+
+    with pytest.raises(SpawnException) as caught:
+        asyncio.run(apply())
+    assert caught.value.status_code == 503
+    assert caught.value.jupyterhub_message == "This hub has no GPU allocator: choose No GPU to start without a GPU."
 
 
 def test_z2jh_values_configure_a_working_gpu_kube_spawner():
@@ -184,3 +249,11 @@ def test_z2jh_values_configure_a_working_gpu_kube_spawner():
     pod = pod_for("mig", **{k: v for k, v in settings.items() if k not in ("gpualloc_url",)})
     assert container_env(pod)["GPUALLOC_URL"] == settings["gpualloc_server_url"]
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+
+    async def with_profile():
+        spawner = make_spawner(profile_list=values["singleuser"]["profileList"])
+        spawner.user_options = spawner.options_from_form({"profile": ["pytorch"], "gpu": ["mig-3g.40gb"]})
+        await spawner.load_user_options()
+        return spawner.image, spawner.user_options["gpu"]
+
+    assert asyncio.run(with_profile()) == ("quay.io/jupyter/pytorch-notebook:cuda12-2024-12-09", "mig-3g.40gb")

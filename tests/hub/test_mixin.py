@@ -11,14 +11,16 @@ from jupyterhub.spawner import SpawnException
 
 from jupyter_gpualloc.hub.link import ServiceLink
 from jupyter_gpualloc.hub.local import GPUSameUserSpawner
-from tests.service.conftest import ALICE, BOB, CAROL, ROOT, ServiceProcess
+from tests.service.conftest import ALICE, BOB, CAROL, DAVE, POLICY, ROOT, ServiceProcess
 
 WHOLE_L4 = {"kind": "whole", "model": "L4"}
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = ServiceProcess(tmp_path_factory.mktemp("hub-mixin-service")).start()
+    policy = POLICY.replace('{"carol": {"slices": 1}}', '{"carol": {"slices": 1}, "dave": {"memory_gib": 20}}')
+    assert policy != POLICY
+    svc = ServiceProcess(tmp_path_factory.mktemp("hub-mixin-service"), config=policy).start()
     yield svc
     svc.kill(signal.SIGTERM)
 
@@ -87,7 +89,7 @@ def test_a_queued_request_is_granted_when_the_slice_frees(service):
     assert service.call("GET", f"leases/{lease['id']}", token=BOB).json()["state"] == "released"
 
 
-def test_quota_refusal_is_a_capacity_error(service):
+def test_quota_refusal_now_is_a_capacity_error_with_advice_that_helps(service):
     held = service.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "kernel:k"},
                         token=CAROL)
     assert held.status == 201
@@ -95,7 +97,32 @@ def test_quota_refusal_is_a_capacity_error(service):
     with pytest.raises(SpawnException) as caught:
         asyncio.run(spawner.acquire_slice(offer({"kind": "mig", "profile": "1g.5gb"})))
     assert caught.value.status_code == 503 and caught.value.reason == "capacity"
-    assert "user quota for carol: at most 1 slices" in caught.value.message
+    assert caught.value.jupyterhub_message == (
+        "You cannot have a 1g.5gb slice now: user quota for carol: at most 1 slice "
+        "(1 slice in use; this request needs 1 slice). Stop another server or kernel that holds a GPU slice.")
+
+
+def test_what_the_quota_never_allows_is_greyed_out_and_refused_plainly(service):
+    spawner = spawner_for(service, "dave", DAVE)
+    offers = {o["name"]: o for o in asyncio.run(spawner.gpu_offers())}
+    whole_l4 = next(o for o in offers.values() if o["spec"] and o["spec"]["kind"] == "whole")
+    assert whole_l4["over_quota"] == "at most 20 GiB"
+    assert offers["none"].get("over_quota") is None
+    small = [o for o in offers.values() if o["spec"] and o["spec"].get("profile") == "1g.5gb"]
+    assert small and all(o["over_quota"] is None for o in small)
+    html = asyncio.run(spawner.render_gpu_form())
+    assert f'value="{whole_l4["name"]}" disabled' in html and "(over your quota: at most 20 GiB)" in html
+    with pytest.raises(SpawnException) as caught:
+        asyncio.run(spawner.apply_gpu_options({"gpu": whole_l4["name"]}))
+    assert caught.value.status_code == 403
+    assert caught.value.jupyterhub_message == (
+        f"Your quota never allows {whole_l4['label']}: at most 20 GiB. "
+        "Choose a smaller one, or ask an administrator for a larger quota.")
+    with pytest.raises(SpawnException) as caught:  # the service says the same if asked anyway
+        asyncio.run(spawner.acquire_slice(whole_l4))
+    assert caught.value.jupyterhub_message == (
+        "Your quota never allows a whole GPU on L4: user quota for dave: at most 20 GiB of GPU memory, "
+        "and this request alone needs 22.5 GiB.")
 
 
 def test_a_stale_lease_of_the_same_server_is_replaced(service):
