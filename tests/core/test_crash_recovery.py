@@ -12,7 +12,7 @@ import textwrap
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler
-from jupyter_gpualloc.core.store import Store, sqlite_url
+from jupyter_gpualloc.core.store import Store
 
 from .conftest import A100_40
 
@@ -49,8 +49,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigkill_mid_stream_loses_nothing(tmp_path):
-    url = sqlite_url(tmp_path / "crash.sqlite")
+def test_sigkill_mid_stream_loses_nothing(store_urls):
+    url = store_urls.fresh()
     child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(FLEET), url], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     snapshot = {}
