@@ -3,7 +3,8 @@
 A granted slice takes effect in the running kernel (CUDA_VISIBLE_DEVICES and the memory-cap
 variables in `os.environ`, framework caps on import) when no CUDA context exists yet; otherwise
 the magic says the kernel must restart, and the lease stays with the kernel so the kernel
-provisioner applies it at the restart. Every failure prints one line to stderr, never a traceback.
+provisioner applies it at the restart. Releasing it gives the kernel back its JupyterHub server's
+slice when the server holds one. Every failure prints one line to stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .caps import FrameworkCaps, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
+from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
 from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
@@ -281,11 +282,7 @@ class KernelGpu:
                     f"({', '.join(busy)}): restart the kernel to use it (the lease stays with this kernel)")
         shared = lease["slice"]["kind"] == "shared"
         env = apply_lease_env(lease, self._gpu_memory_mib(lease["slice"]) if shared else None, self.environ)
-        cap = cap_from_env(env)
-        if cap is not None:
-            self.caps.install(cap)
-        else:
-            self.caps.uninstall()
+        cap = self._cap_frameworks()
         self.applied_id = lease["id"]
         self.restart_needed_for = None
         line = f"gpu: granted {what} (lease {lease['id']}): CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
@@ -293,6 +290,15 @@ class KernelGpu:
             fraction = f", fraction {cap.fraction:g} of the GPU" if cap.fraction is not None else ""
             line += f"; memory capped at {format_mib(cap.limit_mib)}{fraction}"
         return line
+
+    def _cap_frameworks(self) -> MemoryCap | None:
+        """Cap the frameworks with the cap the environment now names (none: uncapped); returns it."""
+        cap = cap_from_env(self.environ)
+        if cap is not None:
+            self.caps.install(cap)
+        else:
+            self.caps.uninstall()
+        return cap
 
     def forget(self, lease: dict) -> str:
         """After a release: the server's slice (if its server holds one) or none. Returns a note, or ''."""
@@ -310,14 +316,13 @@ class KernelGpu:
 
     def _fall_back_to_server(self) -> str:
         """Give this process its server's slice again, or no GPU when the server holds none. Returns a note."""
+        note = ""
         try:
             server = self.server_lease()
         except Exception as err:
             if not _is_expected(err):
                 raise
             server, note = None, f"; could not ask for the server's slice ({error_line(err)[5:]}): no GPU visible"
-        else:
-            note = ""
         if server is None:
             clear_lease_env(self.environ)
             self.caps.uninstall()
@@ -327,11 +332,7 @@ class KernelGpu:
         else:
             shared = server["slice"]["kind"] == "shared"
             apply_lease_env(server, self._gpu_memory_mib(server["slice"]) if shared else None, self.environ)
-        cap = cap_from_env(self.environ)
-        if cap is not None:
-            self.caps.install(cap)
-        else:
-            self.caps.uninstall()
+        self._cap_frameworks()
         return (f"; this kernel uses its server's {describe_slice(server['slice'])} again: "
                 f"CUDA_VISIBLE_DEVICES={self.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 

@@ -190,7 +190,6 @@ def _reading_key(raw: Mapping[str, Any]) -> Any:
 class _Labels:
     """The GPU Feature Discovery labels of one node, parsed."""
 
-    node: str
     product: str
     strategy: str
     count: int | None
@@ -207,7 +206,7 @@ class _Labels:
                 profile, what = match.groups()
                 per_profile.setdefault(_profile_name(profile), {})[what] = _label_int(labels, key, node)
         config = labels.get("nvidia.com/mig.config") if labels.get("nvidia.com/mig.config.state") == "success" else None
-        return cls(node=node, product=labels.get("nvidia.com/gpu.product", ""),
+        return cls(product=labels.get("nvidia.com/gpu.product", ""),
                    strategy=labels.get("nvidia.com/mig.strategy", "none"),
                    count=_label_int(labels, "nvidia.com/gpu.count", node),
                    memory_mib=_label_int(labels, "nvidia.com/gpu.memory", node),
@@ -234,55 +233,70 @@ def _read_node(raw: Mapping[str, Any]) -> _Reading:
     mig_devices = {profile: n for profile, n in mig_devices.items() if n > 0}
     if advertised == 0 and not mig_devices:
         return _Reading(None)
-    node = Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
-                memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20))
-    match = _PRODUCT.match(labels.product)
-    model_name, single_profile = _VENDOR.sub("", match.group(1)), match.group(2)
+    reading = _Reading(Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
+                            memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20)))
+    product = _PRODUCT.match(labels.product)
+    model_name, single_profile = _VENDOR.sub("", product.group(1)), product.group(2)
     hami = _hami_gpus(metadata.get("annotations") or {}, name)
     if hami and not model_name:
         model_name = _VENDOR.sub("", hami[0][0])
-    model_name = model_name or "unknown"
-    reading = _Reading(node)
     if labels.strategy == "single" and single_profile:
-        catalogue = _catalogue(model_name, name)
-        profile = _profile(catalogue, _profile_name(single_profile), name)
-        devices = labels.count if labels.count is not None else -(-advertised // labels.replicas)
-        profiles = _node_profiles(catalogue, {profile.name: {"memory": labels.memory_mib}} if labels.memory_mib else {})
-        per_gpu = _named_config(labels.mig_config, catalogue) or {profile.profile_id: mig.room_for(
-            mig.Layout(catalogue.geometry), profile)}
-        if set(per_gpu) != {profile.profile_id}:
-            raise DeviceError(f"node {name}: the single MIG strategy advertises only {profile.name}, but "
-                              f"its MIG config {labels.mig_config} makes other profiles too")
-        full, rest = divmod(devices, per_gpu[profile.profile_id])
-        layouts = [per_gpu] * full + ([{profile.profile_id: rest}] if rest else [])
-        _add_mig_gpus(reading, catalogue, profiles, [_place(catalogue, counts, name) for counts in layouts])
-        return reading
-    catalogue = mig.lookup_model(model_name)
-    model = catalogue.name if catalogue else model_name
-    whole = -(-advertised // labels.replicas)
-    physical = labels.count if labels.count is not None else (len(hami) if hami else None)
-    mig_layouts: list[tuple[tuple[MigProfile, int], ...]] = []
-    if mig_devices:
-        catalogue = _catalogue(model_name, name)
-        profiles = _node_profiles(catalogue, labels.mig)
-        wanted = {_profile(catalogue, p, name).profile_id: n for p, n in mig_devices.items()}
-        mig_layouts = _mig_layouts(catalogue, wanted, physical, whole, labels.mig_config, name)
-        whole = min(whole, physical - len(mig_layouts)) if physical is not None else whole
-    elif physical is not None:
-        whole = min(whole, physical)
-    memory_mib = labels.memory_mib or (catalogue.memory_mib if catalogue else 0) or (hami[0][1] if hami else 0)
-    for _ in range(whole):
-        uuid = gpu_uuid(name, len(node.gpus))
-        node.gpus.append(Gpu(uuid=uuid, index=len(node.gpus), model=model, memory_mib=memory_mib, node=name,
-                             mig_capable=bool(catalogue and catalogue.mig_capable)))
-        reading.profiles[uuid] = {}
-    if mig_layouts:
-        _add_mig_gpus(reading, catalogue, profiles, mig_layouts)
+        _add_single_strategy_gpus(reading, labels, _catalogue(model_name, name), _profile_name(single_profile),
+                                  advertised)
+    else:
+        _add_gpus(reading, labels, model_name or "unknown", advertised, mig_devices, hami)
     return reading
 
 
-def _add_mig_gpus(reading: _Reading, model: mig.GpuModel, profiles: dict[int, MigProfile],
+def _add_single_strategy_gpus(reading: _Reading, labels: _Labels, model: mig.GpuModel, profile_name: str,
+                              advertised: int) -> None:
+    """The single strategy: every MIG device is one profile, GFD counts devices, not GPUs, and its
+    memory label is a device's."""
+    name = reading.node.name
+    profile = _profile(model, profile_name, name)
+    devices = labels.count if labels.count is not None else -(-advertised // labels.replicas)
+    profiles = _node_profiles(model, {profile.name: {"memory": labels.memory_mib}} if labels.memory_mib else {})
+    per_gpu = _named_config(labels.mig_config, model) or {
+        profile.profile_id: mig.room_for(mig.Layout(model.geometry), profile)}
+    if set(per_gpu) != {profile.profile_id}:
+        raise DeviceError(f"node {name}: the single MIG strategy advertises only {profile.name}, but "
+                          f"its MIG config {labels.mig_config} makes other profiles too")
+    full, rest = divmod(devices, per_gpu[profile.profile_id])
+    layouts = [per_gpu] * full + ([{profile.profile_id: rest}] if rest else [])
+    _add_mig_gpus(reading, model, model.memory_mib, profiles, [_place(model, counts, name) for counts in layouts])
+
+
+def _add_gpus(reading: _Reading, labels: _Labels, model_name: str, advertised: int, mig_devices: dict[str, int],
+              hami: list[tuple[str, int]]) -> None:
+    """Whole GPUs and, under the mixed strategy, MIG GPUs. Physical GPUs are GFD's count (or HAMi's
+    list): replicas and HAMi's split count are undone, and a stale `nvidia.com/gpu` beside MIG
+    devices counts only the GPUs the MIG devices leave."""
+    name = reading.node.name
+    catalogue = mig.lookup_model(model_name)
+    whole = -(-advertised // labels.replicas)
+    physical = labels.count if labels.count is not None else (len(hami) if hami else None)
+    if mig_devices:
+        catalogue = _catalogue(model_name, name)
+        wanted = {_profile(catalogue, p, name).profile_id: n for p, n in mig_devices.items()}
+        mig_layouts = _mig_layouts(catalogue, wanted, physical, whole, labels.mig_config, name)
+        whole = min(whole, physical - len(mig_layouts)) if physical is not None else whole
+    else:
+        mig_layouts = []
+        whole = min(whole, physical) if physical is not None else whole
+    memory_mib = labels.memory_mib or (catalogue.memory_mib if catalogue else 0) or (hami[0][1] if hami else 0)
+    for _ in range(whole):
+        uuid = gpu_uuid(name, len(reading.node.gpus))
+        reading.node.gpus.append(Gpu(uuid=uuid, index=len(reading.node.gpus),
+                                     model=catalogue.name if catalogue else model_name, memory_mib=memory_mib,
+                                     node=name, mig_capable=bool(catalogue and catalogue.mig_capable)))
+        reading.profiles[uuid] = {}
+    if mig_layouts:
+        _add_mig_gpus(reading, catalogue, memory_mib, _node_profiles(catalogue, labels.mig), mig_layouts)
+
+
+def _add_mig_gpus(reading: _Reading, model: mig.GpuModel, memory_mib: int, profiles: dict[int, MigProfile],
                   layouts: list[tuple[tuple[MigProfile, int], ...]]) -> None:
+    """One static MIG GPU per layout, its instances as placed."""
     node = reading.node
     for layout in layouts:
         index = len(node.gpus)
@@ -290,7 +304,7 @@ def _add_mig_gpus(reading: _Reading, model: mig.GpuModel, profiles: dict[int, Mi
         instances = [MigInstance(uuid=mig_uuid(uuid, start, profile.profile_id, n), profile_id=profile.profile_id,
                                  start=start, size=profile.memory_slices, gi_id=n + 1, ci_id=0)
                      for n, (profile, start) in enumerate(layout)]
-        node.gpus.append(Gpu(uuid=uuid, index=index, model=model.name, memory_mib=model.memory_mib,
+        node.gpus.append(Gpu(uuid=uuid, index=index, model=model.name, memory_mib=memory_mib,
                              node=node.name, mig_capable=True, mig_mode=MigMode.STATIC, instances=instances))
         reading.profiles[uuid] = profiles
 
