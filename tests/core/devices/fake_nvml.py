@@ -16,7 +16,6 @@ from typing import Any
 import pynvml
 
 MIB = 1024 * 1024
-_COMPUTE_SLICES = 7
 _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # compute-instance profile index (= id) -> slices
 
 
@@ -57,6 +56,11 @@ class FakeGpu:
     def mig_capable(self) -> bool:
         return bool(self.profiles)
 
+    @property
+    def compute_slices(self) -> int:
+        """The GPU's compute slices: those of its whole-GPU profile (7 on A100, 4 on A30)."""
+        return max(p.slices for p in self.profiles)
+
 
 def a100_40gb_profiles() -> list[FakeProfile]:
     """What `nvidia-smi mig -lgip` shows on an A100-SXM4-40GB."""
@@ -67,6 +71,18 @@ def a100_40gb_profiles() -> list[FakeProfile]:
             (2, 9, 3, 4, 2, 42, 19968, "3g.20gb", (0, 4)),
             (3, 5, 4, 4, 1, 56, 19968, "4g.20gb", (0,)),
             (4, 0, 7, 8, 1, 98, 40192, "7g.40gb", (0,))]
+    return [FakeProfile(i, pid, s, m, n, sms, mb, f"MIG {name}", starts)
+            for i, pid, s, m, n, sms, mb, name, starts in rows]
+
+
+def a30_profiles() -> list[FakeProfile]:
+    """An A30's profiles: 4 memory and 4 compute slices, ids of its own (5 is 2g.12gb here), and
+    memory sizes a driver might report (they need not match the catalogue)."""
+    rows = [(0, 14, 1, 1, 4, 14, 5836, "1g.6gb", (0, 1, 2, 3)),
+            (7, 21, 1, 1, 1, 14, 5836, "1g.6gb+me", (0, 1, 2, 3)),
+            (1, 5, 2, 2, 2, 28, 11904, "2g.12gb", (0, 2)),
+            (8, 6, 2, 2, 1, 28, 11904, "2g.12gb+me", (0, 2)),
+            (3, 0, 4, 4, 1, 56, 24000, "4g.24gb", (0,))]
     return [FakeProfile(i, pid, s, m, n, sms, mb, f"MIG {name}", starts)
             for i, pid, s, m, n, sms, mb, name, starts in rows]
 
@@ -304,7 +320,7 @@ class FakeNvml:
         occupied = {s for gi in gpu.instances for s in range(gi.start, gi.start + gi.profile.memory_slices)}
         compute = sum(gi.profile.slices for gi in gpu.instances) + profile.slices
         same = sum(gi.profile.id == profile_id for gi in gpu.instances)
-        if wanted & occupied or compute > _COMPUTE_SLICES or same >= profile.instance_count:
+        if wanted & occupied or compute > gpu.compute_slices or same >= profile.instance_count:
             return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
         used = {gi.gi_id for gi in gpu.instances}
         gi_id = next(i for i in range(1, 64) if i not in used)
@@ -371,7 +387,7 @@ class FakeNvml:
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
         gpu, rc = self._mig_gpu(handle)
         if rc == pynvml.NVML_SUCCESS:
-            ref._obj.value = _COMPUTE_SLICES
+            ref._obj.value = gpu.compute_slices
         return rc
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, ref: Any) -> int:

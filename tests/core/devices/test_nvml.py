@@ -14,7 +14,7 @@ from jupyter_gpualloc.core.devices.base import DeviceError, DevicePermissionErro
 from jupyter_gpualloc.core.devices.nvml import LIBRARY_NOT_FOUND, NvmlBackend
 from jupyter_gpualloc.core.model import MigMode
 
-from .fake_nvml import MIB, gpu_host, install
+from .fake_nvml import MIB, FakeGpu, FakeNvml, a30_profiles, gpu_host, install
 
 A100 = "GPU-0a100000-1111-2222-3333-444444444444"
 L4 = "GPU-0b140000-5555-6666-7777-888888888888"
@@ -208,3 +208,22 @@ def test_a_driver_that_agrees_with_the_catalogue_logs_nothing(backend, caplog):
     with caplog.at_level(logging.WARNING, logger="jupyter_gpualloc.core.devices.nvml"):
         backend.mig_profiles(A100)
     assert caplog.records == []
+
+
+def test_an_a30_reads_its_own_geometry_from_the_driver(monkeypatch):
+    a30 = FakeGpu(name="NVIDIA A30", uuid="GPU-0a300000-1111-2222-3333-444444444444", memory_mib=24576,
+                  profiles=a30_profiles(), mig_enabled=True)
+    install(monkeypatch, FakeNvml([a30]))
+    backend = NvmlBackend(node_name="a30-host")
+    profiles = backend.mig_profiles(a30.uuid)
+    assert {pid: p.name for pid, p in profiles.items()} == {
+        14: "1g.6gb", 21: "1g.6gb+me", 5: "2g.12gb", 6: "2g.12gb+me", 0: "4g.24gb"}
+    assert mig.MigGeometry.of(profiles) == mig.MigGeometry(memory_slices=4, compute_slices=4)
+    assert profiles[5].memory_mib == 11904  # the driver's size, not the catalogue's
+    backend.create_mig_instance(a30.uuid, 5, 2)
+    backend.create_mig_instance(a30.uuid, 14, 0)
+    with pytest.raises(DeviceError, match="insufficient resources"):
+        backend.create_mig_instance(a30.uuid, 5, 0)
+    [node] = backend.discover()
+    layout = mig.Layout.of(node.gpus[0].instances, profiles)
+    assert mig.legal_starts(layout, profiles[14]) == [1] and layout.free_compute_slices == 1
