@@ -22,7 +22,7 @@ from tornado.iostream import StreamClosedError
 from tornado.log import app_log
 
 from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
-from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler
+from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
 from .auth import Forbidden, Identity
 from .events import EventBroker
 from .metrics import CONTENT_TYPE, ServiceMetrics
@@ -420,4 +420,6 @@ def error_status(exc: BaseException) -> ApiError | None:
         return ApiError(409, str(exc), lease_id=exc.lease_id)
     if isinstance(exc, NotFound):
         return ApiError(404, str(exc))
+    if isinstance(exc, StoreFailed):  # the core undid the change; the database may be back soon
+        return ApiError(503, str(exc), headers={"Retry-After": "5"})
     return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import signal
 
+from sqlalchemy import create_engine, text
+
 from tests.service.conftest import ALICE, BOB, CAROL, DAVE, ROOT, ServiceProcess
 
 FLEET_YAML = """nodes:
@@ -54,3 +56,39 @@ def test_sigkill_and_restart_keep_leases_instances_and_queue(store_urls, tmp_pat
         assert [i["lease_id"] for i in instances] == [after["kernel:b"][0]]  # alice's instance destroyed
     finally:
         svc.kill(signal.SIGTERM)
+
+
+def test_a_store_outage_answers_503_changes_nothing_and_passes(store_urls, tmp_path):
+    """The leases table goes away under the running service (as when a database is restored or
+    its permissions change): writes answer 503 and are undone, MIG instance included; once it is
+    back, the same requests succeed and a restart sees exactly what was answered."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET_YAML)
+    svc = ServiceProcess(tmp_path / "svc", fleet=fleet,
+                         args=(f"--GpuAllocService.simulated_state={tmp_path / 'devices.json'}",))
+    svc.db = store_urls.fresh()
+    database = create_engine(svc.db)
+    mig = {"spec": {"kind": "mig", "profile": "3g.20gb"}, "holder": "kernel:b"}
+    try:
+        svc.start()
+        assert svc.call("POST", "leases", {"spec": {"kind": "whole", "model": "L4"}, "holder": "job:a"},
+                        ALICE).status == 201
+        before = essentials(svc)
+        with database.begin() as conn:
+            conn.execute(text("ALTER TABLE leases RENAME TO leases_away"))
+        refused = svc.call("POST", "leases", mig, BOB)
+        assert refused.status == 503 and refused.headers["Retry-After"] == "5", refused
+        assert svc.call("DELETE", f"leases/{before[0][0]}", token=ALICE).status == 503
+        assert essentials(svc) == before
+        gpus = svc.call("GET", "inventory", token=ROOT).json()["nodes"][0]["gpus"]
+        assert [g.get("instances") for g in gpus if g["model"].startswith("A100")] == [[]]
+        with database.begin() as conn:
+            conn.execute(text("ALTER TABLE leases_away RENAME TO leases"))
+        assert svc.call("POST", "leases", mig, BOB).status == 201
+        answered = essentials(svc)
+        svc.kill(signal.SIGKILL)
+        svc.start()
+        assert essentials(svc) == answered
+    finally:
+        svc.kill(signal.SIGTERM)
+        database.dispose()
