@@ -152,8 +152,7 @@ class JobRunner:
             log_file.flush()
             try:
                 nb = job_notebook(job)
-                runs = self._execute(job, nb, attempt, log_file)
-                await asyncio.wait_for(runs, job["timeout"]) if job.get("timeout") else await runs
+                await self._execute(job, nb, attempt, log_file)
                 outcome, reason = "succeeded", "all cells ran"
             except asyncio.TimeoutError:
                 outcome, reason = "timed_out", f"still running after {job['timeout']:g} s"
@@ -161,8 +160,11 @@ class JobRunner:
                 reason = f"{err.ename}: {err.evalue}" if getattr(err, "ename", "") else str(err).splitlines()[0]
             except DeadKernelError:
                 reason = "the kernel died"
-            except (OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # whatever broke, the attempt is reported and its lease ends
                 reason = f"{type(err).__name__}: {err}"
+            except asyncio.CancelledError:
+                if not attempt.stopping:
+                    raise
             finally:
                 await self._shutdown(attempt)
             if attempt.stopping:
@@ -183,10 +185,24 @@ class JobRunner:
         await client.async_start_new_kernel_client()
         try:
             client.reset_execution_trackers()
-            for index, cell in enumerate(nb.cells):
-                await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+            cells = asyncio.ensure_future(self._execute_cells(client, nb))
+            try:
+                done, _ = await asyncio.wait([cells], timeout=job.get("timeout"))
+            finally:
+                if not cells.done():
+                    cells.cancel()  # nbclient turns this into DeadKernelError: the timeout is told apart here
+                    await asyncio.gather(cells, return_exceptions=True)
+            if not done:
+                raise asyncio.TimeoutError
+            cells.result()
         finally:
             client.kc.stop_channels()
+
+    @staticmethod
+    async def _execute_cells(client: NotebookClient, nb) -> None:
+        """Every cell in order; the attempt's timeout counts from the first (not from the kernel's start)."""
+        for index, cell in enumerate(nb.cells):
+            await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
 
     async def _shutdown(self, attempt: Attempt) -> None:
         km = attempt.km
