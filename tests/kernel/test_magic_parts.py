@@ -5,7 +5,7 @@ import shlex
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpualloc.kernel.magics import GpuMagics, Progress, kernel_holder, request_arguments, spec_from_args
+from jupyter_gpualloc.kernel.magics import ACTIONS, GpuMagics, Progress, kernel_holder, request_arguments, spec_from_args
 from jupyter_gpualloc.kernel.sizes import InputError
 from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, status_lines
 
@@ -60,7 +60,7 @@ def test_usage_is_the_magics_help():
     shell.run_line_magic("load_ext", "jupyter_gpualloc")
     doc = " ".join(shell.find_line_magic("gpu").__doc__.split())
     for words in ("%gpu [--mig PROFILE] [--shared SIZE] [--whole [N]] [--model MODEL] [--wait [DURATION]]",
-                  "--no-wait", "{request,release,status,offers,list}", "10GB, 10G, 10GiB or 10240MB"):
+                  "--no-wait", "{" + ",".join(ACTIONS) + "}", "10GB, 10G, 10GiB or 10240MB"):
         assert words in doc
     shell.run_line_magic("unload_ext", "jupyter_gpualloc")
 
