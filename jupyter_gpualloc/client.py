@@ -255,6 +255,10 @@ class GpuAllocClient:
     async def release(self, lease_id: str) -> dict:
         return await self.call("DELETE", f"leases/{quote(lease_id, safe='')}")
 
+    async def extend(self, lease_id: str) -> dict:
+        """Move a time-boxed lease's deadline later; NoCapacity (409) with the reason when refused."""
+        return await self.call("POST", f"leases/{quote(lease_id, safe='')}/extend")
+
     async def touch(self, lease_id: str, *, last_activity: float | str | None = None, busy: bool | None = None,
                     connections: int | None = None) -> dict:
         body = {k: v for k, v in (("last_activity", last_activity), ("busy", busy),
@@ -403,6 +407,9 @@ class SyncGpuAllocClient:
 
     def release(self, lease_id: str) -> dict:
         return self._run(self._client.release(lease_id))
+
+    def extend(self, lease_id: str) -> dict:
+        return self._run(self._client.extend(lease_id))
 
     def touch(self, lease_id: str, **report: Any) -> dict:
         return self._run(self._client.touch(lease_id, **report))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Bool, Dict, Float, List, Unicode, validate
+from traitlets import Bool, Dict, Float, Int, List, Unicode, validate
 from traitlets.config import Configurable
 
 QUOTA_KEYS = ("slices", "memory_gib", "whole_gpus")
@@ -150,6 +150,32 @@ class SchedulerPolicy(Configurable):
         hubs to keep the number of series small).""",
     ).tag(config=True)
 
+    max_duration = Dict(
+        help="""Seconds a granted lease may last, per holder kind, e.g. {"server": 14400,
+        "kernel": 14400}; kinds left out (and 0) are unlimited. An offer's own "max_duration"
+        wins. Past its deadline a lease is released like an idle one.""",
+    ).tag(config=True)
+
+    deadline_warning = Float(
+        900.0,
+        help="Seconds before a lease's deadline at which its holder is warned (lease.deadline_warning event).",
+    ).tag(config=True)
+
+    max_extensions = Int(
+        0,
+        help="How many times a time-boxed lease may be extended (%gpu extend, POST /leases/<id>/extend).",
+    ).tag(config=True)
+
+    extension = Float(
+        3600.0,
+        help="Seconds one extension adds, counted from the deadline (or from now, if that is later).",
+    ).tag(config=True)
+
+    extend_while_others_wait = Bool(
+        False,
+        help="Whether a lease may be extended while other requests wait in the queue.",
+    ).tag(config=True)
+
     @validate("mig_changes")
     def _check_mig_changes(self, proposal: dict[str, Any]) -> str:
         if proposal["value"] not in ("dynamic", "static"):
@@ -161,6 +187,15 @@ class SchedulerPolicy(Configurable):
         from .usage import parse_quota
         for who, entry in proposal["value"].items():
             parse_quota(who, entry)
+        return proposal["value"]
+
+    @validate("max_duration")
+    def _check_max_duration(self, proposal: dict[str, Any]) -> dict:
+        for kind, seconds in proposal["value"].items():
+            if kind not in ("server", "kernel", "job"):
+                raise ValueError(f"max_duration: unknown holder kind {kind!r} (use server, kernel, job)")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+                raise ValueError(f"max_duration for {kind}: must be a non-negative number of seconds")
         return proposal["value"]
 
     @validate("usage_enforcement")

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from . import mig, names
+from .deadlines import Deadlines, ExtensionRefused
 from .devices.base import DeviceBackend, DeviceError
 from .model import (
     MIB_PER_GIB,
@@ -181,6 +182,7 @@ class Scheduler:
         self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
         self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
         self.usage = UsageLedger(store, self.policy, self.policy.offers or self._derived_offers(), now=now)
+        self.deadlines = Deadlines(store, self.policy, self.usage.offers)
         self._recover(now)
 
     # ------------------------------------------------------------------ fleet
@@ -410,6 +412,18 @@ class Scheduler:
         """Withdraw a request; a granted lease is released."""
         return self.release(lease_id, now=now, reason="cancelled")
 
+    def extend(self, lease_id: str, *, now: float) -> Lease:
+        """Move a granted, time-boxed lease's deadline later; ExtensionRefused says why not."""
+        lease = self._active(lease_id)
+        if lease.state is not LeaseState.GRANTED:
+            raise ExtensionRefused("only a granted lease can be extended")
+        with self._atomic(now):
+            self._touch_lease(lease)
+            record = self.deadlines.extend(lease, now, others_wait=bool(self._queue))
+            self._emit("lease.extended", now, lease, deadline=record.deadline, extensions=record.extensions,
+                       extensions_left=self.deadlines.extensions_left(lease.id))
+        return lease
+
     def touch(self, lease_id: str, *, now: float, last_activity: float | None = None,
               busy: bool | None = None) -> Lease:
         """Record the holder's activity (and whether it is busy); clears an idle warning."""
@@ -456,6 +470,12 @@ class Scheduler:
                 if action.release:
                     self._end(action.lease, LeaseState.EXPIRED, now,
                               f"usage quota used up: {action.status.sentence()}")
+            for action in self.deadlines.check([l for l in granted if l.state is LeaseState.GRANTED], now):
+                if action.release:
+                    self._end(action.lease, LeaseState.EXPIRED, now, action.reason)
+                else:
+                    self._emit("lease.deadline_warning", now, action.lease,
+                               **action.warning(self.deadlines.extensions_left(action.lease.id)))
             self._schedule(now)
         return self._announced
 
@@ -610,6 +630,7 @@ class Scheduler:
     def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True) -> None:
         """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here)."""
         self.usage.stop(lease, now)
+        self.deadlines.stop(lease)
         self._touch_lease(lease)
         frees = lease.state is LeaseState.GRANTED and holds
         if lease.id in self._queue:
@@ -700,6 +721,7 @@ class Scheduler:
         lease.slice = sl
         lease.granted_at = now
         self.usage.start(lease, now)
+        self.deadlines.start(lease, now)
         lease.last_activity = max(lease.last_activity or 0.0, now)
         lease.reason = ""
         self._emit("lease.granted", now, lease, slice=sl.to_json(), waited_s=now - lease.created_at)
@@ -1164,6 +1186,7 @@ class Scheduler:
                 self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
             else:
                 self.usage.start(lease, now)
+                self.deadlines.start(lease, now)
         for gs in self._gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
                 for mig_uuid in [u for u in gs.created if u not in gs.owner]:

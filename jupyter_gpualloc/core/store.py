@@ -94,6 +94,15 @@ usage = Table(
     Column("gib", Float, nullable=False),
 )
 
+# The deadline of each time-boxed granted lease (see core/deadlines.py).
+lease_deadlines = Table(
+    "lease_deadlines", metadata,
+    Column("lease_id", String(64), primary_key=True),
+    Column("deadline", Float, nullable=False),
+    Column("extensions", Integer, nullable=False, default=0),
+    Column("warned_at", Float),
+)
+
 
 jobs = Table(
     "jobs", metadata,
@@ -110,6 +119,16 @@ class InstanceRecord:
     gpu_uuid: str
     instance: MigInstance
     created_by_core: bool
+
+
+@dataclass(frozen=True)
+class DeadlineRecord:
+    """When a time-boxed lease ends, how often it was extended, and when its holder was warned."""
+
+    lease_id: str
+    deadline: float
+    extensions: int
+    warned_at: float | None
 
 
 @dataclass(frozen=True)
@@ -290,6 +309,22 @@ class Store:
             usage.c.user, usage.c.groups, usage.c.model, usage.c.kind)
         with self.engine.connect() as conn:
             return [tuple(row) for row in conn.execute(query)]
+
+    def save_deadline(self, record: DeadlineRecord) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(lease_deadlines).where(lease_deadlines.c.lease_id == record.lease_id))
+            conn.execute(lease_deadlines.insert().values(
+                lease_id=record.lease_id, deadline=record.deadline, extensions=record.extensions,
+                warned_at=record.warned_at))
+
+    def delete_deadline(self, lease_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(delete(lease_deadlines).where(lease_deadlines.c.lease_id == lease_id))
+
+    def load_deadlines(self) -> list[DeadlineRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(lease_deadlines)).mappings().all()
+        return [DeadlineRecord(r["lease_id"], r["deadline"], r["extensions"], r["warned_at"]) for r in rows]
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -24,11 +24,12 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
+from .extend import extend_lines
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
 from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
 from .usage import usage_lines
 
-ACTIONS = ("request", "release", "status", "offers", "list", "usage")
+ACTIONS = ("request", "release", "status", "offers", "list", "usage", "extend")
 ACTIVE = ("queued", "granted")
 HEARTBEAT_INTERVAL = 30.0
 POLL_INTERVAL = 1.0
@@ -414,7 +415,8 @@ class GpuMagics(Magics):
     @magic_arguments()
     @argument("action", nargs="?", default="status", choices=ACTIONS,
               help="request a slice, release it, show its status (default), list the offers or all your leases, "
-                   "or show your GPU-hours this month and your usage quotas (usage)")
+                   "show your GPU-hours this month and your usage quotas (usage), or extend a time-boxed "
+                   "slice (extend)")
     @argument("size", nargs="*", help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB; "
                                       "the smallest offer with that much (a MIG profile where one fits, else a "
                                       "shared slice)")
@@ -476,6 +478,8 @@ class GpuMagics(Magics):
             _say(self.kernel_gpu.offers())
         elif args.action == "usage":
             _say(usage_lines(self.kernel_gpu.client.usage(by="model")))
+        elif args.action == "extend":
+            _say(extend_lines(self.kernel_gpu))
         else:
             _say(self.kernel_gpu.list())
 

@@ -40,6 +40,7 @@ from .events import AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
+from .deadlines import ExtendHandler
 from .usage import UsageHandler
 
 API_PATH = "api/v1"
@@ -61,6 +62,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/metrics", h.MetricsHandler, "metrics"),
     ("/openapi.json", h.OpenApiHandler, "openapi"),
     ("/usage", UsageHandler, "usage"),
+    ("/leases/{lease_id}/extend", ExtendHandler, "extend"),
 ]
 
 

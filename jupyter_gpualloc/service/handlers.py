@@ -183,6 +183,7 @@ class ApiHandler(web.RequestHandler):
     def lease_json(self, lease: Lease) -> dict[str, Any]:
         data = lease.to_json()
         data["position"] = self.scheduler.position(lease.id) if lease.state is LeaseState.QUEUED else None
+        data["deadline"] = self.scheduler.deadlines.describe(lease.id)
         return data
 
 

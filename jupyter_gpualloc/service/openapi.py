@@ -440,6 +440,22 @@ OPERATIONS["/usage"] = {
                           "403": _error("Another user's usage, asked by a non-admin.")}},
 }
 
+SCHEMAS["Lease"]["properties"]["deadline"] = {
+    "type": ["object", "null"], "description": "A time-boxed lease's deadline; null when it has none.",
+    "properties": {"at": {"type": "number"}, "extensions": {"type": "integer"},
+                   "extensions_left": {"type": "integer"}, "warned_at": NULLABLE_NUMBER},
+}
+
+OPERATIONS["/leases/{lease_id}/extend"] = {
+    "parameters": [LEASE_ID],
+    "post": {"summary": "Move a time-boxed lease's deadline later by the policy's extension.",
+             "responses": {"200": _json(_ref("Lease"), "The lease with its new deadline."),
+                           "401": AUTH_ERRORS["401"],
+                           "404": _error("No such active lease (or not the caller's)."),
+                           "409": _error("Not extended: no deadline, no extensions left, others wait, "
+                                         "or not granted (`reason`).")}},
+}
+
 def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str, Any]:
     """The document for the API served under `api_prefix` (e.g. /services/gpualloc/api/v1)."""
     return {

@@ -5,7 +5,6 @@
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { InputDialog } from '@jupyterlab/apputils';
-import { PageConfig } from '@jupyterlab/coreutils';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -38,9 +37,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null,
     browsers: IFileBrowserFactory | null
   ) => {
-    const model = new GpuModel(
-      new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot'))
-    );
+    const model = new GpuModel(new GpuApi(app.serviceManager.serverSettings));
     const currentChanged = new Signal<unknown, void>(notebooks);
     notebooks.currentChanged.connect(() => currentChanged.emit());
     notebooks.widgetAdded.connect((_, panel) =>
@@ -77,13 +74,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       jobs: {
         cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
         rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
-        openExecuted: async (job, copy) => {
-          const content = await model.act(() => model.api.executedNotebook(job.id));
-          if (content) {
-            await app.serviceManager.contents.save(copy, { type: 'notebook', format: 'json', content });
-            open(copy);
-          }
-        }
+        open
       }
     });
     panel.id = PANEL_ID;

@@ -1,4 +1,4 @@
-"""`%gpu usage` in a real kernel: this month's GPU-hours of the kernel's user, per GPU model."""
+"""`%gpu usage` and `%gpu extend` in a real kernel."""
 
 from __future__ import annotations
 
@@ -21,5 +21,11 @@ def test_usage_shows_this_months_gpu_hours_per_model(service, start_kernel):
         assert lines[3].startswith("total")
         wrong = kernel.run("%gpu usage 4GB")
         assert wrong.stderr.strip() == "gpu: '%gpu usage' takes no size or options"
+        assert kernel.run("%gpu extend").stdout.strip() == "gpu: this kernel holds no GPU slice to extend"
+        assert kernel.run("%gpu request 4GB").status == "ok"
+        refused = kernel.run("%gpu extend")  # this service's policy sets no max_duration
+        assert refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+        assert "this lease has no deadline to extend" in refused.stderr
+        assert kernel.run("%gpu release").status == "ok"
     finally:
         kernel.shutdown()
