@@ -78,7 +78,7 @@ class GpuAllocEvents:
         holder = str(data.get("holder", ""))
         self.emit(event["type"], lease_id=event["lease_id"], holder=holder, kernel_id=kernel_of(holder),
                   state=data.get("state"), reason=data.get("reason"), slice=data.get("slice"),
-                  message=lease_message(event["type"], holder, data))
+                  release_at=data.get("release_at"), message=lease_message(event["type"], holder, data))
 
     def add_listener(self, listener: Callable[[str, dict], Any]) -> Callable[[], None]:
         """Call `listener(event_type, data)` (async) for every event of the extension; returns a remover."""

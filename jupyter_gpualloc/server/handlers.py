@@ -1,5 +1,5 @@
-"""The sidebar's API under `<base_url>gpualloc/api/`: the caller's slices and kernels, offers, request,
-release, jobs, status and an event stream.
+"""The sidebar's API under `<base_url>gpualloc/api/`: the caller's slices and kernels, the inventory, offers,
+request, release, extend, jobs, status and an event stream.
 
 Every handler is authenticated (`@web.authenticated`) and authorized (`@authorized`, resource
 `gpualloc`) by jupyter_server; the extension calls the scheduler with the server's credentials.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -19,8 +20,11 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..client import GpuAllocError
+from ..core.devices.base import DeviceError
+from ..jobs.notebook import job_dir
 from .embedded import AUTH_RESOURCE
 from .events import kernel_of
+from .watchdog import process_tree_map
 
 KEEPALIVE_SECONDS = 15.0
 
@@ -53,8 +57,9 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
         except GpuAllocError as err:
             raise web.HTTPError(err.status if 400 <= err.status < 600 else 502, str(err)) from None
 
-    def lease_entry(self, lease: dict) -> dict[str, Any]:
-        """A lease as the sidebar shows it: plus its kernel (if on this server) and the caps in force."""
+    def lease_entry(self, lease: dict, memory: dict[str, int] | None = None) -> dict[str, Any]:
+        """A lease as the sidebar shows it: plus its kernel (if on this server), the caps in force and,
+        from `memory` (see kernel_memory), the GPU memory its kernel uses (None where not measured)."""
         entry = dict(lease)
         kernel_id = kernel_of(lease["holder"])
         km = self.ext.serverapp.kernel_manager
@@ -64,7 +69,25 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
             entry["kernel"] = {"id": kernel_id, "name": kernel.kernel_name,
                                "execution_state": kernel.execution_state}
         entry["caps"] = self.ext.caps(lease)
+        entry["used_mib"] = (memory or {}).get(kernel_id) if kernel_id is not None else None
         return entry
+
+    def kernel_memory(self) -> dict[str, int]:
+        """MiB of GPU memory held by each kernel's processes, as the watchdog's backend reads them."""
+        watchdog = self.ext.watchdog
+        if watchdog is None:
+            return {}
+        owners = process_tree_map(watchdog.kernel_pids())
+        try:
+            processes = watchdog.backend.process_memory()
+        except DeviceError:
+            return {}
+        used: dict[str, int] = {}
+        for process in processes:
+            kernel_id = owners.get(process.pid)
+            if kernel_id is not None and process.used_mib is not None:
+                used[kernel_id] = used.get(kernel_id, 0) + process.used_mib
+        return used
 
 
 class SlicesHandler(SidebarHandler):
@@ -72,7 +95,8 @@ class SlicesHandler(SidebarHandler):
     @authorized
     async def get(self) -> None:
         leases = await self.service(self.ext.client.leases())
-        self.finish(json.dumps({"slices": [self.lease_entry(l) for l in leases]}))
+        memory = self.kernel_memory()
+        self.finish(json.dumps({"slices": [self.lease_entry(l, memory) for l in leases]}))
 
 
 class KernelsHandler(SidebarHandler):
@@ -91,6 +115,24 @@ class KernelsHandler(SidebarHandler):
                 **self.ext.monitor.activity(kernel_id), "pid": pid,
                 "lease": self.lease_entry(lease) if lease else None})
         self.finish(json.dumps({"kernels": kernels}))
+
+
+class InventoryHandler(SidebarHandler):
+    """The fleet (REST API v1's inventory) with the caller's name; an admin also sees who holds each slice."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        inventory = await self.service(self.ext.client.inventory())
+        identity = await self.service(self.ext.client.whoami())
+        if identity["admin"]:
+            users = {l["id"]: l["user"] for l in await self.service(self.ext.client.leases(all_users=True))}
+            for node in inventory["nodes"]:
+                for gpu in node["gpus"]:
+                    for held in gpu.get("instances", []) + gpu.get("shares", []):
+                        if held.get("lease_id") in users:
+                            held["user"] = users[held["lease_id"]]
+        self.finish(json.dumps({**inventory, "user": identity["user"], "admin": identity["admin"]}))
 
 
 class OffersHandler(SidebarHandler):
@@ -155,6 +197,19 @@ class ReleaseHandler(SidebarHandler):
         self.finish(json.dumps(self.lease_entry(lease)))
 
 
+class ExtendHandler(SidebarHandler):
+    """POST {"lease_id": id}: count now as the holder's activity, which clears an idle warning."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        lease_id = self.body().get("lease_id")
+        if not isinstance(lease_id, str) or not lease_id:
+            raise web.HTTPError(400, "lease_id is required")
+        lease = await self.service(self.ext.client.touch(lease_id, last_activity=time.time()))
+        self.finish(json.dumps(self.lease_entry(lease)))
+
+
 class JobsHandler(SidebarHandler):
     """The caller's background jobs, as the batch leases they hold (holder job:<id>)."""
 
@@ -165,6 +220,20 @@ class JobsHandler(SidebarHandler):
         jobs = [{"id": l["holder"].split(":", 1)[1], "lease": self.lease_entry(l)}
                 for l in leases if l["holder"].startswith("job:")]
         self.finish(json.dumps({"jobs": jobs}))
+
+
+class ExecutedNotebookHandler(SidebarHandler):
+    """GET: a notebook job's executed notebook, as JSON; its `.gpualloc/` folder is hidden from the contents API."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        job = await self.service(self.ext.client.job(job_id))
+        path = job_dir(job["workdir"], job["id"]) / "executed.ipynb"
+        if not path.is_file():
+            raise web.HTTPError(404, f"job {job_id} has no executed notebook (yet)")
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(path.read_bytes())
 
 
 class StatusHandler(SidebarHandler):
@@ -218,10 +287,13 @@ def routes() -> list[tuple[str, type]]:
     return [
         (r"/gpualloc/api/slices", SlicesHandler),
         (r"/gpualloc/api/kernels", KernelsHandler),
+        (r"/gpualloc/api/inventory", InventoryHandler),
         (r"/gpualloc/api/offers", OffersHandler),
         (r"/gpualloc/api/request", RequestHandler),
         (r"/gpualloc/api/release", ReleaseHandler),
+        (r"/gpualloc/api/extend", ExtendHandler),
         (r"/gpualloc/api/jobs", JobsHandler),
+        (r"/gpualloc/api/jobs/([^/]+)/executed", ExecutedNotebookHandler),
         (r"/gpualloc/api/status", StatusHandler),
         (r"/gpualloc/api/events", EventsHandler),
     ]

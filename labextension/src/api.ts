@@ -7,6 +7,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { notebookJob } from './model/jobs';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
 
 /** A refused call: the HTTP status and the server's message, for people. */
@@ -24,7 +25,11 @@ const ROOT = 'gpualloc/api';
 const V1 = 'gpualloc/api/v1';
 
 export class GpuApi {
-  constructor(readonly settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {}
+  /** `serverRoot`: the server's root directory, absolute (JupyterLab's page config gives it). */
+  constructor(
+    readonly settings: ServerConnection.ISettings,
+    readonly serverRoot: string
+  ) {}
 
   url(path: string, query: Record<string, string> = {}): string {
     const params = new URLSearchParams({ ...query, no_track_activity: '1' });
@@ -82,9 +87,9 @@ export class GpuApi {
     return (await this.call<{ jobs: Job[] }>(`${V1}/jobs`)).jobs;
   }
 
-  /** Run a notebook (path relative to the server's root) as a background job on an offer's slice. */
+  /** Run a notebook (path under the server's root) as a background job on a slice of `spec`. */
   submitJob(notebook: string, spec: Record<string, unknown>): Promise<Job> {
-    return this.post<Job>(`${V1}/jobs`, { notebook, spec });
+    return this.post<Job>(`${V1}/jobs`, notebookJob(notebook, this.serverRoot, spec));
   }
 
   cancelJob(id: string): Promise<Job> {
@@ -93,6 +98,11 @@ export class GpuApi {
 
   rerunJob(id: string): Promise<Job> {
     return this.post<Job>(`${V1}/jobs/${encodeURIComponent(id)}/rerun`, {});
+  }
+
+  /** A notebook job's executed notebook (nbformat JSON). */
+  executedNotebook(id: string): Promise<Record<string, unknown>> {
+    return this.call(`${ROOT}/jobs/${encodeURIComponent(id)}/executed`);
   }
 
   /** A job's log as it grows: `onText` gets each new piece; the returned function stops reading. */

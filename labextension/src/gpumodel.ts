@@ -1,6 +1,7 @@
 /**
  * The panel's and the status bar's shared state: fetched from the server extension, kept live by
- * its event stream (polling only while the stream is down), and turned into notifications.
+ * its event stream (polling only while the stream is down, and for the memory a held slice uses,
+ * which no event carries), and turned into notifications.
  */
 
 import { Notification } from '@jupyterlab/apputils';
@@ -11,7 +12,7 @@ import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
 
-/** Seconds between fetches while the event stream is down, and while a job of mine is active. */
+/** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
 export const POLL_SECONDS = 10;
 export const JOB_POLL_SECONDS = 3;
 const FINISHED_JOB: Record<string, 'success' | 'error'> = {
@@ -45,7 +46,8 @@ export class GpuModel {
     void this.refreshJobs();
     this.connect();
     this._poll = window.setInterval(() => {
-      if (!this.connected) {
+      // no event says how much memory a slice's processes use: re-read while one is held
+      if (!this.connected || this.slices.some(l => l.state === 'granted')) {
         void this.refresh();
       }
     }, POLL_SECONDS * 1000);

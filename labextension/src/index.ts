@@ -5,6 +5,7 @@
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { InputDialog } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -37,7 +38,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null,
     browsers: IFileBrowserFactory | null
   ) => {
-    const model = new GpuModel(new GpuApi(app.serviceManager.serverSettings));
+    const model = new GpuModel(
+      new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot'))
+    );
     const currentChanged = new Signal<unknown, void>(notebooks);
     notebooks.currentChanged.connect(() => currentChanged.emit());
     notebooks.widgetAdded.connect((_, panel) =>
@@ -74,7 +77,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       jobs: {
         cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
         rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
-        open
+        openExecuted: async (job, copy) => {
+          const content = await model.act(() => model.api.executedNotebook(job.id));
+          if (content) {
+            await app.serviceManager.contents.save(copy, { type: 'notebook', format: 'json', content });
+            open(copy);
+          }
+        }
       }
     });
     panel.id = PANEL_ID;

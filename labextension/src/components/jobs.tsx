@@ -2,14 +2,15 @@ import React, { useEffect, useRef, useState } from 'react';
 
 import { GpuApi } from '../api';
 import { formatDuration } from '../model/countdown';
-import { ACTIVE_JOB_STATES, executedNotebook, FINISHED_JOB_STATES, sortedJobs } from '../model/jobs';
+import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, sortedJobs } from '../model/jobs';
 import { Job } from '../model/types';
 import { Action, useNow } from './common';
 
 export interface IJobActions {
   cancel(job: Job): void;
   rerun(job: Job): void;
-  open(path: string): void;
+  /** Open the executed notebook (a visible copy at `copy`). */
+  openExecuted(job: Job, copy: string): void;
 }
 
 /** A job's log, streamed while it is shown. */
@@ -43,7 +44,7 @@ function JobLog(props: { api: GpuApi; id: string }): JSX.Element {
 function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: number }): JSX.Element {
   const { job, actions } = props;
   const [showLog, setShowLog] = useState(false);
-  const executed = executedNotebook(job);
+  const executed = executedCopy(job, props.api.serverRoot);
   const name = job.name || job.id;
   return (
     <li className="jp-gpualloc-job" data-job={job.id} data-state={job.state}>
@@ -51,8 +52,10 @@ function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: numb
         <strong>{name}</strong> <span className={`jp-gpualloc-badge jp-mod-${job.state}`}>{job.state}</span>
       </div>
       <div className="jp-gpualloc-muted">
-        {job.state === 'queued' && job.position ? `position ${job.position} · ` : ''}
-        runtime {formatDuration(job.started_at, job.ended_at, props.now)}
+        {job.state === 'queued' && job.position !== null && job.position !== undefined
+          ? `${job.position === 0 ? 'starting' : `position ${job.position}`} · `
+          : ''}
+        runtime {formatDuration(job.started_at, job.state === 'running' ? null : job.ended_at, props.now)}
         {job.reason ? ` · ${job.reason}` : ''}
       </div>
       <div className="jp-gpualloc-actions">
@@ -69,8 +72,8 @@ function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: numb
             Rerun
           </Action>
         )}
-        {executed && FINISHED_JOB_STATES.has(job.state) && (
-          <Action label={`Open the executed notebook of ${name}`} onClick={() => actions.open(executed)}>
+        {executed && job.attempts !== 0 && FINISHED_JOB_STATES.has(job.state) && (
+          <Action label={`Open the executed notebook of ${name}`} onClick={() => actions.openExecuted(job, executed)}>
             Open executed
           </Action>
         )}

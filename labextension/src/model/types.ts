@@ -116,6 +116,9 @@ export interface Job {
   ended_at?: number | null;
   reason?: string | null;
   lease_id?: string | null;
+  workdir?: string;
+  runtime_s?: number | null;
+  attempts?: number;
   source?: { kind: string; path?: string; [key: string]: unknown };
   [key: string]: unknown;
 }

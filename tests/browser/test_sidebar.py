@@ -1,0 +1,251 @@
+"""The GPUs panel in a real JupyterLab, driven by Debian's chromium through Playwright.
+
+JupyterLab runs in embedded mode on the simulated fleet of tests/server (an A100 with MIG made on
+demand, an L4 shared by memory caps) with a short idle policy. The test requests a slice for a
+notebook's kernel from the panel, sees it under My slices, in the fleet drawing and in the status
+bar, gets the idle-warning notification, runs the notebook as a GPU job from the file browser and
+sees it finish, releases the slice, and saves screenshots in the light and the dark theme under
+docs/img/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_gpualloc.core.devices.simulated import report_process_memory
+from tests.hubfixture import free_port
+from tests.processes import start_logged, wait_until_ready
+from tests.server.conftest import FLEET
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "docs" / "img"
+CHROMIUM = Path("/usr/bin/chromium")
+TOKEN = "browser-test-token-123456"
+OFFERS = [
+    {"name": "mig-1g.5gb", "label": "MIG 1g.5gb", "spec": {"kind": "mig", "profile": "1g.5gb"}},
+    {"name": "shared-8gb", "label": "Shared 8 GiB", "spec": {"kind": "shared", "memory_gib": 8, "model": "L4"}},
+]
+IDLE_TIMEOUT = 6.0
+IDLE_GRACE = 300.0
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium_or_skip() -> Path:
+    """Debian's chromium; under CI=true its absence fails the test instead of skipping it."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium before make test")
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+
+
+class JupyterLabProcess:
+    """`jupyter lab` with the shipped server config, embedded mode on the simulated fleet."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        config_dir = workdir / "config"
+        shutil.copytree(REPO / "jupyter-config", config_dir)
+        (config_dir / "jupyter_server_config.json").write_text(json.dumps({
+            "GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{workdir / 'gpualloc.sqlite'}",
+                                  "process_dir": str(workdir / "gpu-processes"),
+                                  "tick_interval": 0.5, "report_interval": 0.5, "job_poll_interval": 0.5},
+            "SchedulerPolicy": {"offers": OFFERS, "idle_timeout": IDLE_TIMEOUT, "idle_grace": IDLE_GRACE},
+        }))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("GPUALLOC_", "JUPYTERHUB_", "JUPYTER"))}
+        self.env = {**clean, "JUPYTER_CONFIG_DIR": str(config_dir), "JUPYTER_DATA_DIR": str(workdir / "data"),
+                    "JUPYTER_RUNTIME_DIR": str(workdir / "runtime"),
+                    "JUPYTERLAB_SETTINGS_DIR": str(workdir / "lab-settings"),
+                    "JUPYTERLAB_WORKSPACES_DIR": str(workdir / "lab-workspaces"),
+                    "PYTHONPATH": os.pathsep.join(sys.path)}
+        # no "official Jupyter news?" toast among the notifications under test
+        news = workdir / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        news.parent.mkdir(parents=True)
+        news.write_text(json.dumps({"fetchNews": "false"}))
+        self.root = workdir / "notebooks"
+        self.root.mkdir()
+        self.proc = None
+
+    def start(self, timeout: float = 120) -> "JupyterLabProcess":
+        self.proc = start_logged(
+            [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={self.port}",
+             "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.root}",
+             "--LabApp.expose_app_in_browser=True"],
+            self.workdir / "lab.log", env=self.env, cwd=self.root)
+        wait_until_ready(self.proc, lambda: self.call("GET", "gpualloc/api/offers")[0] == 200, "jupyter lab",
+                         self.log_tail, timeout)
+        return self
+
+    def log_tail(self) -> str:
+        return (self.workdir / "lab.log").read_text(errors="replace")[-4000:]
+
+    def call(self, method: str, path: str, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Authorization", f"token {TOKEN}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        os.killpg(self.proc.pid, 15)
+        try:
+            self.proc.wait(30)
+        finally:
+            for child in children:
+                if child.is_running():
+                    child.kill()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    server = JupyterLabProcess(tmp_path)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(tmp_path, lab):
+    executable = chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(executable), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 860})
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()
+
+
+def write_notebook(path: Path) -> None:
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
+                   "source": "import os\nos.environ.get('CUDA_VISIBLE_DEVICES')"}],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+
+
+def open_panel(page) -> None:
+    """Through the status-bar item, which shows the panel (a click on its sidebar tab would toggle it)."""
+    page.locator(".jp-gpualloc-status-button").click()
+    page.locator(".jp-gpualloc-panel h2", has_text="GPUs").wait_for()
+
+
+def run_as_gpu_job(page, notebook: str, offer_label: str) -> None:
+    """The file browser's context menu on `notebook`: Run as GPU job, on the offer labelled `offer_label`."""
+    page.locator('.lm-TabBar-tab[data-id="filebrowser"]').click()
+    page.locator(".jp-DirListing-item", has_text=notebook).click(button="right")
+    page.locator(".lm-Menu-item", has_text="Run as GPU job").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.locator("select").select_option(label=dialog.locator("option", has_text=offer_label).inner_text())
+    dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+    dialog.wait_for(state="detached")
+
+
+def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
+    write_notebook(lab.root / "train.ipynb")
+    page.goto(f"{lab.url}lab/tree/train.ipynb?token={TOKEN}", timeout=120_000)
+    status = page.locator(".jp-gpualloc-status-button")
+    status.wait_for(timeout=120_000)
+    assert status.inner_text() == "no GPU"
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
+
+    open_panel(page)
+    panel = page.locator(".jp-gpualloc-panel")
+    panel.locator('.jp-gpualloc-live.jp-mod-on').wait_for(timeout=30_000)  # the event stream is up
+    assert panel.locator('.jp-gpualloc-block[data-owner="free"]').count() == 8  # the A100's memory slices
+
+    panel.get_by_label("Slice to request").select_option("mig-1g.5gb")
+    panel.get_by_role("button", name="Request MIG 1g.5gb for train.ipynb").click()
+
+    mine = panel.locator('.jp-gpualloc-slice[data-state="granted"]')
+    mine.wait_for(timeout=30_000)
+    assert "1g.5gb" in mine.inner_text() and "train.ipynb" in mine.inner_text()
+    assert "isolation: MIG" in mine.inner_text()
+    block = panel.locator('.jp-gpualloc-block[data-owner="mine"]')
+    block.wait_for()
+    slices = lab.call("GET", "gpualloc/api/slices")[1]["slices"]
+    assert [s["slice"]["profile"] for s in slices] == ["1g.5gb"]
+    assert block.get_attribute("data-start") == str(slices[0]["slice"]["start"])
+    assert block.inner_text() == "1g.5gb"
+    page.wait_for_function(
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 1g.5gb')")
+
+    # the kernel's process takes 3 GiB of its MIG slice (as the simulated backend reads it)
+    [kernel] = lab.call("GET", "gpualloc/api/kernels")[1]["kernels"]
+    report_process_memory(lab.workdir / "gpu-processes", kernel["pid"], slices[0]["slice"]["gpu_uuids"][0], 3072,
+                          mig_uuid=slices[0]["slice"]["mig_uuid"])
+    page.wait_for_function(
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3.0/4.8 GiB'",
+        timeout=30_000)
+    assert "3.0 / 4.8 GiB used" in mine.inner_text()
+
+    # idle past the policy's timeout: the warning arrives as a notification with Extend, and a countdown
+    toast = page.locator(".Toastify__toast", has_text="idle")
+    toast.wait_for(timeout=(IDLE_TIMEOUT + 30) * 1000)
+    assert toast.get_by_role("button", name="Extend").count() == 1
+    countdown = panel.locator(".jp-gpualloc-countdown")
+    countdown.wait_for()
+    assert "released in" in countdown.inner_text()
+
+    # the notebook as a background job on a shared slice: it runs and finishes in the Jobs section
+    run_as_gpu_job(page, "train.ipynb", "Shared 8 GiB")
+    open_panel(page)
+    job = panel.locator(".jp-gpualloc-job")
+    job.wait_for(timeout=30_000)
+    panel.locator('.jp-gpualloc-job[data-state="succeeded"]').wait_for(timeout=120_000)
+    page.locator(".Toastify__toast", has_text="succeeded").first.wait_for(timeout=30_000)
+    [record] = lab.call("GET", "gpualloc/api/v1/jobs")[1]["jobs"]
+    assert record["state"] == "succeeded" and record["source"]["path"] == "train.ipynb"
+    assert (lab.root / ".gpualloc" / "jobs" / record["id"] / "executed.ipynb").exists()
+    panel.get_by_role("button", name="Show the log of train.ipynb").click()
+    panel.locator(".jp-gpualloc-log", has_text="succeeded").wait_for(timeout=30_000)
+
+    assert panel.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), "the panel overflows sideways"
+    page.wait_for_timeout(1000)  # the notifications' slide-in
+    page.screenshot(path=str(SCREENSHOTS / "sidebar-light.png"))
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SCREENSHOTS / "sidebar-dark.png"))
+
+    panel.get_by_role("button", name="Open the executed notebook of train.ipynb").click()
+    page.locator(".lm-TabBar-tab", has_text=f"train.job-{record['id']}.ipynb").wait_for(timeout=30_000)
+    assert (lab.root / f"train.job-{record['id']}.ipynb").exists()
+    open_panel(page)
+
+    # Extend clears the warning; Release ends the lease
+    page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Extend").click()
+    countdown.wait_for(state="detached", timeout=30_000)
+    panel.get_by_role("button", name="Release the slice of train.ipynb").click()
+    mine.wait_for(state="detached", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'no GPU'")
+    assert panel.locator('.jp-gpualloc-block[data-owner="mine"]').count() == 0
+    assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []
+    page.locator(".Toastify__toast", has_text="released").first.wait_for(timeout=30_000)
