@@ -123,6 +123,9 @@ c.JupyterHub.services = [{
     "command": serve,
     "cwd": str(service_dir),
     "oauth_no_confirm": True,
+    # A browser's OAuth token for the service may carry the admin scope (for users who hold it),
+    # so an admin sees every lease and holder at /services/gpualloc/api/v1/... in a browser.
+    "oauth_client_allowed_scopes": ["custom:gpualloc:admin"],
     "display": True,
 }]
 

@@ -205,6 +205,72 @@ def usage(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ jobs
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    """'k=v' -> (k, v): v as JSON when it reads as JSON (numbers, true, lists), else the text itself."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"parameter '{text}' must look like name=value")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name.strip(), value
+
+
+def job_submit(args: argparse.Namespace, out: TextIO) -> int:
+    """Queue a notebook as a background job: parameters go after its cell tagged `parameters`."""
+    from .client import GpuAllocError, SyncGpuAllocClient
+    from .kernel.magics import spec_from_args
+    from .kernel.sizes import InputError, parse_duration
+
+    notebook = Path(args.notebook).resolve()
+    try:
+        if notebook.suffix != ".ipynb" or not notebook.is_file():
+            raise InputError(f"{args.notebook} is not a notebook file (.ipynb)")
+        metadata = json.loads(notebook.read_text()).get("metadata", {})
+        spec = spec_from_args(args.mem or "", args.mig, args.shared, args.whole, args.model)
+        request = {
+            "spec": spec, "workdir": str(notebook.parent), "name": args.name or notebook.name,
+            "source": {"kind": "notebook", "path": notebook.name, "parameters": dict(args.param)},
+            "kernel_name": metadata.get("kernelspec", {}).get("name", "python3"),
+            "priority": args.priority, "retries": args.retries,
+        }
+        if args.preemptible is not None:
+            request["preemptible"] = args.preemptible
+        if args.timeout:
+            request["timeout"] = parse_duration(args.timeout)
+        with SyncGpuAllocClient(args.url, args.token) as client:
+            job = client.submit_job(request)
+    except (InputError, GpuAllocError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(job), file=out)
+        return 0
+    folder = notebook.parent / ".gpualloc" / "jobs" / job["id"]
+    print(f"job {job['id']} queued (position {job['position']}): {folder}/job.log, then executed.ipynb", file=out)
+    return 0
+
+
+def job_list(args: argparse.Namespace, out: TextIO) -> int:
+    """Your jobs as a table."""
+    from .client import GpuAllocError, SyncGpuAllocClient
+    from .kernel.job_magics import job_table
+
+    try:
+        with SyncGpuAllocClient(args.url, args.token) as client:
+            jobs = client.jobs()
+    except GpuAllocError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for line in job_table(jobs, 0.0) if jobs else ["no jobs"]:
+        print(line.strip(" ") if not jobs else line[2:], file=out)
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -247,6 +313,34 @@ def build_parser() -> argparse.ArgumentParser:
     use.add_argument("--url", help="the service's URL (default: $GPUALLOC_URL or JupyterHub's environment)")
     use.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
     use.set_defaults(func=usage)
+
+    job = sub.add_parser("job", help="background jobs: queue a notebook on a GPU slice, list your jobs")
+    job_sub = job.add_subparsers(dest="job_command", required=True)
+    sj = job_sub.add_parser("submit", help="queue a notebook; it runs in your Jupyter server, next to the notebook")
+    sj.add_argument("notebook", help="the .ipynb file; its outputs land in .gpualloc/jobs/<id>/ beside it")
+    kind = sj.add_mutually_exclusive_group()
+    kind.add_argument("--mem", metavar="SIZE", help="GPU memory needed, e.g. 40GB")
+    kind.add_argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
+    kind.add_argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
+    kind.add_argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")
+    sj.add_argument("--model", help="only this GPU model, e.g. H100")
+    sj.add_argument("--param", "-p", action="append", type=parse_param, default=[], metavar="NAME=VALUE",
+                    help="a parameter, injected after the cell tagged `parameters` (repeatable; JSON values "
+                         "such as 3, 0.1 or true are typed, anything else is a string)")
+    sj.add_argument("--name", help="a name for the job (default: the notebook's file name)")
+    sj.add_argument("--priority", choices=["batch", "interactive"], default="batch", help="priority class")
+    sj.add_argument("--preemptible", dest="preemptible", action="store_true", default=None,
+                    help="an interactive request may stop it and requeue it")
+    sj.add_argument("--no-preemptible", dest="preemptible", action="store_false", help="never preempted")
+    sj.add_argument("--timeout", metavar="DURATION", help="stop an attempt after this long, e.g. 2h")
+    sj.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times after a failure")
+    sj.add_argument("--json", action="store_true", help="print the job as JSON")
+    sj.set_defaults(func=job_submit)
+    lj = job_sub.add_parser("list", help="your jobs: id, name, state, queue position, slice, runtime, reason")
+    lj.set_defaults(func=job_list)
+    for command in (sj, lj):
+        command.add_argument("--url", help="the gpualloc API's root URL (default: $GPUALLOC_URL or JupyterHub's)")
+        command.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
     return parser
 
 

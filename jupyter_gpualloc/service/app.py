@@ -22,7 +22,6 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from tornado import web
 from tornado.httpserver import HTTPServer
-from tornado.httputil import url_concat
 from tornado.ioloop import PeriodicCallback
 from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
@@ -35,7 +34,7 @@ from ..core.policy import SchedulerPolicy
 from ..core.scheduler import Scheduler
 from ..core.store import Store, sqlite_url
 from . import handlers as h
-from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator
+from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
 from .events import AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
@@ -90,13 +89,7 @@ class RootHandler(h.ApiHandler):
         await super().prepare()
 
     def login_url(self) -> str:
-        hub_auth = self.settings["hub_auth"]
-        params, verifier = {}, None
-        if hub_auth.pkce_enabled:
-            verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
-            params.update(code_challenge=challenge, code_challenge_method=method)
-        params["state"] = hub_auth.set_state_cookie(self, next_url=self.request.uri, code_verifier=verifier)
-        return url_concat(hub_auth.login_url, params)
+        return oauth_login_url(self.settings["hub_auth"], self)
 
     def get(self) -> None:
         self.write_json({**self.identity.to_json(), "api": join_url(self.settings["base_url"], API_PATH) + "/"})

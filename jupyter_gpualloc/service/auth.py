@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from jupyterhub.services.auth import HubOAuth, check_scopes
 from tornado import web
+from tornado.httputil import url_concat
 
 ADMIN_SCOPE = "custom:gpualloc:admin"
 _AUTH_HEADER = re.compile(r"(?:token|bearer)\s+(\S+)\s*$", re.IGNORECASE)
@@ -97,8 +98,12 @@ class HubAuthenticator:
         self.admin_scope = admin_scope
 
     async def identify(self, handler: web.RequestHandler) -> Identity | None:
+        """The caller; a browser opening an API page without a login is sent to the OAuth login."""
         model = await self.hub_auth.get_user(handler, sync=False)
         if not model:
+            if is_browser_page_request(handler):
+                handler.redirect(oauth_login_url(self.hub_auth, handler))
+                raise web.Finish()
             return None
         if model.get("kind", "user") != "user":
             raise Forbidden(f"{model.get('kind')} {model.get('name')} is not a user")
@@ -113,3 +118,20 @@ class HubAuthenticator:
     def check_xsrf(self, handler: web.RequestHandler) -> None:
         """Cookie-authenticated (browser) writes need JupyterHub's XSRF token; token requests do not."""
         self.hub_auth.check_xsrf_cookie(handler)
+
+
+def is_browser_page_request(handler: web.RequestHandler) -> bool:
+    """A browser opening a page (not a script with a token): GET, no credentials, HTML accepted."""
+    request = handler.request
+    return (request.method == "GET" and "Authorization" not in request.headers
+            and "token" not in request.query_arguments and "text/html" in request.headers.get("Accept", ""))
+
+
+def oauth_login_url(hub_auth: HubOAuth, handler: web.RequestHandler) -> str:
+    """JupyterHub's OAuth login for this service, coming back to the page the browser asked for."""
+    params, verifier = {}, None
+    if hub_auth.pkce_enabled:
+        verifier, challenge, method = hub_auth.generate_pkce_code_challenge()
+        params.update(code_challenge=challenge, code_challenge_method=method)
+    params["state"] = hub_auth.set_state_cookie(handler, next_url=handler.request.uri, code_verifier=verifier)
+    return url_concat(hub_auth.login_url, params)

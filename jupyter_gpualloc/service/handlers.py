@@ -242,14 +242,18 @@ class UserHandler(ApiHandler):
 
 class InventoryHandler(ApiHandler):
     def get(self) -> None:
+        """Each held slice names its lease, user and holder: all of them for an admin, the
+        caller's own for a user (another user's lease reads 'other')."""
         inventory = self.scheduler.inventory()
-        if not self.identity.admin:
-            mine = {l.id for l in self.scheduler.leases(self.identity.user)}
-            for node in inventory["nodes"]:
-                for gpu in node["gpus"]:
-                    for holder in gpu.get("instances", []) + gpu.get("shares", []):
-                        if holder.get("lease_id") is not None and holder["lease_id"] not in mine:
-                            holder["lease_id"] = "other"
+        visible = {l.id: l for l in self.scheduler.leases(None if self.identity.admin else self.identity.user)}
+        for node in inventory["nodes"]:
+            for gpu in node["gpus"]:
+                for held in gpu.get("instances", []) + gpu.get("shares", []):
+                    lease = visible.get(held.get("lease_id"))
+                    if lease is not None:
+                        held.update(user=lease.user, holder=lease.holder)
+                    elif held.get("lease_id") is not None:
+                        held["lease_id"] = "other"
         self.write_json(inventory)
 
 

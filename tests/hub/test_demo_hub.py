@@ -152,6 +152,30 @@ def test_rest_api_spawns_with_strictly_checked_user_options(demo_hub):
                 carol_env["CUDA_VISIBLE_DEVICES"]}) == 3
 
 
+def held_slices(inventory: dict) -> list[dict]:
+    return [held for node in inventory["nodes"] for gpu in node["gpus"]
+            for held in gpu.get("instances", []) + gpu.get("shares", []) if held.get("lease_id")]
+
+
+def test_an_admin_in_a_browser_sees_every_lease_and_holder(demo_hub):
+    page = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}  # what a browser asks for
+    admin = Browser(demo_hub, "admin")
+    admin.login()
+    api = demo_hub.url + "/services/gpualloc/api/v1/"
+    reply = admin.session.get(api + "leases?all=1", headers=page, timeout=30)  # through the OAuth login
+    assert reply.status_code == 200 and reply.url == api + "leases?all=1", (reply.status_code, reply.url)
+    assert {l["user"] for l in reply.json()["leases"]} == {"alice", "bob", "carol"}
+    held = held_slices(admin.session.get(api + "inventory", headers=page, timeout=30).json())
+    assert {(h["user"], h["holder"]) for h in held} == {("alice", "server"), ("bob", "server"), ("carol", "server")}
+
+    erin = Browser(demo_hub, "erin")
+    erin.login()
+    assert erin.session.get(api + "leases?all=1", headers=page, timeout=30).status_code == 403
+    assert {h["lease_id"] for h in held_slices(erin.session.get(api + "inventory", headers=page, timeout=30).json())} \
+        == {"other"}
+    assert requests.get(api + "leases", timeout=30).status_code == 401  # a script without a token
+
+
 def test_a_user_waits_in_the_queue_until_another_server_stops(demo_hub):
     assert spawn(demo_hub, "dave", {"gpu": "whole-h100"}).status_code in (201, 202)  # "slow to start"
     assert demo_hub.server("dave")["pending"] == "spawn" and not demo_hub.server("dave")["ready"]
