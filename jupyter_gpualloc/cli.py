@@ -266,8 +266,8 @@ def job_list(args: argparse.Namespace, out: TextIO) -> int:
     except GpuAllocError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    for line in job_table(jobs, 0.0) if jobs else ["no jobs"]:
-        print(line.strip(" ") if not jobs else line[2:], file=out)
+    for line in job_table(jobs) if jobs else ["no jobs"]:
+        print(line, file=out)
     return 0
 
 

@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from .sizes import InputError, format_duration, parse_duration
-from .status import describe_slice, error_line
+from .status import describe_lease, error_line
 
 INPUTS_DIR = Path(".gpualloc") / "inputs"
 ACTIVE = ("queued", "running")
@@ -125,14 +125,14 @@ def job_state_text(job: dict[str, Any], now: float) -> str:
     return f"{state.replace('_', ' ')}{runtime}: {job.get('reason', '')}"
 
 
-def job_table(jobs: list[dict[str, Any]], now: float) -> list[str]:
-    """Aligned rows: id, name, state, position, slice, runtime, reason."""
+def job_table(jobs: list[dict[str, Any]]) -> list[str]:
+    """Aligned rows: id, name, state, position, slice (what it asked for, until granted), runtime, reason."""
     header = ("ID", "NAME", "STATE", "POS", "SLICE", "RUNTIME", "REASON")
     rows = [header]
     for job in jobs:
         runtime = job.get("runtime_s")
         rows.append((job["id"], job["name"][:30], job["state"], "" if job.get("position") is None else
-                     str(job["position"]), describe_slice(job["slice"]) if job.get("slice") else "",
+                     str(job["position"]), describe_lease(job),
                      format_duration(runtime) if runtime is not None else "", job.get("reason", "")[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
@@ -166,7 +166,7 @@ class KernelJobs:
         jobs = self.client.jobs()
         if not jobs:
             return ["gpu: you have no jobs"]
-        return [f"gpu: your jobs ({SERVER_NOTE})", *job_table(jobs, time.time())]
+        return [f"gpu: your jobs ({SERVER_NOTE})", *job_table(jobs)]
 
     def logs(self, job_id: str, follow: bool) -> None:
         if not follow:
