@@ -340,8 +340,8 @@ def test_list_columns_line_up_whatever_the_holders(service, kernel):
 def test_no_gpu_output_or_help_shows_the_token(service, start_kernel):
     secret = "tok-that-must-stay-secret"
     kernel = start_kernel(token=secret)
-    outputs = [kernel.run(line) for line in ("%gpu", "%gpu offers", "%gpu list", "%gpu request 4GB",
-                                             "%gpu request --model x", "%gpu nonsense")]
+    outputs = [kernel.run(line) for line in ("%gpu", "%gpu offers", "%gpu list", "%gpu request 4GB", "%gpu usage",
+                                             "%gpu jobs", "%gpu extend", "%gpu request --model x", "%gpu nonsense")]
     outputs.append(kernel.run("print(get_ipython().find_line_magic('gpu').__doc__)"))
     text = "".join(cell.stdout + cell.stderr + json.dumps(cell.displays) for cell in outputs)
     assert "refused this kernel's token" in text and "--model MODEL" in text
