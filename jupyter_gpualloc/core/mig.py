@@ -111,7 +111,7 @@ def _mig_model(name: str, memory_mib: int, placements: dict[int, tuple[int, int,
     return GpuModel(name=name, memory_mib=memory_mib, profiles=profiles, aliases=aliases)
 
 
-def _eight_slice_names(small: str, double: str, half: str, full: str, mem: tuple[float, ...],
+def _eight_slice_rows(small: str, double: str, half: str, full: str, mem: tuple[float, ...],
                        sms: tuple[int, ...] = (16, 16, 26, 32, 60, 64, 132)) -> dict[int, tuple[str, float, int]]:
     """Rows of an 8-slice model: profile names from the memory in each name ('10gb', '20gb',
     '40gb', '80gb'), memory in GiB per id 19, 20, 15, 14, 9, 5, 0 and SMs in the same order."""
@@ -124,25 +124,26 @@ def _eight_slice_names(small: str, double: str, half: str, full: str, mem: tuple
 # listings (NVIDIA/mig-parted issue 120 for H200, PRs 139 (GH200 144G) and 166 (B200), gpu-operator
 # PR 903 for H100 NVL, and captures in MIG.md); "unverified" values are estimates the NVML backend
 # replaces with the driver's (it reports the difference).
-_A100_40 = _eight_slice_names("5gb", "10gb", "20gb", "40gb", (4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25),
+_A100_40 = _eight_slice_rows("5gb", "10gb", "20gb", "40gb", (4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25),
                               (14, 14, 14, 28, 42, 56, 98))
-_A100_80 = _eight_slice_names("10gb", "20gb", "40gb", "80gb", (9.50, 9.50, 19.50, 19.50, 39.25, 39.25, 79.00),
+_A100_80 = _eight_slice_rows("10gb", "20gb", "40gb", "80gb", (9.50, 9.50, 19.50, 19.50, 39.25, 39.25, 79.00),
                               (14, 14, 14, 28, 42, 56, 98))
-_H100_80 = _eight_slice_names("10gb", "20gb", "40gb", "80gb", (9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25))
-_H100_94 = _eight_slice_names("12gb", "24gb", "47gb", "94gb", (10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12))
+_H100_80 = _eight_slice_rows("10gb", "20gb", "40gb", "80gb", (9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25))
+_H100_94 = _eight_slice_rows("12gb", "24gb", "47gb", "94gb", (10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12))
 # H100 96GB, GH200 96GB and H20 (unverified sizes: scaled from H100 NVL by total memory; H20's SMs unknown).
-_H100_96 = _eight_slice_names("12gb", "24gb", "48gb", "96gb", (11.00, 11.00, 22.00, 22.00, 47.25, 47.25, 95.00))
+_H100_96 = _eight_slice_rows("12gb", "24gb", "48gb", "96gb", (11.00, 11.00, 22.00, 22.00, 47.25, 47.25, 95.00))
 _H20 = {pid: (name, mem, 0) for pid, (name, mem, _) in _H100_96.items()}
-_H200 = _eight_slice_names("18gb", "35gb", "71gb", "141gb", (16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75))
+_H200 = _eight_slice_rows("18gb", "35gb", "71gb", "141gb", (16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75))
 # GH200 144G HBM3e: 1g and 2g from the listing; 3g, 4g and 7g unverified (scaled from H200).
-_GH200_144 = _eight_slice_names("18gb", "36gb", "72gb", "144gb", (17.50, 17.50, 35.25, 35.25, 71.00, 71.00, 142.75))
+_GH200_144 = _eight_slice_rows("18gb", "36gb", "72gb", "144gb", (17.50, 17.50, 35.25, 35.25, 71.00, 71.00, 142.75))
 # B200: 1g and 2g from the listing (R570 driver); 3g, 4g and 7g unverified, their SMs unknown.
-_B200 = _eight_slice_names("23gb", "45gb", "90gb", "180gb", (22.00, 22.00, 44.25, 44.25, 88.50, 88.50, 178.25),
+_B200 = _eight_slice_rows("23gb", "45gb", "90gb", "180gb", (22.00, 22.00, 44.25, 44.25, 88.50, 88.50, 178.25),
                            (18, 18, 30, 36, 0, 0, 0))
 # A30 (unverified sizes: the guide's fractions of 24 GiB less the same share as A100-40GB keeps back).
 _A30 = {14: ("1g.6gb", 5.75, 14), 21: ("1g.6gb+me", 5.75, 14), 5: ("2g.12gb", 11.75, 28),
         6: ("2g.12gb+me", 11.75, 28), 0: ("4g.24gb", 23.50, 56)}
 
+# Total memory is MiB as NVML reports it (unverified for A30, H100 96GB, GH200, H20, H200 NVL and B200).
 _MODELS: list[GpuModel] = [
     _mig_model("A100-SXM4-40GB", 40960, _EIGHT_SLICES, _A100_40, ("A100-40GB",)),
     _mig_model("A100-PCIE-40GB", 40960, _EIGHT_SLICES, _A100_40, ()),
