@@ -7,18 +7,9 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
-
-/** A refused call: the HTTP status and the server's message, for people. */
-export class ApiError extends Error {
-  constructor(
-    readonly status: number,
-    message: string
-  ) {
-    super(message);
-  }
-}
 
 /** The sidebar API's own paths, and REST API v1's, below the server's base URL. */
 const ROOT = 'gpualloc/api';

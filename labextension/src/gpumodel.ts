@@ -7,7 +7,8 @@
 import { Notification } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { ApiError, GpuApi } from './api';
+import { GpuApi } from './api';
+import { ApiError, plainError } from './model/errors';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
@@ -31,6 +32,8 @@ export class GpuModel {
   jobs: Job[] | null = [];
   connected = false;
   error: string | null = null;
+  /** What the server said to do after a request, per lease ("restart the kernel to use the slice"). */
+  notes: Record<string, string> = {};
 
   get slices(): LeaseEntry[] {
     return this.stream.slices;
@@ -159,8 +162,21 @@ export class GpuModel {
     }
   }
 
-  request(offer: string, kernelId: string): Promise<LeaseEntry | null> {
-    return this.act(() => this.api.request(offer, kernelId));
+  /** Ask for a slice for a kernel; what the server says to do next (restart the kernel) is kept in `notes`. */
+  async request(offer: string, kernelId: string): Promise<LeaseEntry | null> {
+    const lease = await this.act(() => this.api.request(offer, kernelId));
+    if (lease?.note) {
+      this.notes = { ...this.notes, [lease.id]: lease.note };
+      this._changed.emit();
+    }
+    return lease;
+  }
+
+  /** Forget a lease's note (e.g. once its kernel was restarted). */
+  clearNote(leaseId: string): void {
+    const { [leaseId]: _done, ...rest } = this.notes;
+    this.notes = rest;
+    this._changed.emit();
   }
 
   release(leaseId: string): Promise<LeaseEntry | null> {
@@ -196,23 +212,4 @@ export class GpuModel {
   private _poll = 0;
   private _jobPoll = 0;
   private _announcedJobs = new Set<string>();
-}
-
-/** A refused call in plain words (quota, capacity, drained GPUs). */
-export function plainError(err: unknown): string {
-  if (!(err instanceof ApiError)) {
-    return `The request failed: ${String((err as Error)?.message ?? err)}`;
-  }
-  switch (err.status) {
-    case 403:
-      return `Your quota does not allow this: ${err.message}`;
-    case 409:
-      return `Not possible right now: ${err.message}`;
-    case 503:
-      return `The GPUs for this are drained for maintenance: ${err.message}`;
-    case 404:
-      return `Not found: ${err.message}`;
-    default:
-      return err.message;
-  }
 }

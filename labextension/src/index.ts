@@ -72,7 +72,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
             app.shell.activateById(found.id);
           }
         },
-        restartKernel: kernelId => void notebookOfKernel(kernelId)?.sessionContext.restartKernel()
+        restartKernel: async (lease, kernelId) => {
+          const found = notebookOfKernel(kernelId);
+          if (found) {
+            await found.sessionContext.restartKernel();
+            model.clearNote(lease.id);
+          }
+        }
       },
       jobs: {
         cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),

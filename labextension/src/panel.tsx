@@ -45,7 +45,12 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
         <Fleet inventory={model.inventory} mine={mine} />
       </Section>
       <Section id="mine" title="My slices">
-        <MySlices slices={model.slices} warnings={model.stream.warnings} actions={props.context.slices} />
+        <MySlices
+          slices={model.slices}
+          warnings={model.stream.warnings}
+          notes={model.notes}
+          actions={props.context.slices}
+        />
       </Section>
       <Section id="request" title="Request">
         <Request

@@ -196,6 +196,18 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 1g.5gb')")
 
+    # the kernel gets the slice when it restarts: the panel says so and offers the restart
+    assert "restart the kernel" in mine.inner_text()
+    panel.get_by_role("button", name="Restart the kernel of train.ipynb").click()
+    panel.get_by_role("button", name="Restart the kernel of train.ipynb").wait_for(state="detached", timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
+    page.keyboard.press("Shift+Enter")
+    output = page.locator(".jp-OutputArea-output", has_text=slices[0]["slice"]["mig_uuid"])
+    output.wait_for(timeout=60_000)
+    assert [s["id"] for s in lab.call("GET", "gpualloc/api/slices")[1]["slices"]] == [slices[0]["id"]]
+
     # the kernel's process takes 3 GiB of its MIG slice (as the simulated backend reads it)
     [kernel] = lab.call("GET", "gpualloc/api/kernels")[1]["kernels"]
     report_process_memory(lab.workdir / "gpu-processes", kernel["pid"], slices[0]["slice"]["gpu_uuids"][0], 3072,
@@ -226,7 +238,8 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     panel.get_by_role("button", name="Show the log of train.ipynb").click()
     panel.locator(".jp-gpualloc-log", has_text="succeeded").wait_for(timeout=30_000)
 
-    assert panel.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), "the panel overflows sideways"
+    assert panel.bounding_box()["width"] <= 260 and panel.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), \
+        "the panel overflows sideways at its default 250 px"
     page.wait_for_timeout(1000)  # the notifications' slide-in
     page.screenshot(path=str(SCREENSHOTS / "sidebar-light.png"))
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")

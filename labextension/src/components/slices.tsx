@@ -9,7 +9,7 @@ export interface ISliceActions {
   release(lease: LeaseEntry): void;
   extend(lease: LeaseEntry): void;
   openNotebook(kernelId: string): void;
-  restartKernel(kernelId: string): void;
+  restartKernel(lease: LeaseEntry, kernelId: string): void;
   /** The notebook path of a kernel of this server, when one is open. */
   notebookOf(kernelId: string): string | null;
 }
@@ -29,8 +29,8 @@ function Memory(props: { lease: LeaseEntry }): JSX.Element | null {
   );
 }
 
-function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; actions: ISliceActions }) {
-  const { lease, warning, actions } = props;
+function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; note?: string; actions: ISliceActions }) {
+  const { lease, warning, note, actions } = props;
   const kernelId = lease.kernel?.id ?? (lease.holder.startsWith('kernel:') ? lease.holder.slice(7) : null);
   const notebook = kernelId ? actions.notebookOf(kernelId) : null;
   const where = notebook ?? holderName(lease.holder);
@@ -64,7 +64,7 @@ function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; actions: I
         <Memory lease={lease} />
       </div>
       {warning && warning.releaseAt !== null && <Countdown releaseAt={warning.releaseAt} />}
-      {lease.note && <div className="jp-gpualloc-note">{lease.note}</div>}
+      {note && <div className="jp-gpualloc-note">{note}</div>}
       <div className="jp-gpualloc-actions">
         <Action label={`Release the slice of ${where}`} onClick={() => actions.release(lease)}>
           Release
@@ -77,8 +77,8 @@ function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; actions: I
             Open notebook
           </Action>
         )}
-        {kernelId && notebook && lease.note && (
-          <Action label={`Restart the kernel of ${notebook}`} onClick={() => actions.restartKernel(kernelId)}>
+        {kernelId && notebook && note && (
+          <Action label={`Restart the kernel of ${notebook}`} onClick={() => actions.restartKernel(lease, kernelId)}>
             Restart kernel
           </Action>
         )}
@@ -90,6 +90,7 @@ function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; actions: I
 export function MySlices(props: {
   slices: LeaseEntry[];
   warnings: Record<string, IdleWarning>;
+  notes: Record<string, string>;
   actions: ISliceActions;
 }): JSX.Element {
   const mine = props.slices.filter(l => !l.holder.startsWith('job:'));
@@ -99,7 +100,13 @@ export function MySlices(props: {
   return (
     <ul className="jp-gpualloc-list">
       {mine.map(lease => (
-        <SliceItem key={lease.id} lease={lease} warning={props.warnings[lease.id]} actions={props.actions} />
+        <SliceItem
+          key={lease.id}
+          lease={lease}
+          warning={props.warnings[lease.id]}
+          note={props.notes[lease.id] ?? lease.note}
+          actions={props.actions}
+        />
       ))}
     </ul>
   );
