@@ -116,3 +116,14 @@ def test_uuids_are_deterministic_and_well_formed():
     assert [g.uuid for g in a[0].gpus] == [g.uuid for g in b[0].gpus]
     assert a[0].gpus[0].uuid != a[0].gpus[1].uuid
     assert a[0].gpus[1].uuid == gpu_uuid("n", 1) != gpu_uuid("m", 1)
+
+
+def test_an_a30_layout_is_placed_on_its_four_memory_slices():
+    [node] = load_fleet(one_node({"model": "NVIDIA A30", "mig": "static", "layout": ["1g.6gb", "2g.12gb", "1g.6gb"]}))
+    [gpu] = node.gpus
+    profiles = mig.lookup_model("A30").profiles
+    assert [(profiles[i.profile_id].name, i.start) for i in gpu.instances] == [
+        ("1g.6gb", 0), ("2g.12gb", 2), ("1g.6gb", 1)]
+    assert mig.is_legal(gpu.instances, profiles)
+    with pytest.raises(FleetError, match=r"gpus\[0\]\.layout\[2\]: 2g\.12gb does not fit"):
+        load_fleet(one_node({"model": "A30", "mig": "static", "layout": ["2g.12gb"] * 3}))
