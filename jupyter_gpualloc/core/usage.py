@@ -298,7 +298,8 @@ class UsageLedger:
 
     # ------------------------------------------------------------ reports
     def report(self, since: float, until: float, by: str, now: float, user: str | None = None) -> list[dict]:
-        """GPU-hours and GiB-hours in [since, until) (clipped at now) per value of `by`, largest first.
+        """GPU-hours and GiB-hours in [since, until) (clipped at now) per value of `by`, largest first
+        (days in order).
 
         A lease of several groups counts fully in each of them; a lease without one under group "".
         """
@@ -318,6 +319,8 @@ class UsageLedger:
                 t.leases.add(seg.lease_id)
         rows = [{by: key, "gpu_hours": round(t.gpu_hours, 6), "gib_hours": round(t.gib_hours, 6),
                  "leases": len(t.leases)} for key, t in totals.items()]
+        if by == "day":
+            return sorted(rows, key=lambda r: r["day"])
         return sorted(rows, key=lambda r: (-r["gpu_hours"], r[by]))
 
     def totals(self, now: float) -> dict[tuple[str, str, str, str], float]:

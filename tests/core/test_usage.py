@@ -81,7 +81,9 @@ def test_accrual_is_split_at_utc_midnight(make):
     s.touch(lease.id, now=MONDAY - HOUR)
     s.heartbeat("alice", now=MONDAY + 24 * HOUR + 3 * HOUR)  # one write spans three days
     s.release(lease.id, now=MONDAY + 24 * HOUR + 4 * HOUR)
-    assert gpu_hours(h, "day") == {"2026-11-01": 2.0, "2026-11-02": 24.0, "2026-11-03": 4.0}
+    days = h.scheduler.usage.report(0, float("inf"), "day", MONDAY + 30 * 24 * HOUR)
+    assert [(r["day"], r["gpu_hours"]) for r in days] == [("2026-11-01", 2.0), ("2026-11-02", 24.0),
+                                                         ("2026-11-03", 4.0)]
     rows = h.store.load_usage(0, float("inf"))
     assert [(r.day, r.end - r.start) for r in rows] == [("2026-11-01", 2 * HOUR), ("2026-11-02", 24 * HOUR),
                                                         ("2026-11-03", 4 * HOUR)]
