@@ -1,8 +1,10 @@
 """The JupyterHub demo: `python -m jupyter_gpualloc.hub.demo` starts hub_config/jupyterhub_config.py.
 
-The hub listens on http://127.0.0.1:8000 and keeps its databases, logs and the users' homes in
-the runtime directory (`.demo/` in the checkout, or $GPUALLOC_DEMO_DIR). configurable-http-proxy
-is taken from the project's set-up (.venv/node) or PATH.
+The hub listens on http://127.0.0.1:8000 (or $GPUALLOC_DEMO_IP / $GPUALLOC_DEMO_PORT, or --ip /
+--port) and keeps its databases, logs and the users' homes in the runtime directory (`.demo/` in
+the checkout, or $GPUALLOC_DEMO_DIR). configurable-http-proxy is taken from the project's set-up
+(.venv/node) or PATH. Stopping the demo stops the servers it started (the config itself keeps
+servers across hub restarts, as production wants).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ JupyterHub on GPU slices: {url}
      Stop My Server); then dave's server starts.
   3. As admin, the Hub Control Panel shows every server; the allocator's API is at
      {url}/services/gpualloc/api/v1/leases?all=1 (every lease) and .../inventory (every GPU).
-  Runtime files: {runtime}. Stop with Ctrl-C (servers keep their slices until they stop).
+  Runtime files: {runtime}. Ctrl-C stops the hub and the servers it started.
 """
 
 
@@ -53,8 +55,10 @@ def demo_env(runtime: Path, ip: str, port: int, proxy: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter-gpualloc demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--ip", default="127.0.0.1", help="address the hub listens on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port of the hub (default 8000)")
+    parser.add_argument("--ip", default=os.environ.get("GPUALLOC_DEMO_IP") or "127.0.0.1",
+                        help="address the hub listens on (default $GPUALLOC_DEMO_IP, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GPUALLOC_DEMO_PORT") or 8000),
+                        help="port of the hub (default $GPUALLOC_DEMO_PORT, else 8000)")
     parser.add_argument("--runtime-dir", type=Path,
                         default=Path(os.environ.get("GPUALLOC_DEMO_DIR") or REPO / ".demo"),
                         help="where the hub keeps its state (default: .demo/ in the checkout)")
@@ -68,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     runtime = args.runtime_dir.resolve()
     runtime.mkdir(parents=True, exist_ok=True)
     print(GUIDE.format(url=f"http://{args.ip}:{args.port}", runtime=runtime), flush=True)
-    hub = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(args.config.resolve())]
+    # The config keeps servers across hub restarts (production); the demo stops what it started.
+    hub = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(args.config.resolve()),
+           "--JupyterHub.cleanup_servers=True"]
     os.chdir(runtime)
     # This process becomes the hub, so Ctrl-C and SIGTERM reach it (and it stops its proxy and service).
     os.execve(hub[0], hub, demo_env(runtime, args.ip, args.port, proxy))

@@ -46,10 +46,11 @@ c.GPUSpawnerMixin.gpu_start_reserve = 10
 
 
 class DemoHub:
-    """One JupyterHub process running the demo config, with its proxy, service and servers."""
+    """One JupyterHub process running the demo config (or `command`), with its proxy, service and servers."""
 
-    def __init__(self, workdir: Path, *, start_timeout: int = 60):
+    def __init__(self, workdir: Path, *, start_timeout: int = 60, command: list[str] | None = None):
         self.workdir = Path(workdir)
+        self.command = command or [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(CONFIG)]
         self.port, self.hub_port = free_port(), free_port()
         self.proxy_api_port, self.service_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -78,8 +79,7 @@ class DemoHub:
         return env
 
     def start(self, timeout: float = 60) -> "DemoHub":
-        self.proc = start_logged([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(CONFIG)],
-                                 self.log_path, cwd=self.workdir, env=self.env())
+        self.proc = start_logged(self.command, self.log_path, cwd=self.workdir, env=self.env())
 
         def ready() -> bool:
             return (requests.get(self.url + "/services/gpualloc/api/v1/health", timeout=2).status_code == 200
