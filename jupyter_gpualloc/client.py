@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 from urllib.parse import quote, urlencode, urlparse
 
@@ -97,7 +97,7 @@ class Endpoint:
     """Where the service is and how to authenticate to it."""
 
     url: str
-    token: str
+    token: str = field(repr=False)
 
 
 def discover(url: str | None = None, token: str | None = None, env: Mapping[str, str] | None = None) -> Endpoint:
