@@ -255,7 +255,13 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     # Extend clears the warning; Release ends the lease
     page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Extend").click()
     countdown.wait_for(state="detached", timeout=30_000)
-    panel.get_by_role("button", name="Release the slice of train.ipynb").click()
+    # every control of the panel is reachable from the keyboard and has a name; Release by keyboard
+    unlabelled = panel.evaluate("""el => [...el.querySelectorAll('button, select, [tabindex]')]
+        .filter(c => c.tabIndex < 0 || !(c.getAttribute('aria-label') || c.textContent.trim()))
+        .map(c => c.outerHTML)""")
+    assert unlabelled == []
+    panel.get_by_role("button", name="Release the slice of train.ipynb").focus()
+    page.keyboard.press("Enter")
     mine.wait_for(state="detached", timeout=30_000)
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'no GPU'")
