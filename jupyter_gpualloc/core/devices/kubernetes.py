@@ -427,10 +427,11 @@ def _pack(shape, pids: tuple[int, ...], counts: tuple[int, ...], gpus: int) -> t
     is bounded by the number of count vectors below `counts` times the vectors one GPU can hold."""
     fits = _fits_one_gpu(shape, pids)
     failed: set[tuple[tuple[int, ...], int]] = set()
-    rules = {pid: (compute, memory) for pid, compute, memory, _, _ in shape}
+    rules = {pid: (compute, memory, most) for pid, compute, memory, most, _ in shape}
     geometry = mig.MigGeometry.of(_shape_profiles(shape))
     compute = [rules[pid][0] for pid in pids]
     memory = [rules[pid][1] for pid in pids]
+    most = [rules[pid][2] for pid in pids]
 
     def maximal(remaining: tuple[int, ...]) -> list[tuple[int, ...]]:
         out = []
@@ -448,7 +449,8 @@ def _pack(shape, pids: tuple[int, ...], counts: tuple[int, ...], gpus: int) -> t
             return [tuple(0 for _ in remaining)] * left
         if left == 0 or (remaining, left) in failed \
                 or sum(c * r for c, r in zip(compute, remaining)) > left * geometry.compute_slices \
-                or sum(m * r for m, r in zip(memory, remaining)) > left * geometry.memory_slices:
+                or sum(m * r for m, r in zip(memory, remaining)) > left * geometry.memory_slices \
+                or any(r > left * n for r, n in zip(remaining, most)):
             return None
         for vector in maximal(remaining):
             rest = solve(tuple(r - v for r, v in zip(remaining, vector)), left - 1)

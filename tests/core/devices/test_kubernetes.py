@@ -10,9 +10,11 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyter_gpualloc.core import mig
-from jupyter_gpualloc.core.devices import make_backend
+from jupyter_gpualloc.core.devices import kubernetes, make_backend
 from jupyter_gpualloc.core.devices.base import DeviceError, DevicePermissionError
 from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend, node_from_object, parse_quantity
 from jupyter_gpualloc.core.model import MigMode
@@ -155,3 +157,32 @@ def test_from_cluster_lists_nodes_with_kubernetes_asyncio(tmp_path):
     assert names == ["a100-mixed", "h100-half-mig", "a100-single", "l4-pool-1", "t4-shared"]
     path, _, query = server.paths[0].partition("?")
     assert path == "/api/v1/nodes" and parse_qs(query)["labelSelector"] == ["nvidia.com/gpu.present=true"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), model_name=st.sampled_from(["A100-SXM4-80GB", "A30", "H100 80GB HBM3"]),
+       gpus=st.integers(1, 8), whole=st.integers(0, 2))
+def test_any_mix_of_legal_gpu_layouts_reads_back_on_as_many_gpus(data, model_name, gpus, whole):
+    """Advertise what `gpus` MIG GPUs of legal, non-empty layouts hold (custom config), beside whole GPUs:
+    the node reads back with the same totals, legal layouts and GPU counts."""
+    model = mig.lookup_model(model_name)
+    layouts = sorted(counts for counts in kubernetes._one_gpu_layouts(kubernetes._shape(model)) if counts)
+    totals: dict[int, int] = {}
+    for _ in range(gpus):
+        for pid, n in data.draw(st.sampled_from(layouts)):
+            totals[pid] = totals.get(pid, 0) + n
+    labels = {"nvidia.com/gpu.product": f"NVIDIA-{model_name.replace(' ', '-')}", "nvidia.com/mig.strategy": "mixed",
+              "nvidia.com/gpu.count": str(gpus + whole), "nvidia.com/mig.config": "custom",
+              "nvidia.com/mig.config.state": "success"}
+    allocatable = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(whole)}
+    allocatable.update({f"nvidia.com/mig-{model.profile(pid).name.replace('+me', '.me')}": str(n)
+                        for pid, n in totals.items() if n})
+    node = node_from_object({"metadata": {"name": "n", "labels": labels}, "status": {"allocatable": allocatable}})
+    assert len(node.gpus) == gpus + whole
+    assert sum(g.mig_mode is MigMode.OFF for g in node.gpus) == whole
+    read: dict[int, int] = {}
+    for gpu in node.gpus:
+        assert mig.is_legal(gpu.instances, model.profiles)
+        for instance in gpu.instances:
+            read[instance.profile_id] = read.get(instance.profile_id, 0) + 1
+    assert read == {pid: n for pid, n in totals.items() if n}
