@@ -151,9 +151,10 @@ class GPUSpawnerMixin(Spawner):
         """The service's URL as the hub reaches it; '' when the hub has no such service."""
         if self.gpualloc_url:
             return self.gpualloc_url
-        settings = getattr(self.user, "settings", None) or {}
-        service = (settings.get("services") or {}).get(self.gpualloc_service_name)
-        if service is None or not getattr(service, "url", None):
+        settings = getattr(self.user, "settings", None)
+        services = settings.get("services") if isinstance(settings, dict) else None
+        service = services.get(self.gpualloc_service_name) if isinstance(services, dict) else None
+        if not isinstance(getattr(service, "url", None), str) or not service.url:
             return ""
         return url_path_join(service.url, service.prefix)
 
@@ -217,13 +218,15 @@ class GPUSpawnerMixin(Spawner):
             offers = await self.gpu_offers()
         except AllocatorNotConfigured:
             return base_html
-        except (ServiceUnavailable, PermissionError) as err:
+        except PermissionError as err:
             self.log.warning("GPU offers for %s: %s", self._log_name, err)
             offers = [form.no_gpu_offer(self.gpu_no_gpu_label)]
-            if isinstance(err, PermissionError):
-                message = f"{err} Until then, only servers without a GPU can start."
-            else:
-                message = "The GPU allocator is not answering right now: only servers without a GPU can start."
+            message = f"{err} Until then, only servers without a GPU can start."
+        except Exception as err:  # whatever fails on the way to the allocator, the form still works
+            self.log.warning("GPU offers for %s: %s", self._log_name, err,
+                             exc_info=not isinstance(err, ServiceUnavailable))
+            offers = [form.no_gpu_offer(self.gpu_no_gpu_label)]
+            message = "The GPU allocator is not answering right now: only servers without a GPU can start."
         return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message)
 
     @default("options_from_form")

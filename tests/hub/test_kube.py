@@ -207,6 +207,15 @@ def test_profile_list_is_kubespawners_beside_the_gpu_choice():
     assert container_env(pod)["TEAM"] == "ds"
 
 
+def test_the_form_keeps_the_profiles_when_the_allocator_cannot_be_reached():
+    async def form() -> str:
+        return await make_spawner(profile_list=PROFILES).get_options_form()  # a user the hub cannot make tokens for
+
+    html = asyncio.run(form())
+    assert 'name="profile"' in html and html.count('name="gpu"') == 1 and 'value="none" checked' in html
+    assert "The GPU allocator is not answering right now: only servers without a GPU can start." in html
+
+
 def test_profile_options_defaults_and_unlisted_choices_apply():
     async def loaded(user_options: dict) -> GPUKubeSpawner:
         spawner = make_spawner(profile_list=PROFILES)
