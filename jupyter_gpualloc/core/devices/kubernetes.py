@@ -397,21 +397,12 @@ def _fits_one_gpu(shape, pids: tuple[int, ...]) -> frozenset[tuple[int, ...]]:
                      if all(pid in pids for pid, _ in counts))
 
 
-def _too_few(shape, pids: tuple[int, ...], counts: tuple[int, ...], gpus: int) -> bool:
-    """Whether `gpus` GPUs lack the compute slices, memory slices or instance limits for `counts`."""
-    rules = {pid: (compute, memory, most) for pid, compute, memory, most, _ in shape}
-    geometry = mig.MigGeometry.of(_shape_profiles(shape))
-    return (sum(n * rules[pid][0] for pid, n in zip(pids, counts)) > gpus * geometry.compute_slices
-            or sum(n * rules[pid][1] for pid, n in zip(pids, counts)) > gpus * geometry.memory_slices
-            or any(n > gpus * rules[pid][2] for pid, n in zip(pids, counts)))
-
-
 @lru_cache(maxsize=1024)
 def _fewest_gpus(shape, pids: tuple[int, ...], counts: tuple[int, ...], limit: int | None) -> int | None:
     """The fewest GPUs that hold these instance counts (at most `limit`), or None."""
     top = sum(counts) if limit is None else min(limit, sum(counts))
     for gpus in range(1, top + 1):
-        if not _too_few(shape, pids, counts, gpus) and _pack(shape, pids, counts, gpus) is not None:
+        if _pack(shape, pids, counts, gpus) is not None:
             return gpus
     return None if sum(counts) else 0
 
