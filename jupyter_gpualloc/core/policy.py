@@ -150,6 +150,19 @@ class SchedulerPolicy(Configurable):
         hubs to keep the number of series small).""",
     ).tag(config=True)
 
+    idle_signal = Unicode(
+        "activity",
+        help="""What makes a lease idle: activity (its holder's reported activity), gpu (its GPU's
+        utilisation stayed under gpu_idle_threshold for the idle timeout, even while a kernel is
+        busy on CPU work) or both (idle only when both say so). Leases without GPU utilisation
+        samples are judged by activity.""",
+    ).tag(config=True)
+
+    gpu_idle_threshold = Float(
+        5.0,
+        help="SM utilisation (percent) under which a lease's GPU counts as idle.",
+    ).tag(config=True)
+
     max_duration = Dict(
         help="""Seconds a granted lease may last, per holder kind, e.g. {"server": 14400,
         "kernel": 14400}; kinds left out (and 0) are unlimited. An offer's own "max_duration"
@@ -196,6 +209,12 @@ class SchedulerPolicy(Configurable):
                 raise ValueError(f"max_duration: unknown holder kind {kind!r} (use server, kernel, job)")
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
                 raise ValueError(f"max_duration for {kind}: must be a non-negative number of seconds")
+        return proposal["value"]
+
+    @validate("idle_signal")
+    def _check_idle_signal(self, proposal: dict[str, Any]) -> str:
+        if proposal["value"] not in ("activity", "gpu", "both"):
+            raise ValueError("idle_signal must be 'activity', 'gpu' or 'both'")
         return proposal["value"]
 
     @validate("usage_enforcement")

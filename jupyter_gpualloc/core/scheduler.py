@@ -424,6 +424,17 @@ class Scheduler:
                        extensions_left=self.deadlines.extensions_left(lease.id))
         return lease
 
+    def sample_gpu(self, lease_id: str, *, now: float, sm_percent: float) -> Lease:
+        """Record a granted lease's GPU utilisation; an active GPU clears a GPU-idle warning."""
+        lease = self._active(lease_id)
+        with self._atomic(now):
+            self._touch_lease(lease)
+            active = self.usage.sample(lease, sm_percent, now)
+            if active and lease.idle_warned_at is not None and self.policy.idle_signal != "activity":
+                lease.idle_warned_at = None
+                self._emit("lease.idle_cleared", now, lease)
+        return lease
+
     def touch(self, lease_id: str, *, now: float, last_activity: float | None = None,
               busy: bool | None = None) -> Lease:
         """Record the holder's activity (and whether it is busy); clears an idle warning."""
@@ -435,7 +446,8 @@ class Scheduler:
             if busy is not None:
                 lease.busy = busy
             lease.heartbeat_at = now
-            if lease.idle_warned_at is not None and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
+            if lease.idle_warned_at is not None and not self.usage.gpu_decides(lease) \
+                    and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
                 lease.idle_warned_at = None
                 self._emit("lease.idle_cleared", now, lease)
             self.usage.accrue([lease], now)
@@ -615,9 +627,9 @@ class Scheduler:
         return lease
 
     def _check_idle(self, lease: Lease, now: float) -> None:
-        if lease.busy and not self.policy.release_busy:
+        idle_since = self.usage.idle_since(lease, max(lease.last_activity or 0.0, lease.granted_at or 0.0))
+        if idle_since is None:
             return
-        idle_since = max(lease.last_activity or 0.0, lease.granted_at or 0.0)
         if lease.idle_warned_at is None:
             if now - idle_since >= lease.idle_timeout:
                 self._touch_lease(lease)

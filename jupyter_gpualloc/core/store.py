@@ -94,6 +94,16 @@ usage = Table(
     Column("gib", Float, nullable=False),
 )
 
+# GPU-seconds a lease's GPU was busy (utilisation samples), and GPU-seconds sampled, per UTC day.
+gpu_busy = Table(
+    "gpu_busy", metadata,
+    Column("lease_id", String(64), primary_key=True),
+    Column("day", String(10), primary_key=True),
+    Column("user", String(255), nullable=False, index=True),
+    Column("busy", Float, nullable=False),
+    Column("sampled", Float, nullable=False),
+)
+
 # The deadline of each time-boxed granted lease (see core/deadlines.py).
 lease_deadlines = Table(
     "lease_deadlines", metadata,
@@ -192,6 +202,10 @@ class Store:
         upsert = self._insert(leases)
         self._upsert_leases = upsert.on_conflict_do_update(
             index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in leases.c if c.name != "id"})
+        upsert = self._insert(gpu_busy)
+        self._add_busy = upsert.on_conflict_do_update(
+            index_elements=["lease_id", "day"], set_={"busy": gpu_busy.c.busy + upsert.excluded.busy,
+                                                      "sampled": gpu_busy.c.sampled + upsert.excluded.sampled})
         upsert = self._insert(usage)
         self._upsert_usage = upsert.on_conflict_do_update(
             index_elements=["lease_id", "start"], set_={"end": upsert.excluded.end})
@@ -309,6 +323,21 @@ class Store:
             usage.c.user, usage.c.groups, usage.c.model, usage.c.kind)
         with self.engine.connect() as conn:
             return [tuple(row) for row in conn.execute(query)]
+
+    def add_busy(self, lease_id: str, day: str, user: str, busy: float, sampled: float) -> None:
+        """Add busy and sampled GPU-seconds to a lease's day."""
+        with self.engine.begin() as conn:
+            conn.execute(self._add_busy, {"lease_id": lease_id, "day": day, "user": user, "busy": busy,
+                                          "sampled": sampled})
+
+    def load_busy(self, first_day: str, last_day: str, user: str | None = None) -> dict[str, float]:
+        """Busy GPU-seconds per lease over the UTC days first_day..last_day."""
+        query = select(gpu_busy.c.lease_id, func.sum(gpu_busy.c.busy)).where(
+            gpu_busy.c.day >= first_day, gpu_busy.c.day <= last_day).group_by(gpu_busy.c.lease_id)
+        if user is not None:
+            query = query.where(gpu_busy.c.user == user)
+        with self.engine.connect() as conn:
+            return {lease_id: busy for lease_id, busy in conn.execute(query)}
 
     def save_deadline(self, record: DeadlineRecord) -> None:
         with self.engine.begin() as conn:

@@ -205,6 +205,15 @@ class _Accrual:
     stored_to: float
 
 
+@dataclass(frozen=True)
+class _GpuSignal:
+    """The last GPU utilisation sample of a lease, and since when its GPU has been idle."""
+
+    sampled_at: float
+    sm_percent: float
+    active_at: float
+
+
 @dataclass
 class _Totals:
     gpu_hours: float = 0.0
@@ -221,6 +230,7 @@ class UsageLedger:
         self.policy = policy
         self.offers = list(offers)
         self._running: dict[str, _Accrual] = {}
+        self._gpu: dict[str, _GpuSignal] = {}
         self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
         self._quotas = [(who, *parse_quota(who, entry)) for who, entry in policy.usage_quotas.items()]
         self._horizon = max((w.longest_seconds() for _, _, w, _ in self._quotas), default=0.0)
@@ -249,6 +259,7 @@ class UsageLedger:
         """Store a lease's final accrual up to its end and stop accruing it."""
         segments = self._advance(lease.id, now)
         self._running.pop(lease.id, None)
+        self._gpu.pop(lease.id, None)
         for key in [k for k in self._warned if k[0] == lease.id]:
             del self._warned[key]
         self._save(segments, now)
@@ -295,6 +306,62 @@ class UsageLedger:
             if user is None or acc.template.user == user:
                 found.extend(s for s in self._pending(acc, now) if s.end > since and s.start < until)
         return found
+
+    # ------------------------------------------------- GPU-aware idleness
+    def sample(self, lease: Lease, sm_percent: float, now: float) -> bool:
+        """Record a GPU utilisation sample (SM %) of a granted lease: the GPU-seconds since the last
+        sample count as busy in proportion to its utilisation. True when the sample shows the GPU active."""
+        acc = self._running.get(lease.id)
+        if acc is None:
+            return False
+        last = self._gpu.get(lease.id)
+        if last is not None and now > last.sampled_at:
+            held = (now - last.sampled_at) * acc.template.gpus
+            self.store.add_busy(lease.id, utc_day(now), lease.user, held * last.sm_percent / 100.0, held)
+        active = sm_percent >= self.policy.gpu_idle_threshold
+        idle_from = last.active_at if last is not None else acc.template.start
+        self._gpu[lease.id] = _GpuSignal(now, sm_percent, now if active else idle_from)
+        return active
+
+    def gpu_decides(self, lease: Lease) -> bool:
+        """Whether the GPU alone decides this lease's idleness (idle_signal "gpu" and samples exist)."""
+        return self.policy.idle_signal == "gpu" and lease.id in self._gpu
+
+    def idle_since(self, lease: Lease, active_at: float) -> float | None:
+        """Since when the lease counts as idle, given its holder's last activity; None when it is not
+        idle at all (its holder is busy and that counts). Without GPU samples activity decides."""
+        signal = self._gpu.get(lease.id)
+        if self.gpu_decides(lease):
+            return signal.active_at
+        if lease.busy and not self.policy.release_busy:
+            return None
+        if signal is None or self.policy.idle_signal == "activity":
+            return active_at
+        return max(active_at, signal.active_at)
+
+    def efficiency(self, since: float, until: float, now: float, user: str | None = None) -> list[dict]:
+        """Leases with GPU samples in [since, until): GPU-hours held vs. busy, least efficient first."""
+        until = min(until, now)
+        busy = self.store.load_busy(utc_day(since), utc_day(until), user)
+        if not busy:
+            return []
+        held: dict[str, dict] = {}
+        for seg in self.segments(since, until, now, user):
+            if seg.lease_id not in busy:
+                continue
+            row = held.setdefault(seg.lease_id, {
+                "lease_id": seg.lease_id, "user": seg.user, "holder_kind": seg.holder_kind, "model": seg.model,
+                "kind": seg.kind, "memory_gib": round(seg.gib, 3), "gpu_hours": 0.0})
+            row["gpu_hours"] += max(0.0, min(seg.end, until) - max(seg.start, since)) * seg.gpus / SECONDS_PER_HOUR
+        rows = []
+        for lease_id, row in held.items():
+            busy_hours = busy[lease_id] / SECONDS_PER_HOUR
+            share = min(1.0, busy_hours / row["gpu_hours"]) if row["gpu_hours"] else 0.0
+            rows.append({**row, "gpu_hours": round(row["gpu_hours"], 6), "busy_gpu_hours": round(busy_hours, 6),
+                         "efficiency": round(share, 4),
+                         "message": f"{row['user']}'s {row['holder_kind']} holds {row['memory_gib']:g} GiB, "
+                                    f"used {share:.0%} of its {row['gpu_hours']:.2f} GPU-hours"})
+        return sorted(rows, key=lambda r: (r["efficiency"], -r["gpu_hours"]))
 
     # ------------------------------------------------------------ reports
     def report(self, since: float, until: float, by: str, now: float, user: str | None = None) -> list[dict]:

@@ -40,7 +40,7 @@ from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
 from .deadlines import ExtendHandler
-from .usage import UsageHandler
+from .usage import EfficiencyHandler, UsageHandler, UtilizationHandler
 
 API_PATH = "api/v1"
 DEFAULT_PORT = 8765
@@ -62,6 +62,8 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/openapi.json", h.OpenApiHandler, "openapi"),
     ("/usage", UsageHandler, "usage"),
     ("/leases/{lease_id}/extend", ExtendHandler, "extend"),
+    ("/usage/efficiency", EfficiencyHandler, "usage_efficiency"),
+    ("/leases/{lease_id}/utilization", UtilizationHandler, "utilization"),
 ]
 
 

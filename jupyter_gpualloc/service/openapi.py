@@ -446,6 +446,55 @@ SCHEMAS["Lease"]["properties"]["deadline"] = {
                    "extensions_left": {"type": "integer"}, "warned_at": NULLABLE_NUMBER},
 }
 
+SCHEMAS.update({
+    "Utilization": {
+        "type": "object", "required": ["sm_percent"], "additionalProperties": False,
+        "properties": {"sm_percent": {"type": "number", "minimum": 0, "maximum": 100,
+                                      "description": "SM utilisation of the lease's GPU (or MIG instance) now."}},
+    },
+    "EfficiencyReport": {
+        "type": "object", "required": ["since", "until", "user", "rows"],
+        "properties": {
+            "since": {"type": "number"}, "until": {"type": "number"}, "user": {"type": ["string", "null"]},
+            "rows": {"type": "array", "items": {
+                "type": "object",
+                "required": ["lease_id", "user", "gpu_hours", "busy_gpu_hours", "efficiency", "message"],
+                "properties": {
+                    "lease_id": {"type": "string"}, "user": {"type": "string"}, "holder_kind": {"type": "string"},
+                    "model": {"type": "string"}, "kind": {"type": "string"}, "memory_gib": {"type": "number"},
+                    "gpu_hours": {"type": "number"}, "busy_gpu_hours": {"type": "number"},
+                    "efficiency": {"type": "number", "description": "Busy over held GPU-hours, 0 to 1."},
+                    "message": {"type": "string"}}}},
+        },
+    },
+})
+
+_PERIOD = [
+    {"name": "since", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "ISO-8601 time or epoch seconds (UTC); default the start of this month."},
+    {"name": "until", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "ISO-8601 time or epoch seconds (UTC); default now."},
+    {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "Admins: one user's leases only."},
+]
+
+OPERATIONS["/usage/efficiency"] = {
+    "get": {"summary": "Leases with GPU utilisation samples: GPU-hours held vs. busy, least efficient first "
+                       "(the caller's; everyone's for admins).",
+            "parameters": _PERIOD,
+            "responses": {"200": _json(_ref("EfficiencyReport"), "The report."),
+                          "400": _error("Bad query argument; `field` names it."), "401": AUTH_ERRORS["401"],
+                          "403": _error("Another user's leases, asked by a non-admin.")}},
+}
+
+OPERATIONS["/leases/{lease_id}/utilization"] = {
+    "parameters": [LEASE_ID],
+    "post": {"summary": "Report a GPU utilisation sample of a lease (its holder's watchdog, or an admin).",
+             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Utilization")}}},
+             "responses": {"200": _json(_ref("Lease"), "The lease."), "400": _error("Bad input; `field` names it."),
+                           "401": AUTH_ERRORS["401"], "404": _error("No such active lease (or not the caller's).")}},
+}
+
 OPERATIONS["/leases/{lease_id}/extend"] = {
     "parameters": [LEASE_ID],
     "post": {"summary": "Move a time-boxed lease's deadline later by the policy's extension.",

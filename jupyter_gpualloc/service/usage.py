@@ -12,9 +12,6 @@ from datetime import datetime, timezone
 from ..core.usage import REPORT_DIMENSIONS, to_csv
 from .handlers import ApiError, ApiHandler
 
-USAGE_ARGUMENTS = {"since", "until", "by", "user"}
-
-
 def parse_moment(text: str) -> float | None:
     """Epoch seconds, a date or an ISO-8601 time (UTC unless it says otherwise); None if it is none."""
     text = text.strip()
@@ -35,16 +32,16 @@ def month_start(now: float) -> float:
     return day.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
-class UsageHandler(ApiHandler):
-    def get(self) -> None:
+class _UsageQuery(ApiHandler):
+    """Query arguments shared by the usage reports: the period and whose usage."""
+
+    arguments = {"since", "until", "user"}
+
+    def period_and_user(self, now: float) -> tuple[float, float, str | None]:
         for name in self.request.query_arguments:
-            if name not in USAGE_ARGUMENTS:
-                raise ApiError(400, f"unknown query argument {name!r} (use {', '.join(sorted(USAGE_ARGUMENTS))})",
+            if name not in self.arguments:
+                raise ApiError(400, f"unknown query argument {name!r} (use {', '.join(sorted(self.arguments))})",
                                field=name)
-        now = self.ctx.clock()
-        by = self.get_query_argument("by", "user")
-        if by not in REPORT_DIMENSIONS:
-            raise ApiError(400, f"by must be one of {', '.join(REPORT_DIMENSIONS)}", field="by")
         since = self._time("since")
         since = month_start(now) if since is None else since
         until = self._time("until")
@@ -56,6 +53,28 @@ class UsageHandler(ApiHandler):
             if user not in (None, self.identity.user):
                 raise ApiError(403, "only the allocator's admins see other users' usage", field="user")
             user = self.identity.user
+        return since, until, user
+
+    def _time(self, name: str) -> float | None:
+        text = self.get_query_argument(name, None)
+        if text is None:
+            return None
+        moment = parse_moment(text)
+        if moment is None:
+            raise ApiError(400, f"{name} must be a date (2026-11-01), an ISO-8601 time or epoch seconds",
+                           field=name)
+        return moment
+
+
+class UsageHandler(_UsageQuery):
+    arguments = {"since", "until", "by", "user"}
+
+    def get(self) -> None:
+        now = self.ctx.clock()
+        since, until, user = self.period_and_user(now)
+        by = self.get_query_argument("by", "user")
+        if by not in REPORT_DIMENSIONS:
+            raise ApiError(400, f"by must be one of {', '.join(REPORT_DIMENSIONS)}", field="by")
         usage = self.scheduler.usage
         rows = usage.report(since, until, by, now, user=user)
         if "text/csv" in self.request.headers.get("Accept", ""):
@@ -70,12 +89,28 @@ class UsageHandler(ApiHandler):
             "quotas": [q.to_json() for q in usage.quotas_for(self.identity.user, self.identity.groups, now)],
         })
 
-    def _time(self, name: str) -> float | None:
-        text = self.get_query_argument(name, None)
-        if text is None:
-            return None
-        moment = parse_moment(text)
-        if moment is None:
-            raise ApiError(400, f"{name} must be a date (2026-11-01), an ISO-8601 time or epoch seconds",
-                           field=name)
-        return moment
+
+class EfficiencyHandler(_UsageQuery):
+    """GET /usage/efficiency: leases with GPU utilisation samples, GPU-hours held vs. busy, least efficient first."""
+
+    def get(self) -> None:
+        now = self.ctx.clock()
+        since, until, user = self.period_and_user(now)
+        rows = self.scheduler.usage.efficiency(since, until, now, user=user)
+        self.write_json({"since": since, "until": min(until, now), "user": user, "rows": rows})
+
+
+class UtilizationHandler(ApiHandler):
+    """POST /leases/<id>/utilization: a GPU utilisation sample of a lease (its holder's watchdog, or an admin)."""
+
+    def post(self, lease_id: str) -> None:
+        body = self.json_body()
+        unknown = set(body) - {"sm_percent"}
+        if unknown:
+            raise ApiError(400, f"unknown field {sorted(unknown)[0]!r}", field=sorted(unknown)[0])
+        value = body.get("sm_percent")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+            raise ApiError(400, "sm_percent must be a number from 0 to 100", field="sm_percent")
+        lease = self.visible_lease(lease_id)
+        lease = self.scheduler.sample_gpu(lease.id, now=self.ctx.clock(), sm_percent=float(value))
+        self.write_json(self.lease_json(lease))

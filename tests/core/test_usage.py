@@ -230,3 +230,62 @@ def test_warn_enforcement_keeps_the_slice(make):
     s.tick(MONDAY + 2 * HOUR)
     assert s.lease(lease.id).state is LeaseState.GRANTED
     assert h.types().count("usage.exceeded") == 1
+
+
+def test_gpu_signal_releases_a_lease_busy_on_cpu_whose_gpu_stays_idle(make):
+    h = make(idle_timeout=HOUR, idle_grace=600, idle_signal="gpu", gpu_idle_threshold=5)
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.sample_gpu(lease.id, now=MONDAY + 60, sm_percent=80)  # training
+    s.sample_gpu(lease.id, now=MONDAY + 600, sm_percent=1)  # then CPU work only
+    s.touch(lease.id, now=MONDAY + 600, busy=True)
+    s.tick(MONDAY + 60 + HOUR - 1)
+    assert "lease.idle_warning" not in h.types()
+    s.tick(MONDAY + 60 + HOUR)  # last seen active at the 60 s sample
+    assert "lease.idle_warning" in h.types()
+    s.touch(lease.id, now=MONDAY + 60 + HOUR + 10, last_activity=MONDAY + 60 + HOUR + 10)
+    assert "lease.idle_cleared" not in h.types()  # activity does not count with the gpu signal
+    s.tick(MONDAY + 60 + HOUR + 600)
+    assert s.lease(lease.id).state is LeaseState.EXPIRED
+
+
+def test_an_active_gpu_clears_the_warning_and_both_needs_both_idle(make):
+    h = make(idle_timeout=HOUR, idle_grace=600, idle_signal="both")
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.sample_gpu(lease.id, now=MONDAY + 10, sm_percent=0)
+    s.tick(MONDAY + HOUR + 10)
+    assert "lease.idle_warning" in h.types()
+    s.sample_gpu(lease.id, now=MONDAY + HOUR + 20, sm_percent=50)
+    assert "lease.idle_cleared" in h.types()
+    s.tick(MONDAY + HOUR + 20 + HOUR - 1)  # activity is old, but the GPU was active an hour ago
+    assert h.types().count("lease.idle_warning") == 1
+    s.touch(lease.id, now=MONDAY + 2 * HOUR, busy=True)
+    s.tick(MONDAY + 5 * HOUR)  # a busy kernel is not idle under "both"
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+
+
+def test_without_samples_activity_decides_even_with_the_gpu_signal(make):
+    h = make(idle_timeout=HOUR, idle_grace=600, idle_signal="gpu")
+    s = h.scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.touch(lease.id, now=MONDAY + 10, busy=True)
+    s.tick(MONDAY + 3 * HOUR)
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+
+
+def test_efficiency_lists_busy_gpu_hours_against_held_ones(make):
+    h = make()
+    s = h.scheduler
+    idle = s.submit("alice", "kernel:1", spec(kind="whole", count=2, model="T4"), now=MONDAY)
+    busy = s.submit("bob", "kernel:1", spec(kind="shared", memory_gib=8, model="L4"), now=MONDAY)
+    for t, a, b in ((0, 2, 90), (HOUR, 2, 90), (2 * HOUR, 2, 90)):
+        s.sample_gpu(idle.id, now=MONDAY + t, sm_percent=a)
+        s.sample_gpu(busy.id, now=MONDAY + t, sm_percent=b)
+    rows = s.usage.efficiency(MONDAY, MONDAY + 7 * 24 * HOUR, MONDAY + 2 * HOUR)
+    assert [r["user"] for r in rows] == ["alice", "bob"]
+    assert rows[0]["gpu_hours"] == 4.0 and rows[0]["busy_gpu_hours"] == pytest.approx(0.08)
+    assert rows[0]["efficiency"] == 0.02
+    assert rows[0]["message"] == "alice's kernel holds 30 GiB, used 2% of its 4.00 GPU-hours"
+    assert rows[1]["efficiency"] == 0.9
+    assert s.usage.efficiency(MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, user="bob")[0]["user"] == "bob"

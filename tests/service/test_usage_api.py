@@ -139,3 +139,25 @@ def test_cli_prints_a_table_and_csv(service):
         "error: only the allocator's admins see other users' usage"
     bad = run_cli(service, "--since", "last week")
     assert bad.returncode == 1 and "since must be a date" in bad.stderr
+
+
+def test_utilization_samples_feed_the_efficiency_report(service):
+    lease = service.call("POST", "leases", {"spec": {"kind": "whole", "model": "L4"}, "holder": "kernel:e"}, CAROL)
+    assert lease.status == 201, lease
+    lease_id = lease.json()["id"]
+    for bad, field in (({"sm_percent": 120}, "sm_percent"), ({"sm_percent": 5, "pid": 1}, "pid"), ({}, "sm_percent")):
+        response = service.call("POST", f"leases/{lease_id}/utilization", bad, CAROL)
+        assert response.status == 400 and response.json()["field"] == field, response
+    assert service.call("POST", f"leases/{lease_id}/utilization", {"sm_percent": 3}, ALICE).status == 404
+    for percent in (3, 3):
+        assert service.call("POST", f"leases/{lease_id}/utilization", {"sm_percent": percent}, CAROL).status == 200
+        time.sleep(0.3)
+    assert service.call("DELETE", f"leases/{lease_id}", token=CAROL).status == 200
+    mine = service.call("GET", "usage/efficiency?since=2020-01-01", token=CAROL).json()
+    [row] = mine["rows"]
+    assert row["lease_id"] == lease_id and 0 < row["busy_gpu_hours"] < row["gpu_hours"]
+    assert row["message"].startswith("carol's kernel holds 22.494 GiB, used ")
+    assert service.call("GET", "usage/efficiency", token=ALICE).json()["rows"] == []
+    assert [r["user"] for r in service.call("GET", "usage/efficiency?since=2020-01-01", token=ROOT).json()["rows"]] \
+        == ["carol"]
+    assert service.call("GET", "usage/efficiency?user=carol", token=ALICE).status == 403
