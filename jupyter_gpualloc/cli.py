@@ -160,7 +160,8 @@ def inventory(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def render_inventory(backend) -> Iterable[str]:
-    """Lines drawing each node, GPU and MIG layout (one cell per memory slice)."""
+    """Lines drawing each node, GPU and MIG layout (one cell per memory slice), then the nodes the
+    backend could not use, with the reason."""
     from .core import mig
 
     for node in backend.discover():
@@ -179,6 +180,8 @@ def render_inventory(backend) -> Iterable[str]:
                     cells[s] = mark
                 names.append(f"{mark}={profiles[inst.profile_id].name}@{inst.start}")
             yield head + "  |" + "|".join(cells) + "|  " + (" ".join(names) or "no instances")
+    for unusable in backend.unusable_nodes():
+        yield f"{unusable.name}  unusable: {unusable.reason}"
 
 
 # --------------------------------------------------------------------------- usage

@@ -150,3 +150,16 @@ def test_a_malformed_node_is_skipped_with_its_reason():
     assert [n.name for n in backend.discover()] == ["l4x2-mps"]
     [unusable] = backend.unusable_nodes()
     assert unusable.name == "l4-broken" and "allocatable cpu is not a quantity: 'lots'" in unusable.reason
+
+
+def test_the_inventory_drawing_shows_a30_slices_and_unusable_nodes():
+    from jupyter_gpualloc.cli import render_inventory
+
+    lines = list(render_inventory(KubernetesBackend.from_node_objects(NODES)))
+    a30 = lines.index("a30x4-all-balanced  cpu 96 cores, memory 1007.44 GiB")
+    assert lines[a30 + 1].endswith("|a|a|b|c|  a=2g.12gb@0 b=1g.6gb@2 c=1g.6gb@3")
+    assert lines[-2:] == [
+        "gb200-mig  unusable: node gb200-mig: advertises MIG devices on GB200, which is not a MIG-capable "
+        "model this allocator knows",
+        "rtx-pro-6000-mig  unusable: node rtx-pro-6000-mig: advertises MIG devices on "
+        "RTX-PRO-6000-Blackwell-Server-Edition, which is not a MIG-capable model this allocator knows"]
