@@ -13,13 +13,14 @@ import json
 import sys
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
-from jupyter_gpualloc.core.model import SliceSpec
+from jupyter_gpualloc.core.model import PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler
 from jupyter_gpualloc.core.store import Store
 from tests.reliability.invariants import lease_states
 
-POLICY = {"heartbeat_ttl": 0, "preemption": False}
+POLICY = {"heartbeat_ttl": 0}
+BATCH = PriorityClass.BATCH
 
 
 def mig(profile: str) -> SliceSpec:
@@ -28,7 +29,7 @@ def mig(profile: str) -> SliceSpec:
 
 SHARED = SliceSpec.from_json({"kind": "shared", "memory_gib": 8, "model": "L4"})
 
-# name -> (setup: [(user, holder, spec, lease id)], the paced operation)
+# name -> (setup: [(user, holder, spec, lease id[, priority])], the paced operation)
 SCENARIOS = {
     # a grant that makes a MIG instance: intent, create, commit
     "grant": ([("alice", "kernel:a", mig("4g.20gb"), "A"), ("bob", "kernel:b", SHARED, "B")],
@@ -38,6 +39,9 @@ SCENARIOS = {
                  ("carol", "kernel:c", mig("3g.20gb"), "C"), ("dave", "kernel:d", mig("3g.20gb"), "D"),
                  ("erin", "kernel:e", SHARED, "E"), ("frank", "kernel:f", mig("4g.20gb"), "F")],
                 lambda s: s.release("A", now=10)),
+    # an interactive request queues, preempts a batch lease, destroys its instance, makes its own
+    "preempt": ([("alice", "job:a", mig("7g.40gb"), "A", BATCH), ("bob", "kernel:b", SHARED, "B")],
+                lambda s: s.submit("carol", "kernel:c", mig("7g.40gb"), now=10, lease_id="C")),
 }
 
 
@@ -61,8 +65,8 @@ def main(fleet: str, url: str, state_file: str, scenario: str) -> None:
     store = Store(url)
     s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
     setup, operation = SCENARIOS[scenario]
-    for user, holder, spec, lease_id in setup:
-        s.submit(user, holder, spec, now=1, lease_id=lease_id)
+    for user, holder, spec, lease_id, *priority in setup:
+        s.submit(user, holder, spec, *priority, now=1, lease_id=lease_id)
     print(json.dumps({"ready": summary(s)}), flush=True)
     for name in ("save", "record_intent", "clear_intents"):
         pace(store, name, f"store.{name}")

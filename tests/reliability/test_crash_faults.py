@@ -1,4 +1,4 @@
-"""SIGKILL before every store write and every MIG device call of a grant and a release, then restart.
+"""SIGKILL before every store write and MIG device call of a grant, a release and a preemption; restart.
 
 A paced child process (paced_child.py) announces each step and waits; the test kills it at
 each step in turn, recovers a scheduler over the same database and simulated devices (whose MIG
@@ -75,15 +75,21 @@ class PacedRun:
     ("grant", ["store.record_intent", "device.create_mig_instance", "store.save"]),
     ("release", ["store.save", "device.destroy_mig_instance", "store.save", "store.record_intent",
                  "device.create_mig_instance", "store.save"]),
+    ("preempt", ["store.save", "store.save", "device.destroy_mig_instance", "store.save", "store.record_intent",
+                 "device.create_mig_instance", "store.save"]),
 ])
 def test_sigkill_at_every_step_recovers_consistently(store_urls, tmp_path, scenario, expected_steps):
-    ready, steps, done = PacedRun(store_urls.fresh(), tmp_path / "full.json", scenario, tmp_path / "full.log").run(None)
+    # the uninterrupted run, killed once done, is also the kill after the last step
+    runs = {len(expected_steps): (store_urls.fresh(), tmp_path / "devices-done.json")}
+    ready, steps, done = PacedRun(*runs[len(expected_steps)], scenario, tmp_path / "done.log").run(None)
     assert steps == expected_steps and done is not None
     problems = []
     for kill_at in range(len(steps) + 1):
-        url, state_file = store_urls.fresh(), tmp_path / f"devices{kill_at}.json"
-        before, _, _ = PacedRun(url, state_file, scenario, tmp_path / f"kill{kill_at}.log").run(kill_at)
-        assert before == ready
+        if kill_at not in runs:
+            runs[kill_at] = (store_urls.fresh(), tmp_path / f"devices{kill_at}.json")
+            before, _, _ = PacedRun(*runs[kill_at], scenario, tmp_path / f"kill{kill_at}.log").run(kill_at)
+            assert before == ready
+        url, state_file = runs[kill_at]
         store = Store(url)
         backend = SimulatedBackend(FLEET, state_file=state_file)
         try:
