@@ -34,7 +34,9 @@ def resource_limits(slice_: Mapping[str, Any], *, mig_strategy: str = "mixed",
     """
     kind = slice_["kind"]
     if kind == "mig":
-        name = f"nvidia.com/mig-{slice_['profile']}" if mig_strategy == "mixed" else gpu_resource
+        # The device plugin writes a profile's '+' as '.': 1g.10gb+me is nvidia.com/mig-1g.10gb.me.
+        profile = str(slice_["profile"]).replace("+", ".")
+        name = f"nvidia.com/mig-{profile}" if mig_strategy == "mixed" else gpu_resource
         return {name: "1"}
     if kind == "whole":
         return {gpu_resource: str(len(slice_["gpu_uuids"]))}

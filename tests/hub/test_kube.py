@@ -170,6 +170,14 @@ def test_resource_limits_templates():
     assert resource_limits(shared, shared_resources={}) == {}
 
 
+def test_media_extension_profile_uses_the_device_plugins_resource_name():
+    # NVIDIA/k8s-device-plugin names the 1g.10gb+me profile's resource nvidia.com/mig-1g.10gb.me
+    mig = {"kind": "mig", "profile": "1g.10gb+me"}
+    assert resource_limits(mig) == {"nvidia.com/mig-1g.10gb.me": "1"}
+    assert resource_limits({"kind": "mig", "profile": "1g.10gb"}) == {"nvidia.com/mig-1g.10gb": "1"}
+    assert resource_limits(mig, mig_strategy="single") == {"nvidia.com/gpu": "1"}
+
+
 PROFILES = [
     {"display_name": "Small", "slug": "small", "default": True,
      "kubespawner_override": {"image": "example.org/small:1", "cpu_limit": 1.0}},
