@@ -47,7 +47,7 @@ from .model import (
 )
 from .placement import ClusterView, Demand, NodeCapacity, get_policy
 from .policy import SchedulerPolicy
-from .store import MigIntent, Store
+from .store import MigIntent, Store, StoreError
 from .usage import UsageLedger
 
 
@@ -247,9 +247,8 @@ class Scheduler:
             try:
                 self.store.save(list(self._dirty.values()), self._instance_changes, self._seq,
                                 drains=self._drains, intents_done=self._intents)
-            except Exception as err:
-                raise StoreFailed(f"the store refused the change ({type(err).__name__}); "
-                                  "nothing of it took effect") from err
+            except StoreError as err:
+                raise StoreFailed(f"the store refused the change ({err.kind}); nothing of it took effect") from err
         self._dirty.clear()
         self._instance_changes.clear()
         self._drains.clear()
@@ -324,8 +323,8 @@ class Scheduler:
             try:
                 self.store.clear_intents(done)
                 self._intents = [i for i in self._intents if i in kept]
-            except Exception:  # noqa: BLE001 - they stay listed, and the next commit drops them
-                pass
+            except StoreError:
+                pass  # they stay listed, and the next commit drops them
 
     def _touch_lease(self, lease: Lease) -> None:
         """Mark a lease changed, before changing it: stored at the next commit, put back if that fails."""
@@ -698,8 +697,8 @@ class Scheduler:
         intent = MigIntent(secrets.token_hex(8), gs.gpu.uuid, profile.profile_id, start)
         try:
             self.store.record_intent(intent)
-        except Exception as err:
-            raise StoreFailed(f"the store refused a MIG intent ({type(err).__name__})") from err
+        except StoreError as err:
+            raise StoreFailed(f"the store refused a MIG intent ({err.kind}); nothing was changed") from err
         self._intents.append(intent.id)
         inst = self.backend.create_mig_instance(gs.gpu.uuid, profile.profile_id, start)
         self._touch_gpu(gs)
@@ -813,7 +812,7 @@ class Scheduler:
         if spec.profile:
             return next((p for p in profiles.values() if p.name == spec.profile), None)
         # A profile serves the size in its name: 1g.10gb answers a 10 GB request, though the
-        # driver reports 9.75 GiB for it.
+        # driver reports 9.50 GiB for it on A100-80GB (9.75 on H100 80GB).
         fitting = [p for p in profiles.values() if not p.media_extensions
                    and max(p.memory_mib, _nominal_mib(p)) >= spec.memory_mib]
         return min(fitting, key=lambda p: (_nominal_mib(p), p.memory_mib, p.compute_slices), default=None)
