@@ -31,13 +31,14 @@ from jupyter_gpualloc.core.mig import (  # noqa: E402
     MIG_PLACER_NAMES, DefaultPlacer, Layout, MigPlacer, get_mig_placer, is_legal, legal_starts,
     lookup_model)
 from jupyter_gpualloc.core.model import MigInstance, MigProfile  # noqa: E402
+from jupyter_gpualloc.core.openb import DATA_ENV, trace_dir  # noqa: E402
 
 MODEL = lookup_model("A100-SXM4-40GB")
 PROFILES: dict[int, MigProfile] = MODEL.profiles
 COMPUTE_SLICES = MODEL.geometry.compute_slices
 EMPTY = Layout(MODEL.geometry)
 STREAM_PROFILES = [p for p in PROFILES.values() if not p.media_extensions]
-OPENB_CSV = Path("/work/shared/data/alibaba-gpu-v2023/csv/openb_pod_list_default.csv")
+OPENB_FILE = "openb_pod_list_default.csv"
 OVERSUBSCRIPTION = 1.5
 DEFAULT_SIZES = (1, 2, 4, 8)
 CEILING_SIZES = (1, 2, 4)  # the online ceiling's exact solution is too large beyond 4 GPUs
@@ -293,12 +294,25 @@ def run_online(placer: MigPlacer, stream: list[int], gpus: int) -> int:
     return placed
 
 
-def openb_profile_weights(path: Path = OPENB_CSV) -> dict[int, int]:
+def openb_csv() -> Path | None:
+    """The openb pod list in the trace folder (`jupyter_gpualloc.core.openb.trace_dir()`, which
+    $GPUALLOC_SHARED_DATA sets), or None when it is not there."""
+    try:
+        path = trace_dir() / OPENB_FILE
+    except FileNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def openb_profile_weights(path: Path | None = None) -> dict[int, int]:
     """Pod counts per A100-40GB profile from the openb GPU-sharing pods.
 
     Each pod with num_gpu == 1 and gpu_milli < 1000 gets the smallest profile whose compute
     share (compute slices / 7) covers gpu_milli / 1000; ties in compute go to less memory.
     """
+    path = path or openb_csv()
+    if path is None:
+        raise FileNotFoundError(f"no {OPENB_FILE}: set {DATA_ENV} to the folder that holds it")
     ranked = sorted(STREAM_PROFILES, key=lambda p: (p.compute_slices, p.memory_slices))
     weights: dict[int, int] = {}
     with open(path, newline="") as f:
@@ -436,8 +450,12 @@ def _summary(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def _report(rows: list[dict], sizes: list[int], streams: dict[int, int], wall: float) -> str:
-    weights = openb_profile_weights()
-    share = ", ".join(f"{PROFILES[pid].name} {n}" for pid, n in sorted(weights.items(), key=lambda x: PROFILES[x[0]].compute_slices))
+    if any(r["mix"] == "openb" for r in rows):
+        weights = openb_profile_weights()
+        share = "Pods per profile: " + ", ".join(
+            f"{PROFILES[pid].name} {n}" for pid, n in sorted(weights.items(), key=lambda x: PROFILES[x[0]].compute_slices)) + "."
+    else:
+        share = f"Not measured in this run: {OPENB_FILE} was not found ({DATA_ENV})."
     lines = [
         "# MIG packing: default placer vs first-fit and the clairvoyant bound",
         "",
@@ -459,7 +477,7 @@ def _report(rows: list[dict], sizes: list[int], streams: dict[int, int], wall: f
         "  of the GPU's compute, compute slices / 7, covers `gpu_milli / 1000`. Compute, not memory:",
         "  `gpu_milli` is a share of one GPU's compute time (the trace has no GPU-memory column), and",
         "  the memory share (slices / 8) would tie 1g.10gb with 2g.10gb and 3g with 4g, so no",
-        f"  request would ever map to 2g or 4g. Pods per profile: {share}.",
+        f"  request would ever map to 2g or 4g. {share}",
         "",
         "Compared, per stream:",
         "- `default`: `get_mig_placer('default')`; it learns the profile shares from the instances",
@@ -559,8 +577,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     streams = {g: args.streams or DEFAULT_STREAMS.get(g, 200) for g in sizes}
+    mixes = MIXES
+    if openb_csv() is None:
+        mixes = tuple(m for m in MIXES if m != "openb")
+        print(f"mig_packing: skipping the openb-weighted mix: {OPENB_FILE} not found in the trace folder; "
+              f"set {DATA_ENV} to the folder that holds it (Alibaba clusterdata cluster-trace-gpu-v2023/csv)",
+              file=sys.stderr)
     # the slowest searches first, so the two workers finish together
-    tasks = [(mix, g, i) for g in sorted(sizes, reverse=True) for mix in MIXES for i in range(streams[g])]
+    tasks = [(mix, g, i) for g in sorted(sizes, reverse=True) for mix in mixes for i in range(streams[g])]
     started = time.perf_counter()
     with multiprocessing.Pool(args.workers) as pool:
         rows = list(pool.imap_unordered(_measure, tasks, chunksize=1))
