@@ -23,7 +23,11 @@ const FINISHED_JOB: Record<string, 'success' | 'error'> = {
 };
 
 export class GpuModel {
-  constructor(readonly api: GpuApi) {}
+  /** `notebookOf(kernelId)`: the path of the open notebook a kernel runs, to name it in notifications. */
+  constructor(
+    readonly api: GpuApi,
+    private notebookOf: (kernelId: string) => string | null = () => null
+  ) {}
 
   inventory: Inventory | null = null;
   offers: Offer[] = [];
@@ -62,6 +66,16 @@ export class GpuModel {
     window.clearTimeout(this._jobPoll);
   }
 
+  /** Close the idle-warning notifications of slices no longer warned (used again, extended, ended). */
+  private dismissClearedWarnings(): void {
+    for (const [leaseId, toast] of Object.entries(this._warningToasts)) {
+      if (!this.stream.warnings[leaseId]) {
+        Notification.dismiss(toast);
+        delete this._warningToasts[leaseId];
+      }
+    }
+  }
+
   async refresh(): Promise<void> {
     try {
       const [inventory, offers, slices] = await Promise.all([
@@ -72,6 +86,7 @@ export class GpuModel {
       this.inventory = inventory;
       this.offers = offers;
       this.stream = withSlices(this.stream, slices);
+      this.dismissClearedWarnings();
       this.error = null;
     } catch (err) {
       this.error = `The GPU allocator cannot be reached: ${(err as Error).message}`;
@@ -118,6 +133,7 @@ export class GpuModel {
   handle(event: GpuEvent): void {
     const reduction = reduce(this.stream, event);
     this.stream = reduction.state;
+    this.dismissClearedWarnings();
     this._changed.emit();
     if (reduction.notice) {
       this.notify(reduction.notice, event);
@@ -141,10 +157,19 @@ export class GpuModel {
       notice.kind === 'idle-warning' && leaseId
         ? [{ label: 'Extend', caption: 'Keep this GPU slice', callback: () => void this.extend(leaseId) }]
         : [];
-    Notification.emit(notice.message, notice.type, {
+    const kernelId = event.kernel_id;
+    const notebook = kernelId ? this.notebookOf(kernelId) : null;
+    const text = kernelId && notebook ? notice.message.replace(`kernel ${kernelId}`, notebook) : notice.message;
+    const toast = Notification.emit(text, notice.type, {
       autoClose: notice.kind === 'idle-warning' ? false : 8000,
       actions
     });
+    if (notice.kind === 'idle-warning' && leaseId) {
+      if (this._warningToasts[leaseId]) {
+        Notification.dismiss(this._warningToasts[leaseId]);
+      }
+      this._warningToasts[leaseId] = toast;
+    }
   }
 
   /** Run a call; a refusal becomes `error` in plain words. Returns the call's value or null. */
@@ -212,4 +237,6 @@ export class GpuModel {
   private _poll = 0;
   private _jobPoll = 0;
   private _announcedJobs = new Set<string>();
+  /** The notification of each slice's idle warning in force. */
+  private _warningToasts: Record<string, string> = {};
 }

@@ -38,8 +38,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null,
     browsers: IFileBrowserFactory | null
   ) => {
+    const notebookOfKernel = (kernelId: string) =>
+      notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
     const model = new GpuModel(
-      new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot'))
+      new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot')),
+      kernelId => notebookOfKernel(kernelId)?.context.path ?? null
     );
     const currentChanged = new Signal<unknown, void>(notebooks);
     notebooks.currentChanged.connect(() => currentChanged.emit());
@@ -54,8 +57,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       return { path: panel.context.path, kernelId: panel.sessionContext.session?.kernel?.id ?? null };
     };
-    const notebookOfKernel = (kernelId: string) =>
-      notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
     const open = (path: string) => void app.commands.execute('docmanager:open', { path });
 
     const panel = new GpuPanel({

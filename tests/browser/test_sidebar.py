@@ -199,13 +199,13 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     # the kernel gets the slice when it restarts: the panel says so and offers the restart
     assert "restart the kernel" in mine.inner_text()
     panel.get_by_role("button", name="Restart the kernel of train.ipynb").click()
-    panel.get_by_role("button", name="Restart the kernel of train.ipynb").wait_for(state="detached", timeout=60_000)
+    panel.get_by_role("button", name="Restart the kernel of train.ipynb").wait_for(state="detached", timeout=120_000)
     page.locator(".jp-Notebook .jp-Cell").first.click()
     page.wait_for_function(
-        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=60_000)
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'", timeout=120_000)
     page.keyboard.press("Shift+Enter")
     output = page.locator(".jp-OutputArea-output", has_text=slices[0]["slice"]["mig_uuid"])
-    output.wait_for(timeout=60_000)
+    output.wait_for(timeout=120_000)
     assert [s["id"] for s in lab.call("GET", "gpualloc/api/slices")[1]["slices"]] == [slices[0]["id"]]
 
     # the kernel's process takes 3 GiB of its MIG slice (as the simulated backend reads it)
@@ -220,6 +220,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     # idle past the policy's timeout: the warning arrives as a notification with Extend, and a countdown
     toast = page.locator(".Toastify__toast", has_text="idle")
     toast.wait_for(timeout=(IDLE_TIMEOUT + 30) * 1000)
+    assert "train.ipynb" in toast.inner_text()  # the notification names the notebook, not the kernel id
     assert toast.get_by_role("button", name="Extend").count() == 1
     countdown = panel.locator(".jp-gpualloc-countdown")
     countdown.wait_for()
@@ -253,6 +254,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     open_panel(page)
 
     # Extend clears the warning; Release ends the lease
+    # one idle-warning notification per slice: a warning that was cleared closed its notification
+    page.wait_for_function("() => [...document.querySelectorAll('.Toastify__toast')]"
+                           ".filter(t => t.textContent.includes('idle')).length === 1", timeout=10_000)
     page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Extend").click()
     countdown.wait_for(state="detached", timeout=30_000)
     # every control of the panel is reachable from the keyboard and has a name; Release by keyboard
