@@ -7,14 +7,17 @@ rebuilds itself from `load()` when it starts again.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, create_engine,
                         delete, event, func, select)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
 
@@ -186,6 +189,15 @@ def sqlite_url(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
+class StoreError(Exception):
+    """The database did not take a write (unreachable, a value it cannot encode, a table gone):
+    nothing of that transaction was written. `kind` names the driver's error; the cause is chained."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.kind = type(cause).__name__
+
+
 class Store:
     """A database of the core's state; `url` is any SQLAlchemy URL (sqlite:///PATH by default)."""
 
@@ -217,11 +229,20 @@ class Store:
         self.engine.dispose()
 
     # -------------------------------------------------------------- writes
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """One transaction; the driver's refusals come out as StoreError."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
+            raise StoreError(err) from err
+
     def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
              seq: int, *, drains: Mapping[str, bool] | None = None, intents_done: Sequence[str] = ()) -> None:
         """One transaction: upsert leases, add/remove MIG instance records, set GPUs' drain marks,
-        drop fulfilled MIG intents, remember the sequence. Nothing is written if any part fails."""
-        with self.engine.begin() as conn:
+        drop fulfilled MIG intents, remember the sequence. StoreError, and nothing written, if any part fails."""
+        with self._write() as conn:
             if changed:
                 conn.execute(self._upsert_leases, [_lease_row(l) for l in changed])
             for gpu_uuid, mig_uuid, inst, created in instance_changes:
@@ -240,13 +261,13 @@ class Store:
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction, that the core is about to create a MIG instance."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(mig_intents.insert().values(id=intent.id, gpu_uuid=intent.gpu_uuid,
                                                      profile_id=intent.profile_id, start=intent.start))
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
         """Forget intents whose instance was destroyed again before any commit recorded it."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(list(intent_ids))))
 
     def save_jobs(self, changed: list[Job]) -> None:

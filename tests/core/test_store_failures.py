@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
@@ -19,25 +20,25 @@ SHARED = SliceSpec.from_json({"kind": "shared", "memory_gib": 8, "model": "L4"})
 POLICY = {"heartbeat_ttl": 0, "preemption": False}
 
 
+# The last statement of every save, and the one statement of a MIG intent's write.
+LAST_OF = {"save": "INSERT INTO meta", "record_intent": "INSERT INTO mig_intents"}
+
+
 class FlakyStore(Store):
-    """A real store whose next write of a named kind ('save', 'record_intent') fails once."""
+    """A real store whose database connection drops once, at the last statement of the next
+    write of a named kind ('save', 'record_intent'): the transaction's earlier statements ran."""
 
     def __init__(self, url: str):
         super().__init__(url)
         self.fail_next: set[str] = set()
+        event.listen(self.engine, "before_cursor_execute", self._maybe_fail)
 
-    def _maybe_fail(self, what: str) -> None:
-        if what in self.fail_next:
-            self.fail_next.discard(what)
-            raise OperationalError(what, {}, ConnectionError("server closed the connection unexpectedly"))
-
-    def save(self, *args, **kwargs) -> None:
-        self._maybe_fail("save")
-        super().save(*args, **kwargs)
-
-    def record_intent(self, intent) -> None:
-        self._maybe_fail("record_intent")
-        super().record_intent(intent)
+    def _maybe_fail(self, conn, cursor, statement: str, parameters, context, executemany) -> None:
+        for what in list(self.fail_next):
+            if statement.lstrip().startswith(LAST_OF[what]):
+                self.fail_next.discard(what)
+                raise OperationalError(statement, parameters,
+                                       ConnectionError("server closed the connection unexpectedly"))
 
 
 def picture(s: Scheduler) -> tuple:
