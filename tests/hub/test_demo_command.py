@@ -9,11 +9,16 @@ from pathlib import Path
 
 import psutil
 
+from tests.hubfixture import FAKE_SERVER
+
 from .conftest import DemoHub
 
 
 def test_the_demo_listens_on_its_port_and_stops_its_servers(tmp_path):
-    hub = DemoHub(tmp_path, command=[str(Path(sys.executable).parent / "jupyter-gpualloc"), "demo"])
+    fake = tmp_path / "fake_server.py"  # a light stand-in for jupyterhub-singleuser
+    fake.write_text(FAKE_SERVER)
+    hub = DemoHub(tmp_path, command=[str(Path(sys.executable).parent / "jupyter-gpualloc"), "demo"],
+                  extra_config=f"c.Spawner.cmd = [{sys.executable!r}, {str(fake)!r}, {str(tmp_path)!r}]\n")
     hub.start()  # waits for http://127.0.0.1:<GPUALLOC_DEMO_PORT>/hub/api/
     try:
         reply = hub.api("POST", "/users/alice/server", {"user_options": {"gpu": "none"}}, token=hub.token("alice"))
