@@ -193,6 +193,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     assert [s["slice"]["profile"] for s in slices] == ["1g.5gb"]
     assert block.get_attribute("data-start") == str(slices[0]["slice"]["start"])
     assert block.inner_text() == "1g.5gb"
+    inventory = lab.call("GET", "gpualloc/api/inventory")[1]
+    [instance] = [i for node in inventory["nodes"] for gpu in node["gpus"] for i in gpu.get("instances", [])]
+    assert inventory["admin"] and instance["user"] == inventory["user"]  # the owner administers this server
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 1g.5gb')")
 
@@ -252,6 +255,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     page.locator(".lm-TabBar-tab", has_text=f"train.job-{record['id']}.ipynb").wait_for(timeout=30_000)
     assert (lab.root / f"train.job-{record['id']}.ipynb").exists()
     open_panel(page)
+    panel.get_by_role("button", name="Rerun train.ipynb").click()
+    page.wait_for_function("() => document.querySelectorAll('.jp-gpualloc-job[data-state=\"succeeded\"]').length === 2",
+                           timeout=120_000)
 
     # Extend clears the warning; Release ends the lease
     # one idle-warning notification per slice: a warning that was cleared closed its notification
