@@ -88,8 +88,9 @@ _EIGHT_SLICES: dict[int, tuple[int, int, int, tuple[int, ...]]] = {
     5: (4, 4, 1, (0,)),                    # 4g
     0: (7, 8, 1, (0,)),                    # 7g
 }
-# A30: 4 memory and 4 compute slices; the guide's A30 table (1/4, 2/4, full) with the ids -lgip
-# prints there.
+# A30: 4 memory and 4 compute slices; the guide's A30 table (1/4, 2/4, full), with the ids, instance
+# counts and placements of a real A30 `-lgip`/`-lgipp` listing (driver 535.183.01: 14 {0,1,2,3}:1,
+# 21 {0,1,2,3}:1, 5 {0,2}:2, 6 {0,2}:2, 0 {0}:4).
 _FOUR_SLICES: dict[int, tuple[int, int, int, tuple[int, ...]]] = {
     14: (1, 1, 4, (0, 1, 2, 3)),  # 1g.6gb
     21: (1, 1, 1, (0, 1, 2, 3)),  # 1g.6gb+me
@@ -120,30 +121,50 @@ def _eight_slice_rows(small: str, double: str, half: str, full: str, mem: tuple[
     return {pid: (n, m, s) for pid, n, m, s in zip((19, 20, 15, 14, 9, 5, 0), names, mem, sms)}
 
 
-# Memory in GiB as `nvidia-smi mig -lgip` prints it. Sources per row: "listing" rows are from real
-# listings (NVIDIA/mig-parted issue 120 for H200, PRs 139 (GH200 144G) and 166 (B200), gpu-operator
-# PR 903 for H100 NVL, and captures in MIG.md); "unverified" values are estimates the NVML backend
-# replaces with the driver's (it reports the difference).
+# Memory in GiB as `nvidia-smi mig -lgip` prints it, and SMs. Every model's profile names, memory and
+# SM fractions and instance counts are those of NVIDIA's MIG User Guide, "Supported MIG Profiles"
+# (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html); the sizes come from
+# the real listings named per model. Values marked "unverified" were seen in no listing: estimates
+# the NVML backend replaces with the driver's (it reports the difference). Sizes vary a little with
+# the driver (A100-40GB's 2g, 3g and 7g read 9.75/19.62/39.50 on some, H100 NVL's 10.62/46.12/92.62).
+# A100-40GB: MIG.md's -lgip captures.
 _A100_40 = _eight_slice_rows("5gb", "10gb", "20gb", "40gb", (4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25),
                               (14, 14, 14, 28, 42, 56, 98))
+# A100-80GB: published A100 80GB -lgip listings (9.50/19.50/39.25/79.00); 1g.20gb (id 15, R525+) was
+# in none of them and is unverified.
 _A100_80 = _eight_slice_rows("10gb", "20gb", "40gb", "80gb", (9.50, 9.50, 19.50, 19.50, 39.25, 39.25, 79.00),
                               (14, 14, 14, 28, 42, 56, 98))
+# H100 80GB HBM3: MIG.md's capture and published H100 -lgip listings.
 _H100_80 = _eight_slice_rows("10gb", "20gb", "40gb", "80gb", (9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25))
+# H100 NVL: the -lgip listing in NVIDIA/gpu-operator PR 903.
 _H100_94 = _eight_slice_rows("12gb", "24gb", "47gb", "94gb", (10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12))
-# H100 96GB, GH200 96GB and H20 (unverified sizes: scaled from H100 NVL by total memory; H20's SMs unknown).
-_H100_96 = _eight_slice_rows("12gb", "24gb", "48gb", "96gb", (11.00, 11.00, 22.00, 22.00, 47.25, 47.25, 95.00))
+# H100 96GB (the guide's "H100 on GH200" table): a GH200 480GB -lgip listing, every row (published
+# Grace Hopper benchmarking logs, kf-cuanschutz/NVIDIA_Grace_Hopper_benchmarking_logs_).
+_H100_96 = _eight_slice_rows("12gb", "24gb", "48gb", "96gb", (11.00, 11.00, 23.00, 23.00, 46.50, 46.50, 93.00))
+# H20: names and instance counts from NVIDIA's vGPU documentation (MIG-backed vGPU types for H20 SXM5
+# 96GB: 1g.12gb x7, 1g.12gb+me, 1g.24gb x4, 2g.24gb x3, 3g.48gb x2, 4g.48gb, 7g.96gb); sizes unverified
+# (those of the GH200 listing, the same 97871 MiB of HBM3); SMs unknown.
 _H20 = {pid: (name, mem, 0) for pid, (name, mem, _) in _H100_96.items()}
+# H200: the -lgip listing in NVIDIA/mig-parted issue 120, every row. H200 NVL shares it (same names in
+# the guide, same 143771 MiB); its own listing was not seen.
 _H200 = _eight_slice_rows("18gb", "35gb", "71gb", "141gb", (16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75))
-# GH200 144G HBM3e: 1g and 2g from the listing; 3g, 4g and 7g unverified (scaled from H200).
+# GH200 144G HBM3e: 1g and 2g from the -lgip listing in NVIDIA/mig-parted PR 139 (names of 3g.72gb,
+# 4g.72gb and 7g.144gb from mig-parted's configs); 3g, 4g and 7g sizes unverified (scaled from H200).
 _GH200_144 = _eight_slice_rows("18gb", "36gb", "72gb", "144gb", (17.50, 17.50, 35.25, 35.25, 71.00, 71.00, 142.75))
-# B200: 1g and 2g from the listing (R570 driver); 3g, 4g and 7g unverified, their SMs unknown.
+# B200: 1g and 2g from the -lgip listing in NVIDIA/mig-parted PR 166 (a later one, PR 187, reads
+# 1g.23gb as 20.50); 3g, 4g and 7g sizes unverified and their SMs unknown (the guide gives only
+# fractions: 4/8 memory for 3g and 4g).
 _B200 = _eight_slice_rows("23gb", "45gb", "90gb", "180gb", (22.00, 22.00, 44.25, 44.25, 88.50, 88.50, 178.25),
                            (18, 18, 30, 36, 0, 0, 0))
-# A30 (unverified sizes: the guide's fractions of 24 GiB less the same share as A100-40GB keeps back).
-_A30 = {14: ("1g.6gb", 5.75, 14), 21: ("1g.6gb+me", 5.75, 14), 5: ("2g.12gb", 11.75, 28),
-        6: ("2g.12gb+me", 11.75, 28), 0: ("4g.24gb", 23.50, 56)}
+# A30: the A30 -lgip listing above (driver 535.183.01; an older driver read 4g.24gb as 23.50).
+_A30 = {14: ("1g.6gb", 5.81, 14), 21: ("1g.6gb+me", 5.81, 14), 5: ("2g.12gb", 11.69, 28),
+        6: ("2g.12gb+me", 11.69, 28), 0: ("4g.24gb", 23.44, 56)}
 
-# Total memory is MiB as NVML reports it (unverified for A30, H100 96GB, GH200, H20, H200 NVL and B200).
+# Total memory is MiB as NVML reports it (nvidia-smi's Memory-Usage total), seen in published output
+# for A30 (24576), A800-SXM4-80GB (81920), H100 80GB HBM3 and H800 (81559), H100 NVL (95830),
+# GH200 480GB and H20 (97871), H200 and H200 NVL (143771), GH200 144G HBM3e (146831) and B200
+# (183359). Unverified: H100 96GB HBM3, H800 NVL and the A800 40GB and PCIe boards (the values of
+# their siblings). NVML calls the GH200 with 96 GB of HBM3 and 120 GB of LPDDR "GH200 120GB".
 _MODELS: list[GpuModel] = [
     _mig_model("A100-SXM4-40GB", 40960, _EIGHT_SLICES, _A100_40, ("A100-40GB",)),
     _mig_model("A100-PCIE-40GB", 40960, _EIGHT_SLICES, _A100_40, ()),
@@ -158,7 +179,7 @@ _MODELS: list[GpuModel] = [
     _mig_model("H100 NVL", 95830, _EIGHT_SLICES, _H100_94, ("H100-NVL-94GB",)),
     _mig_model("H800 NVL", 95830, _EIGHT_SLICES, _H100_94, ()),
     _mig_model("H100 96GB HBM3", 97871, _EIGHT_SLICES, _H100_96, ("H100-96GB", "PG506-96GB")),
-    _mig_model("GH200 480GB", 97871, _EIGHT_SLICES, _H100_96, ("GH200-96GB", "GH200")),
+    _mig_model("GH200 480GB", 97871, _EIGHT_SLICES, _H100_96, ("GH200-96GB", "GH200", "GH200 120GB")),
     _mig_model("H20", 97871, _EIGHT_SLICES, _H20, ("H20-96GB",)),
     _mig_model("H200", 143771, _EIGHT_SLICES, _H200, ("H200-141GB", "H200-SXM5-141GB")),
     _mig_model("H200 NVL", 143771, _EIGHT_SLICES, _H200, ("H200-NVL-141GB",)),

@@ -198,6 +198,7 @@ def test_is_legal_rejects_what_the_driver_would():
     ("NVIDIA H200 NVL", "H200 NVL"),
     ("NVIDIA-GH200-480GB", "GH200 480GB"),
     ("NVIDIA GH200 144G HBM3e", "GH200 144G HBM3e"),
+    ("NVIDIA GH200 120GB", "GH200 480GB"),
     ("NVIDIA H20", "H20"),
     ("NVIDIA H100 96GB HBM3", "H100 96GB HBM3"),
     ("NVIDIA A800-SXM4-80GB", "A800-SXM4-80GB"),
@@ -234,10 +235,21 @@ def test_lookup_model_accepts_aliases(spelling, canonical):
     ("H200-141GB", "3g.71gb", 69.50, 60), ("H200-141GB", "7g.141gb", 139.75, 132),
     ("GH200 144G HBM3e", "1g.18gb", 17.50, 16), ("GH200 144G HBM3e", "2g.36gb", 35.25, 32),
     ("B200", "1g.23gb", 22.00, 18), ("B200", "1g.45gb", 44.25, 30), ("B200", "2g.45gb", 44.25, 36),
+    ("A30", "1g.6gb", 5.81, 14), ("A30", "2g.12gb+me", 11.69, 28), ("A30", "4g.24gb", 23.44, 56),
+    ("GH200 480GB", "1g.12gb", 11.00, 16), ("GH200 480GB", "1g.24gb", 23.00, 26),
+    ("GH200 480GB", "3g.48gb", 46.50, 60), ("GH200 480GB", "7g.96gb", 93.00, 132),
 ])
 def test_profile_names_memory_and_sms_match_the_reference(name, profile, memory_gib, sms):
     p = lookup_model(name).profile(profile)
     assert p.memory_mib == round(memory_gib * 1024) and p.sms == sms
+
+
+@pytest.mark.parametrize("name,memory_mib", [
+    ("A30", 24576), ("A800-SXM4-80GB", 81920), ("H800", 81559), ("H100 NVL", 95830), ("GH200 480GB", 97871),
+    ("H20", 97871), ("H200 NVL", 143771), ("GH200 144G HBM3e", 146831), ("B200", 183359),
+])
+def test_total_memory_is_what_nvidia_smi_reports(name, memory_mib):
+    assert lookup_model(name).memory_mib == memory_mib
 
 
 def test_each_model_has_its_own_geometry():
