@@ -434,7 +434,7 @@ class GPUSpawnerMixin(Spawner):
         try:
             await self.gpu_link().release(lease_id)
             self.log.info("%s: released lease %s (%s)", self._log_name, lease_id, reason)
-        except (GpuAllocError, PermissionError) as err:
+        except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
             self.log.warning("%s: could not release lease %s (%s): %s; it ends after the heartbeat TTL",
                              self._log_name, lease_id, reason, err)
         await self._gpu_close_link()
@@ -492,6 +492,6 @@ class GPUSpawnerMixin(Spawner):
                     lease = await self.gpu_link().lease(self.gpu_lease_id)
                     self._gpu_lost = (lease or {}).get("reason") or "the service no longer knows it"
                     return
-            except (GpuAllocError, PermissionError) as err:
+            except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
                 self.log.warning("%s: heartbeat of lease %s failed: %s", self._log_name, self.gpu_lease_id, err)
             await asyncio.sleep(self.gpu_heartbeat_interval)

@@ -144,3 +144,13 @@ def test_state_keeps_the_lease_id_across_a_hub_restart(service):
     assert revived.gpu_lease_id == lease["id"] and revived.gpu_holder == "server"
     revived.clear_state()
     assert revived.gpu_lease_id == "" and "gpu_lease_id" not in revived.get_state()
+
+
+def test_a_lease_left_when_the_allocator_is_gone_is_logged_not_raised(caplog):
+    hub = SimpleNamespace(public_host="", url="http://127.0.0.1:8081/hub/", base_url="/hub/",
+                          api_url="http://127.0.0.1:8081/hub/api")
+    spawner = GPUSameUserSpawner(user=SimpleNamespace(name="bob", url="/user/bob/"), hub=hub)
+    spawner.load_state({"gpu_lease_id": "L-from-before"})
+    asyncio.run(spawner.release_slice("the server stopped"))
+    assert spawner.gpu_lease_id == ""
+    assert "could not release lease L-from-before (the server stopped): this hub has no GPU allocator" in caplog.text
