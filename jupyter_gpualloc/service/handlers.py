@@ -150,6 +150,8 @@ class ApiHandler(web.RequestHandler):
             body = {"error": exc.message, **exc.extra}
         elif isinstance(exc, web.HTTPError) and status_code < 500:
             body = {"error": exc.log_message or _reason_phrase(status_code)}
+            if status_code == 400:  # tornado refused the body before any handler saw it
+                body["field"] = "body"
         else:
             body = {"error": "internal error; the service log has the details"}
         self.set_header("Content-Type", "application/json; charset=utf-8")

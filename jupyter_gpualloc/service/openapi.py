@@ -30,6 +30,7 @@ def _error(description: str) -> dict[str, Any]:
 
 
 NULLABLE_NUMBER = {"type": ["number", "null"]}
+PYTHON_NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 # A name: no control or invisible formatting characters, no whitespace at either end.
 _NAME_BODY = f"[^\\s{UNPRINTABLE}]([^{UNPRINTABLE}]*[^\\s{UNPRINTABLE}])?"
 NAME = {"type": "string", "minLength": 1, "maxLength": NAME_MAX_LENGTH, "pattern": f"^{_NAME_BODY}$",
@@ -101,7 +102,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "Lease": {
         "type": "object",
-        "required": ["id", "user", "holder", "spec", "priority", "state", "slice", "created_at", "position", "reason"],
+        "required": ["id", "user", "holder", "spec", "priority", "state", "slice", "created_at", "reason"],
         "properties": {
             "id": {"type": "string"}, "user": {"type": "string"}, "holder": {"type": "string"},
             "groups": {"type": "array", "items": {"type": "string"}},
@@ -113,7 +114,9 @@ SCHEMAS: dict[str, Any] = {
             "last_activity": NULLABLE_NUMBER, "heartbeat_at": NULLABLE_NUMBER, "busy": {"type": "boolean"},
             "idle_warned_at": NULLABLE_NUMBER, "idle_timeout": NULLABLE_NUMBER,
             "reason": {"type": "string"},
-            "position": {"type": ["integer", "null"], "description": "1-based place in the queue when queued."},
+            "position": {"type": ["integer", "null"],
+                         "description": "1-based place in the queue when queued; in every /leases answer, "
+                                        "not in the lease a job carries."},
         },
     },
     "LeaseList": {"type": "object", "required": ["leases"],
@@ -277,31 +280,35 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 SCHEMAS.update({
-    "JobSource": {
+    "JobSource": {  # as core/jobs.py reads it
         "oneOf": [
             {"type": "object", "required": ["kind", "code"], "additionalProperties": False,
-             "properties": {"kind": {"const": "cell"}, "code": {"type": "string"},
-                            "inputs": {"type": "array", "items": {"type": "string"}},
-                            "outputs": {"type": "array", "items": {"type": "string"}},
+             "properties": {"kind": {"const": "cell"}, "code": {"type": "string", "pattern": "\\S"},
+                            "inputs": {"type": "array", "items": PYTHON_NAME},
+                            "outputs": {"type": "array", "items": PYTHON_NAME},
                             "inputs_file": {"type": ["string", "null"],
-                                            "description": "cloudpickle file of the inputs, relative to workdir."}}},
+                                            "description": "cloudpickle file of the inputs, relative to workdir."}},
+             "allOf": [{"not": {"required": ["inputs"], "properties": {"inputs": {"minItems": 1}},
+                                "not": {"required": ["inputs_file"], "properties": {"inputs_file": {"type": "string"}}}},
+                        "x-field": "inputs_file", "x-rule": "is required with inputs"}]},
             {"type": "object", "required": ["kind", "path"], "additionalProperties": False,
-             "properties": {"kind": {"const": "notebook"}, "path": {"type": "string"},
-                            "parameters": {"type": "object",
+             "properties": {"kind": {"const": "notebook"}, "path": {"type": "string", "pattern": "\\.ipynb$"},
+                            "parameters": {"type": "object", "propertyNames": PYTHON_NAME,
                                            "description": "Injected after the cell tagged `parameters`."}}},
         ],
     },
     "JobRequest": {
         "type": "object", "required": ["spec", "source", "workdir"], "additionalProperties": False,
         "properties": {
-            "name": {"type": "string"}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
-            "workdir": {"type": "string", "description": "Absolute directory the job runs in; its files "
-                                                         "land in <workdir>/.gpualloc/jobs/<id>/."},
-            "kernel_name": {"type": "string", "default": "python3"},
+            "name": {"type": "string", "maxLength": 200}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
+            "workdir": {"type": "string", "pattern": "^/",
+                        "description": "Absolute directory the job runs in; its files "
+                                       "land in <workdir>/.gpualloc/jobs/<id>/."},
+            "kernel_name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$", "default": "python3"},
             "priority": {"enum": ["batch", "interactive"], "default": "batch"},
             "preemptible": {"type": "boolean"},
             "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds per attempt."},
-            "retries": {"type": "integer", "minimum": 0, "default": 0},
+            "retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
         },
     },
     "Job": {
@@ -418,13 +425,17 @@ SCHEMAS.update({
     },
 })
 
+# What the usage report's since and until accept (service/usage.py reads each of them).
+USAGE_TIME = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"},
+                        {"type": "string", "pattern": "^[0-9]{1,11}(\\.[0-9]+)?$"}]}
+
 OPERATIONS["/usage"] = {
     "get": {"summary": "GPU-hours and GiB-hours between since and until, per `by`: the caller's "
                        "(everyone's, or one user's, for admins). CSV with Accept: text/csv.",
             "parameters": [
-                {"name": "since", "in": "query", "required": False, "schema": {"type": "string"},
+                {"name": "since", "in": "query", "required": False, "schema": USAGE_TIME,
                  "description": "ISO-8601 time or epoch seconds (UTC); default the start of this month."},
-                {"name": "until", "in": "query", "required": False, "schema": {"type": "string"},
+                {"name": "until", "in": "query", "required": False, "schema": USAGE_TIME,
                  "description": "ISO-8601 time or epoch seconds (UTC); default now."},
                 {"name": "by", "in": "query", "required": False,
                  "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"],
@@ -470,9 +481,9 @@ SCHEMAS.update({
 })
 
 _PERIOD = [
-    {"name": "since", "in": "query", "required": False, "schema": {"type": "string"},
+    {"name": "since", "in": "query", "required": False, "schema": USAGE_TIME,
      "description": "ISO-8601 time or epoch seconds (UTC); default the start of this month."},
-    {"name": "until", "in": "query", "required": False, "schema": {"type": "string"},
+    {"name": "until", "in": "query", "required": False, "schema": USAGE_TIME,
      "description": "ISO-8601 time or epoch seconds (UTC); default now."},
     {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
      "description": "Admins: one user's leases only."},

@@ -5,7 +5,8 @@ surrogates, which JSON can spell but no store can keep) and then validated with 
 against the schema the document publishes for its operation, as are the declared query
 parameters. So the API accepts exactly what the document says, and the first problem becomes an
 `InputError` naming the field (`spec.memory_gib`, `holders[2]`, `all`) and saying what is wrong
-in a few words, never echoing the value.
+in a few words, never echoing the value. As JSON Schema says, 2.0 is an integer: a valid body's
+integral floats in integer fields reach the handlers as ints.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ import json
 import re
 from typing import Any, Iterator
 
-from jsonschema import Draft202012Validator, ValidationError
+from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
 
 MAX_DEPTH = 10
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_TYPES = {"object": "an object", "array": "an array", "string": "a string", "integer": "an integer",
                "number": "a number", "boolean": "true or false", "null": "null"}
+
+
+# A validator for which 2.0 is not an integer: its only complaints about a valid body are the
+# integral floats that integer fields hold.
+_IntegersOnly = validators.extend(Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)))
 
 
 class InputError(ValueError):
@@ -123,7 +130,7 @@ class RequestValidator:
 
     def __init__(self, document: dict[str, Any]):
         components = document["components"]
-        self._bodies: dict[tuple[str, str], Draft202012Validator] = {}
+        self._bodies: dict[tuple[str, str], tuple[Draft202012Validator, Draft202012Validator]] = {}
         self._queries: dict[tuple[str, str], dict[str, Draft202012Validator]] = {}
         for path, operations in document["paths"].items():
             for method, operation in operations.items():
@@ -132,7 +139,8 @@ class RequestValidator:
                 key = (path, method.upper())
                 content = operation.get("requestBody", {}).get("content", {}).get("application/json")
                 if content is not None:
-                    self._bodies[key] = Draft202012Validator({**content["schema"], "components": components})
+                    schema = {**content["schema"], "components": components}
+                    self._bodies[key] = (Draft202012Validator(schema), _IntegersOnly(schema))
                 parameters = operations.get("parameters", []) + operation.get("parameters", [])
                 self._queries[key] = {
                     p["name"]: Draft202012Validator({**p["schema"], "components": components})
@@ -156,7 +164,21 @@ class RequestValidator:
             self._raise_first(validator, value, prefix=name)
 
     def check_body(self, route: str, method: str, data: Any) -> None:
-        self._raise_first(self._bodies[(route, method)], data)
+        """Raise InputError unless `data` is valid; then turn its integral floats in integer fields into ints."""
+        validator, integers_only = self._bodies[(route, method)]
+        self._raise_first(validator, data)
+        errors = list(integers_only.iter_errors(data))
+        while errors:
+            error = errors.pop()
+            errors.extend(error.context or ())
+            expected = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+            if error.validator == "type" and "integer" in expected and isinstance(error.instance, float) \
+                    and error.instance.is_integer() and error.absolute_path:
+                *parents, last = error.absolute_path
+                container = data
+                for part in parents:
+                    container = container[part]
+                container[last] = int(error.instance)
 
     @staticmethod
     def _raise_first(validator: Draft202012Validator, value: Any, prefix: str = "") -> None:
