@@ -23,7 +23,7 @@ from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler
 from jupyter_gpualloc.core.store import Store
 
-from .invariants import check_consistent, check_transition, device_instances
+from .invariants import check_consistent, check_transition, device_instances, lease_states
 from .paced_child import POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +97,13 @@ def test_sigkill_at_every_step_recovers_consistently(store_urls, tmp_path, scena
             found = check_consistent(recovered, store, backend, ADMIN_INSTANCES)
             found += check_transition(recovered, {k: tuple(v) for k, v in ready["leases"].items()},
                                       {k: tuple(v) for k, v in done["leases"].items()}, ready["queue"])
+            store.close()
+            store = Store(url)  # recovery itself is stored: a second start finds nothing to change
+            again = Scheduler(SimulatedBackend(FLEET, state_file=state_file), store, SchedulerPolicy(**POLICY),
+                              now=200)
+            if lease_states(again) != lease_states(recovered) or device_instances(backend) != device_instances(
+                    again.backend):
+                found.append("a second start changed what the first recovered")
         finally:
             store.close()
         label = steps[kill_at] if kill_at < len(steps) else "after the last step"
