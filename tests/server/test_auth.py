@@ -10,7 +10,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from jupyter_gpualloc.server.handlers import routes
 from jupyter_gpualloc.service.app import ROUTES
 
-SIDEBAR = [(path, "POST" if path.endswith(("request", "release")) else "GET") for path, _ in routes()]
+SIDEBAR = [(path.replace("([^/]+)", "abc"), "POST" if path.endswith(("request", "release", "extend")) else "GET")
+           for path, _ in routes()]
 PUBLIC_V1 = {"/health", "/openapi.json"}  # the service's own public endpoints stay public
 V1 = [("/gpualloc/api/v1" + template.replace("{lease_id}", "abc").replace("{gpu_uuid}", "GPU-x"), method)
       for template, handler, _ in ROUTES if template not in PUBLIC_V1
