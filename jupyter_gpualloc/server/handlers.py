@@ -21,6 +21,7 @@ from tornado.iostream import StreamClosedError
 
 from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
+from ..service.validation import InputError, parse_json
 from ..jobs.notebook import job_dir
 from .embedded import AUTH_RESOURCE
 from .events import kernel_of
@@ -41,13 +42,26 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
     def ext(self):
         return self.extensionapp
 
-    def body(self) -> dict[str, Any]:
+    async def prepare(self) -> None:
+        """jupyter_server's checks (Host, identity, XSRF, Origin); a foreign Origin is 403, as on the v1 routes."""
         try:
-            data = json.loads(self.request.body or b"{}")
-        except ValueError as err:
-            raise web.HTTPError(400, f"body is not valid JSON: {err}") from None
+            await super().prepare()
+        except web.HTTPError as err:
+            if err.status_code == 404 and not self.check_origin():
+                raise web.HTTPError(403, "cross-origin request refused") from None
+            raise
+
+    def body(self) -> dict[str, Any]:
+        """The JSON object sent, with the API's bounds (depth, NaN, lone surrogates); 400 naming the field."""
+        try:
+            data = parse_json(self.request.body) if self.request.body.strip() else {}
+        except InputError as err:
+            raise web.HTTPError(400, str(err)) from None
         if not isinstance(data, dict):
             raise web.HTTPError(400, "body must be a JSON object")
+        for name, value in data.items():
+            if name in ("offer", "kernel_id", "lease_id") and not isinstance(value, str):
+                raise web.HTTPError(400, f"{name} must be a string")
         return data
 
     async def service(self, coro):
