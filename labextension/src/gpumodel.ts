@@ -35,6 +35,9 @@ export class GpuModel {
   /** null: the server has no jobs API. */
   jobs: Job[] | null = [];
   connected = false;
+  /** Why the last fetch failed (cleared by the next that works). */
+  unreachable: string | null = null;
+  /** Why the last action (request, release, job...) was refused, in plain words (cleared by the next that works). */
   error: string | null = null;
   /** What the server said to do after a request, per lease ("restart the kernel to use the slice"). */
   notes: Record<string, string> = {};
@@ -87,9 +90,9 @@ export class GpuModel {
       this.offers = offers;
       this.stream = withSlices(this.stream, slices);
       this.dismissClearedWarnings();
-      this.error = null;
+      this.unreachable = null;
     } catch (err) {
-      this.error = `The GPU allocator cannot be reached: ${(err as Error).message}`;
+      this.unreachable = `The GPU allocator cannot be reached: ${(err as Error).message}`;
     }
     this._changed.emit();
   }

@@ -36,11 +36,11 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
           {model.connected ? 'live' : 'polling'}
         </span>
       </header>
-      {model.error && (
-        <div className="jp-gpualloc-error" role="alert">
-          {model.error}
+      {[model.unreachable, model.error].filter(Boolean).map(message => (
+        <div key={message} className="jp-gpualloc-error" role="alert">
+          {message}
         </div>
-      )}
+      ))}
       <Section id="fleet" title="Fleet">
         <Fleet inventory={model.inventory} mine={mine} />
       </Section>
