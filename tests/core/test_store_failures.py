@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
-from jupyter_gpualloc.core.model import LeaseState, SliceSpec
+from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
-from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
+from jupyter_gpualloc.core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
 from jupyter_gpualloc.core.store import Store
 
 from .conftest import A100_40, fleet
@@ -147,3 +149,44 @@ def test_a_refused_drain_is_undone(setup):
     again = restart(url, backend)
     assert [g["drained"] for n in again.inventory()["nodes"] for g in n["gpus"] if g["uuid"] == gpu["uuid"]] == [True]
     again.store.close()
+
+
+def test_random_changes_with_random_store_failures_stay_as_stored(store_urls, tmp_path):
+    """Submits, releases, preemptions and ticks, one in four with a write refused at random:
+    a refused change leaves the core as it was, and a restart always finds what the core holds."""
+    url = store_urls.fresh()
+    fleet_dict = fleet({"model": A100_40, "count": 2, "mig": "dynamic"}, {"model": "L4", "count": 2})
+    policy = {"heartbeat_ttl": 0, "reserve_after": 5}
+    backend = SimulatedBackend(fleet_dict, state_file=tmp_path / "devices.json")
+    store = FlakyStore(url)
+    s = Scheduler(backend, store, SchedulerPolicy(**policy))
+    specs = [MIG_3G, SHARED, SliceSpec.from_json({"kind": "mig", "profile": "1g.5gb"}),
+             SliceSpec.from_json({"kind": "mig", "profile": "7g.40gb"}),
+             SliceSpec.from_json({"kind": "whole", "model": "L4"})]
+    rng = random.Random(11)
+    refused = 0
+    for step in range(1, 121):
+        before = picture(s)
+        store.fail_next = {rng.choice(["save", "record_intent"])} if rng.random() < 0.25 else set()
+        try:
+            active = s.leases()
+            if active and rng.random() < 0.4:
+                s.release(rng.choice(active).id, now=step)
+            elif rng.random() < 0.1:
+                s.tick(step)
+            else:
+                priority = rng.choice(list(PriorityClass))
+                s.submit(f"u{step % 6}", f"kernel:{step}", rng.choice(specs), priority, now=step)
+        except StoreFailed:
+            refused += 1
+            assert picture(s) == before, step
+        except (HolderBusy, QuotaExceeded):
+            pass
+        if step % 30 == 0:
+            store.fail_next = set()
+            s.tick(step)  # grant what a refused follow-up left waiting
+            again = Scheduler(SimulatedBackend(fleet_dict, state_file=tmp_path / "devices.json"), Store(url),
+                              SchedulerPolicy(**policy), now=step)
+            assert picture(again) == picture(s), step
+            again.store.close()
+    assert refused >= 10, refused
