@@ -300,14 +300,16 @@ SCHEMAS.update({
     "JobRequest": {
         "type": "object", "required": ["spec", "source", "workdir"], "additionalProperties": False,
         "properties": {
-            "name": {"type": "string", "maxLength": 200}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
-            "workdir": {"type": "string", "pattern": "^/",
+            "name": {**NAME, "maxLength": 200}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
+            "workdir": {"type": "string", "pattern": f"^/[^{UNPRINTABLE}]*$", "maxLength": 4096,
+                        "x-rule": "must be an absolute path without control or invisible formatting characters",
                         "description": "Absolute directory the job runs in; its files "
                                        "land in <workdir>/.gpualloc/jobs/<id>/."},
             "kernel_name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$", "default": "python3"},
             "priority": {"enum": ["batch", "interactive"], "default": "batch"},
             "preemptible": {"type": "boolean"},
-            "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds per attempt."},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS,
+                        "description": "Seconds per attempt."},
             "retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
         },
     },
@@ -426,8 +428,12 @@ SCHEMAS.update({
 })
 
 # What the usage report's since and until accept (service/usage.py reads each of them).
-USAGE_TIME = {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"},
-                        {"type": "string", "pattern": "^[0-9]{1,11}(\\.[0-9]+)?$"}]}
+USAGE_TIME = {"anyOf": [
+    {"type": "string", "format": "date", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    {"type": "string", "format": "date-time",
+     "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"},
+    {"type": "string", "pattern": "^[0-9]{1,11}(\\.[0-9]+)?$"}],
+    "x-rule": "must be a date (2026-11-01), an RFC 3339 time or epoch seconds"}
 
 OPERATIONS["/usage"] = {
     "get": {"summary": "GPU-hours and GiB-hours between since and until, per `by`: the caller's "
