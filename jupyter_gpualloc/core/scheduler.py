@@ -326,6 +326,13 @@ class Scheduler:
             except StoreError:
                 pass  # they stay listed, and the next commit drops them
 
+    def _stored_lease(self, lease_id: str) -> Lease | None:
+        """A lease as the store has it (ended ones live only there); StoreFailed if it cannot be read."""
+        try:
+            return self.store.load_lease(lease_id)
+        except StoreError as err:
+            raise StoreFailed(f"the store could not be read ({err.kind})") from err
+
     def _touch_lease(self, lease: Lease) -> None:
         """Mark a lease changed, before changing it: stored at the next commit, put back if that fails."""
         if lease.id not in self._undo.leases:
@@ -358,7 +365,7 @@ class Scheduler:
         for active in self._leases.values():
             if active.user == user and active.holder == holder:
                 raise HolderBusy(active.id)
-        if lease_id is not None and (lease_id in self._leases or self.store.load_lease(lease_id)):
+        if lease_id is not None and (lease_id in self._leases or self._stored_lease(lease_id)):
             raise SpecError("id", f"lease {lease_id} already exists")
         plans = self._plans_for(spec)
         if preemptible is None:
@@ -506,7 +513,7 @@ class Scheduler:
 
     def lease(self, lease_id: str) -> Lease:
         """An active lease, or an ended one from the store."""
-        lease = self._leases.get(lease_id) or self.store.load_lease(lease_id)
+        lease = self._leases.get(lease_id) or self._stored_lease(lease_id)
         if lease is None:
             raise NotFound(f"no lease {lease_id}")
         return lease
@@ -620,7 +627,7 @@ class Scheduler:
     def _active(self, lease_id: str) -> Lease:
         lease = self._leases.get(lease_id)
         if lease is None:
-            if self.store.load_lease(lease_id) is not None:
+            if self._stored_lease(lease_id) is not None:
                 raise NotFound(f"lease {lease_id} has already ended")
             raise NotFound(f"no lease {lease_id}")
         return lease

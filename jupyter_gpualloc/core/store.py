@@ -301,8 +301,12 @@ class Store:
         return state
 
     def load_lease(self, lease_id: str) -> Lease | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
+        """One lease, active or ended; StoreError when the database cannot be read."""
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(select(leases).where(leases.c.id == lease_id)).mappings().first()
+        except SQLAlchemyError as err:
+            raise StoreError(err) from err
         return _lease_from_row(row) if row else None
 
     def load_jobs(self, *, user: str | None = None, active_only: bool = False, limit: int | None = None) -> list[Job]:

@@ -52,6 +52,7 @@ def test_outage_then_sigkill_lose_nothing_and_invent_nothing(store_urls, tmp_pat
         refused = svc.call("POST", "leases", three_g, BOB)
         assert refused.status == 503 and refused.headers["Retry-After"] == "5", refused
         assert svc.call("DELETE", f"leases/{before[0][0]}", token=ALICE).status == 503
+        assert svc.call("GET", "leases/0123456789abcdef", token=ALICE).status == 503  # ended ones: in the store
         assert essentials(svc) == before and instance_owners(svc) == [before[0][0]]
         with database.begin() as conn:
             conn.execute(text("ALTER TABLE leases_away RENAME TO leases"))
