@@ -175,7 +175,6 @@ class Scheduler:
         self._drains: dict[str, bool] = {}
         self._intents: list[str] = []  # MIG intents written since the last commit, which drops them
         self._undo = _Undo(self._seq)
-        self._announced: list[Event] = []
         self._load_fleet()
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
@@ -255,7 +254,6 @@ class Scheduler:
         self._intents.clear()
         self._undo = _Undo(self._seq)
         events, self._pending_events = self._pending_events, []
-        self._announced.extend(events)
         for event in events:
             for listener in list(self._listeners):
                 listener(event)
@@ -263,7 +261,6 @@ class Scheduler:
     @contextmanager
     def _atomic(self, now: float) -> Iterator[None]:
         """One change: stored in one transaction at the end, or undone entirely if anything fails."""
-        self._announced = []
         try:
             yield
             self._commit()
@@ -476,6 +473,16 @@ class Scheduler:
     def tick(self, now: float) -> list[Event]:
         """End dead and idle leases, grant what the queue can now have; returns the events."""
         ttl = self.policy.heartbeat_ttl
+        announced: list[Event] = []
+        unsubscribe = self.subscribe(announced.append)  # a tick may commit more than once
+        try:
+            self._tick(now, ttl)
+        finally:
+            unsubscribe()
+        return announced
+
+    def _tick(self, now: float, ttl: float) -> None:
+        """The tick as one change: end leases past their heartbeat, idle, usage or time limits; grant."""
         with self._atomic(now):
             for lease in list(self._leases.values()):
                 if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
@@ -495,7 +502,6 @@ class Scheduler:
                     self._emit("lease.deadline_warning", now, action.lease,
                                **action.warning(self.deadlines.extensions_left(action.lease.id)))
             self._schedule(now)
-        return self._announced
 
     def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
         """Stop (or resume) granting new slices on a GPU; existing leases stay."""
