@@ -207,3 +207,29 @@ def test_random_hostile_names_are_refused_naming_the_field(target, data):
     response = target.send_body(template, method, path, value)
     assert response.status_code == 400, (path, repr(value), response.text[:200])
     check_refused(target, response, field_name(path), value)
+
+
+def test_what_no_json_encoder_writes_is_refused_naming_the_body_or_field(target):
+    api = target.api
+    cases = [
+        (b"[" * 30_000 + b"]" * 30_000, 400, "body"),
+        (b'{"spec": {}, "holder": "kernel:a", "x": ' + b'{"y": ' * 20 + b"1" + b"}" * 21, 400, "x.y.y.y"),
+        (b'{"spec": {"memory_gib": Infinity}, "holder": "kernel:a"}', 400, "spec.memory_gib"),
+        (b'{"spec": {"count": 1' + b"0" * 5000 + b'}, "holder": "kernel:a"}', 400, "body"),
+        (b'{"spec": {}, "holder": "kernel:\xed\xa0\x80"}', 400, "body"),
+        (b'{"spec": {}, "holder": "kernel:a"', 400, "body"),
+        (b"\xff\xfe{}", 400, "body"),
+    ]
+    for raw, status, field in cases:
+        response = api.call("POST", "leases", raw=raw, headers=api.user)
+        named = response.json().get("field") or ""
+        assert response.status_code == status and named.startswith(field), (raw[:60], response.text[:200])
+        target.still_serves()
+    multipart = b'--b\r\nContent-Disposition: form-data; name="spec"\r\n\r\n{}\r\n--b--\r\n'
+    response = api.call("POST", "leases", raw=multipart,
+                        headers={**api.user, "Content-Type": "multipart/form-data; boundary=b"})
+    assert (response.status_code, response.json()["field"]) == (415, "body")
+    response = api.call("PATCH", "leases", {}, api.user)
+    assert response.status_code == 405 and response.headers["Allow"] == "GET, POST"
+    assert api.call("GET", "leases", params={"all": "yes"}, headers=api.user).json()["field"] == "all"
+    assert api.call("GET", "leases", params={"all": "0"}, headers=api.user).status_code == 200
