@@ -280,8 +280,10 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 SCHEMAS.update({
-    "JobSource": {  # as core/jobs.py reads it
-        "oneOf": [
+    "JobSource": {  # as core/jobs.py reads it; `kind` picks the rules, so errors name their field
+        "type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["cell", "notebook"]}},
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": "cell"}}}, "then":
             {"type": "object", "required": ["kind", "code"], "additionalProperties": False,
              "properties": {"kind": {"const": "cell"}, "code": {"type": "string", "pattern": "\\S"},
                             "inputs": {"type": "array", "items": PYTHON_NAME},
@@ -290,11 +292,12 @@ SCHEMAS.update({
                                             "description": "cloudpickle file of the inputs, relative to workdir."}},
              "allOf": [{"not": {"required": ["inputs"], "properties": {"inputs": {"minItems": 1}},
                                 "not": {"required": ["inputs_file"], "properties": {"inputs_file": {"type": "string"}}}},
-                        "x-field": "inputs_file", "x-rule": "is required with inputs"}]},
+                        "x-field": "inputs_file", "x-rule": "is required with inputs"}]}},
+            {"if": {"properties": {"kind": {"const": "notebook"}}}, "then":
             {"type": "object", "required": ["kind", "path"], "additionalProperties": False,
              "properties": {"kind": {"const": "notebook"}, "path": {"type": "string", "pattern": "\\.ipynb$"},
                             "parameters": {"type": "object", "propertyNames": PYTHON_NAME,
-                                           "description": "Injected after the cell tagged `parameters`."}}},
+                                           "description": "Injected after the cell tagged `parameters`."}}}},
         ],
     },
     "JobRequest": {
