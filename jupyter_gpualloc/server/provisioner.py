@@ -105,6 +105,8 @@ class GpuAllocProvisioner(LocalProvisioner):
             return kwargs  # a plain kernel, as LocalProvisioner would start it
         env = kwargs["env"]
         env.update(link.base_env(self.kernel_id))
+        if not self.spec:  # a GPU kernelspec asks for its own slice: jobs from it run in the default kernel
+            env["GPUALLOC_KERNEL_NAME"] = getattr(self.parent, "kernel_name", "") or "python3"
         if any("ipykernel" in part for part in kwargs.get("cmd", ())):
             kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]  # %gpu is there from the start
         lease = await self._active_lease(link)

@@ -17,6 +17,8 @@ async def test_a_cell_job_and_its_result(notebook_kernel, jobs_client):
     job_id = match.group(1)
     done = await job_ends(jobs_client, job_id)
     assert done["state"] == "succeeded", done
+    out, _ = await notebook_kernel("import os\nprint(os.environ['GPUALLOC_KERNEL_NAME'])")
+    assert done["kernel_name"] == out.strip() != ""  # the job ran in a kernel of the notebook's kernelspec
     out, err = await notebook_kernel(f"%gpu job result {job_id}\nprint(total)")
     assert out.splitlines() == [f"gpu: job {job_id}: loaded total", "285"], (out, err)
     out, _ = await notebook_kernel("%gpu jobs")
