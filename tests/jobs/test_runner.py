@@ -20,6 +20,8 @@ async def test_a_cell_job_runs_in_its_slice_and_saves_its_outputs(jobs_client, w
     assert f"training on {slice_['visible_devices']}" in log and "succeeded" in log
     assert nbformat.read(folder / "executed.ipynb", as_version=4).cells[0].outputs[0]["name"] == "stdout"
     assert gpualloc.embedded.scheduler.leases() == []  # the lease ended with the job
+    # while it was queued and running, the server counted as active (JupyterHub's culler reads this)
+    assert gpualloc.serverapp.web_app.settings["last_activity_times"]["gpualloc_jobs"].timestamp() >= job["created_at"]
     assert "training on" in await jobs_client.job_log(job["id"])
 
 
