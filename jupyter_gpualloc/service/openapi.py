@@ -449,7 +449,7 @@ OPERATIONS["/usage"] = {
                 {"name": "by", "in": "query", "required": False,
                  "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"],
                             "default": "user"}},
-                {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+                {"name": "user", "in": "query", "required": False, "schema": NAME,
                  "description": "Admins: one user's usage only."},
             ],
             "responses": {"200": {"description": "The report.",
@@ -494,7 +494,7 @@ _PERIOD = [
      "description": "ISO-8601 time or epoch seconds (UTC); default the start of this month."},
     {"name": "until", "in": "query", "required": False, "schema": USAGE_TIME,
      "description": "ISO-8601 time or epoch seconds (UTC); default now."},
-    {"name": "user", "in": "query", "required": False, "schema": {"type": "string"},
+    {"name": "user", "in": "query", "required": False, "schema": NAME,
      "description": "Admins: one user's leases only."},
 ]
 
