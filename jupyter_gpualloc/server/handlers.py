@@ -225,15 +225,70 @@ class ExtendHandler(SidebarHandler):
 
 
 class JobsHandler(SidebarHandler):
-    """The caller's background jobs, as the batch leases they hold (holder job:<id>)."""
+    """GET: the caller's background jobs; POST: submit one (REST API v1's job object). Embedded and remote alike."""
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        leases = await self.service(self.ext.client.leases())
-        jobs = [{"id": l["holder"].split(":", 1)[1], "lease": self.lease_entry(l)}
-                for l in leases if l["holder"].startswith("job:")]
-        self.finish(json.dumps({"jobs": jobs}))
+        self.finish(json.dumps({"jobs": await self.service(self.ext.client.jobs())}))
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        job = await self.service(self.ext.client.submit_job(self.body()))
+        self.set_status(201)
+        self.finish(json.dumps(job))
+
+
+class JobHandler(SidebarHandler):
+    """GET: one of the caller's jobs; DELETE: cancel it."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        self.finish(json.dumps(await self.service(self.ext.client.job(job_id))))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, job_id: str) -> None:
+        self.finish(json.dumps(await self.service(self.ext.client.cancel_job(job_id))))
+
+
+class JobRerunHandler(SidebarHandler):
+    """POST: run a finished job again, as a new job."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, job_id: str) -> None:
+        job = await self.service(self.ext.client.rerun_job(job_id))
+        self.set_status(201)
+        self.finish(json.dumps(job))
+
+
+class JobLogHandler(SidebarHandler):
+    """GET: a job's log as text; with follow=1, streamed as it grows until the job ends."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, job_id: str) -> None:
+        await self.service(self.ext.client.job(job_id))  # an unknown job is a 404 before any text is sent
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        if self.get_query_argument("follow", "0") in ("0", "", "false"):
+            self.finish(await self.service(self.ext.client.job_log(job_id)))
+            return
+        self.set_header("Cache-Control", "no-store")
+        chunks = self.ext.client.follow_job_log(job_id)
+        try:
+            async for chunk in chunks:
+                self.write(chunk)
+                await self.flush()
+        except StreamClosedError:
+            return
+        except GpuAllocError as err:
+            self.write(f"\n(the log stopped: {err})\n")
+        finally:
+            await chunks.aclose()
+        self.finish()
 
 
 class ExecutedNotebookHandler(SidebarHandler):
@@ -307,6 +362,9 @@ def routes() -> list[tuple[str, type]]:
         (r"/gpualloc/api/release", ReleaseHandler),
         (r"/gpualloc/api/extend", ExtendHandler),
         (r"/gpualloc/api/jobs", JobsHandler),
+        (r"/gpualloc/api/jobs/([^/]+)", JobHandler),
+        (r"/gpualloc/api/jobs/([^/]+)/rerun", JobRerunHandler),
+        (r"/gpualloc/api/jobs/([^/]+)/log", JobLogHandler),
         (r"/gpualloc/api/jobs/([^/]+)/executed", ExecutedNotebookHandler),
         (r"/gpualloc/api/status", StatusHandler),
         (r"/gpualloc/api/events", EventsHandler),

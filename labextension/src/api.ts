@@ -1,7 +1,8 @@
 /**
- * The sidebar's client of the server extension: the sidebar API under `<base_url>gpualloc/api/`
- * and, for jobs, REST API v1 under `<base_url>gpualloc/api/v1/`. Every request carries
- * `no_track_activity=1`, so an open panel never keeps the server "active" for an idle culler.
+ * The sidebar's client of the server extension's sidebar API under `<base_url>gpualloc/api/`,
+ * which answers alike in embedded mode and under JupyterHub (jobs are REST API v1's, relayed).
+ * Every request carries `no_track_activity=1`, so an open panel never keeps the server "active"
+ * for an idle culler.
  */
 
 import { URLExt } from '@jupyterlab/coreutils';
@@ -11,9 +12,8 @@ import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
 
-/** The sidebar API's own paths, and REST API v1's, below the server's base URL. */
+/** The sidebar API's path below the server's base URL. */
 const ROOT = 'gpualloc/api';
-const V1 = 'gpualloc/api/v1';
 
 export class GpuApi {
   /** `serverRoot`: the server's root directory, absolute (JupyterLab's page config gives it). */
@@ -75,20 +75,20 @@ export class GpuApi {
   }
 
   async jobs(): Promise<Job[]> {
-    return (await this.call<{ jobs: Job[] }>(`${V1}/jobs`)).jobs;
+    return (await this.call<{ jobs: Job[] }>(`${ROOT}/jobs`)).jobs;
   }
 
   /** Run a notebook (path under the server's root) as a background job on a slice of `spec`. */
   submitJob(notebook: string, spec: Record<string, unknown>): Promise<Job> {
-    return this.post<Job>(`${V1}/jobs`, notebookJob(notebook, this.serverRoot, spec));
+    return this.post<Job>(`${ROOT}/jobs`, notebookJob(notebook, this.serverRoot, spec));
   }
 
   cancelJob(id: string): Promise<Job> {
-    return this.call<Job>(`${V1}/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
+    return this.call<Job>(`${ROOT}/jobs/${encodeURIComponent(id)}`, { method: 'DELETE' });
   }
 
   rerunJob(id: string): Promise<Job> {
-    return this.post<Job>(`${V1}/jobs/${encodeURIComponent(id)}/rerun`, {});
+    return this.post<Job>(`${ROOT}/jobs/${encodeURIComponent(id)}/rerun`, {});
   }
 
   /** A notebook job's executed notebook (nbformat JSON). */
@@ -99,7 +99,7 @@ export class GpuApi {
   /** A job's log as it grows: `onText` gets each new piece; the returned function stops reading. */
   followLog(id: string, onText: (text: string) => void, onEnd: (error?: string) => void): () => void {
     const controller = new AbortController();
-    const url = this.url(`${V1}/jobs/${encodeURIComponent(id)}/log`, { follow: '1' });
+    const url = this.url(`${ROOT}/jobs/${encodeURIComponent(id)}/log`, { follow: '1' });
     ServerConnection.makeRequest(url, { signal: controller.signal }, this.settings)
       .then(async response => {
         if (!response.ok || !response.body) {

@@ -32,7 +32,7 @@ export class GpuModel {
   inventory: Inventory | null = null;
   offers: Offer[] = [];
   stream: StreamState = INITIAL_STATE;
-  /** null: the server has no jobs API. */
+  /** null: the allocator has no jobs API. */
   jobs: Job[] | null = [];
   connected = false;
   /** Why the last fetch failed (cleared by the next that works). */

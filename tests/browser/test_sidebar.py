@@ -236,7 +236,8 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     job.wait_for(timeout=30_000)
     panel.locator('.jp-gpualloc-job[data-state="succeeded"]').wait_for(timeout=120_000)
     page.locator(".Toastify__toast", has_text="succeeded").first.wait_for(timeout=30_000)
-    [record] = lab.call("GET", "gpualloc/api/v1/jobs")[1]["jobs"]
+    [record] = lab.call("GET", "gpualloc/api/jobs")[1]["jobs"]  # the sidebar API relays REST API v1's jobs
+    assert lab.call("GET", "gpualloc/api/jobs/no-such-job/log?follow=1")[0] == 404
     assert record["state"] == "succeeded" and record["source"]["path"] == "train.ipynb"
     assert (lab.root / ".gpualloc" / "jobs" / record["id"] / "executed.ipynb").exists()
     panel.get_by_role("button", name="Show the log of train.ipynb").click()

@@ -10,7 +10,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from jupyter_gpualloc.server.handlers import routes
 from jupyter_gpualloc.service.app import ROUTES
 
-SIDEBAR = [(path.replace("([^/]+)", "abc"), "POST" if path.endswith(("request", "release", "extend")) else "GET")
+SIDEBAR = [(path.replace("([^/]+)", "abc"), "POST" if path.endswith(("request", "release", "extend", "rerun")) else "GET")
            for path, _ in routes()]
 PUBLIC_V1 = {"/health", "/openapi.json"}  # the service's own public endpoints stay public
 V1 = [("/gpualloc/api/v1" + template.replace("{lease_id}", "abc").replace("{gpu_uuid}", "GPU-x"), method)

@@ -86,7 +86,7 @@ function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: numb
 export function Jobs(props: { jobs: Job[] | null; api: GpuApi; actions: IJobActions }): JSX.Element {
   const now = useNow();
   if (props.jobs === null) {
-    return <p className="jp-gpualloc-muted">This server has no jobs API.</p>;
+    return <p className="jp-gpualloc-muted">The GPU allocator here runs no jobs.</p>;
   }
   if (props.jobs.length === 0) {
     return (
