@@ -341,11 +341,17 @@ class GPUSpawnerMixin(Spawner):
         """Whether the env names the devices (False where a device plugin chooses them)."""
         return True
 
-    async def start(self):
+    def start(self):
+        """Begin at once (as KubeSpawner does), so progress() follows this start from its first step."""
         self._gpu_init()
-        offer = self._gpu_offer or await self.choose_gpu_offer(self.user_options)
-        self._gpu_offer = None
+        self._gpu_events, self._gpu_granted, self._gpu_done = [], "", False
+        return asyncio.ensure_future(self._start_on_slice())
+
+    async def _start_on_slice(self):
+        """Hold the chosen slice (if any), then start the server; a failed start gives it back."""
         try:
+            offer = self._gpu_offer or await self.choose_gpu_offer(self.user_options)
+            self._gpu_offer = None
             if offer.get("spec"):
                 await self.acquire_slice(offer)
         finally:

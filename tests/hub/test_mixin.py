@@ -7,10 +7,11 @@ import signal
 from types import SimpleNamespace
 
 import pytest
-from jupyterhub.spawner import SpawnException
+from jupyterhub.spawner import Spawner, SpawnException
 
 from jupyter_gpualloc.hub.link import ServiceLink
 from jupyter_gpualloc.hub.local import GPUSameUserSpawner
+from jupyter_gpualloc.hub.mixin import GPUSpawnerMixin
 from tests.service.conftest import ALICE, BOB, CAROL, DAVE, POLICY, ROOT, ServiceProcess
 
 WHOLE_L4 = {"kind": "whole", "model": "L4"}
@@ -32,11 +33,11 @@ def release_everything(service):
         service.call("DELETE", f"leases/{lease['id']}", token=ROOT)
 
 
-def spawner_for(service, user: str, token: str, **settings) -> GPUSameUserSpawner:
+def spawner_for(service, user: str, token: str, spawner_class=GPUSameUserSpawner, **settings) -> GPUSpawnerMixin:
     hub = SimpleNamespace(public_host="", url="http://127.0.0.1:8081/hub/", base_url="/hub/",
                           api_url="http://127.0.0.1:8081/hub/api")
-    spawner = GPUSameUserSpawner(user=SimpleNamespace(name=user, url=f"/user/{user}/"), hub=hub,
-                                 gpualloc_url=service.url[:-len("api/v1/")], **settings)
+    spawner = spawner_class(user=SimpleNamespace(name=user, url=f"/user/{user}/"), hub=hub,
+                            gpualloc_url=service.url[:-len("api/v1/")], **settings)
     spawner._gpu_init()
     spawner._gpu_link = ServiceLink(spawner.gpualloc_url, token)
     return spawner
@@ -154,3 +155,43 @@ def test_a_lease_left_when_the_allocator_is_gone_is_logged_not_raised(caplog):
     asyncio.run(spawner.release_slice("the server stopped"))
     assert spawner.gpu_lease_id == ""
     assert "could not release lease L-from-before (the server stopped): this hub has no GPU allocator" in caplog.text
+
+
+class InstantSpawner(Spawner):
+    """A spawner class whose server 'starts' at once, so only the mixin's part takes time."""
+
+    async def start(self):
+        return "http://127.0.0.1:1"
+
+    async def stop(self, now=False):
+        pass
+
+    async def poll(self):
+        return None
+
+
+class QuickSpawner(GPUSpawnerMixin, InstantSpawner):
+    pass
+
+
+def test_progress_follows_a_start_from_its_first_step(service):
+    blocker = take_both_l4(service)
+    spawner = spawner_for(service, "bob", BOB, spawner_class=QuickSpawner, gpu_poll_interval=0.2)
+    spawner.user_options = {"gpu": "whole-l4"}
+
+    async def scenario():
+        started = spawner.start()  # as KubeSpawner's own test does: start, then follow progress
+        messages = []
+        async for event in spawner.progress():
+            messages.append(event["message"])
+            if "position 1 in queue" in event["message"]:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: service.call("DELETE", f"leases/{blocker}", token=ALICE))
+        return await started, messages
+
+    url, messages = asyncio.run(scenario())
+    assert url == "http://127.0.0.1:1"
+    assert messages[:2] == ["asking for a whole GPU on L4", "waiting for a whole GPU on L4: position 1 in queue"]
+    assert messages[2].startswith("granted a whole GPU on L4 after")
+    assert messages[3:] == ["Spawning server... (on your whole GPU on L4)"]
+    asyncio.run(spawner.release_slice("test over"))
