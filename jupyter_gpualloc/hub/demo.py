@@ -26,13 +26,14 @@ JupyterHub on GPU slices: {url}
   1. The spawn form lists the GPU offers with how many are free now: pick "MIG 1g.10gb" and
      start. The server's CUDA_VISIBLE_DEVICES is its MIG device (open a terminal or a notebook
      and run `env | grep -E "CUDA|GPUALLOC"`).
-  2. In a second browser profile, log in as bob and pick "Whole H100"; then as carol pick
-     "Whole H100" too: carol's quota (20 GiB) refuses it at once with the reason. Pick it as
+  2. In a second browser profile, log in as bob and pick "Whole H100"; then as carol: her form
+     greys "Whole H100" out, "(over your quota: at most 20 GiB)". Pick it as
      another user (e.g. dave) while bob holds it: the spawn page shows "waiting for a whole GPU
      on H100 80GB HBM3: position 1 in queue" until bob stops his server (Hub Control Panel ->
      Stop My Server); then dave's server starts.
-  3. As admin, the Hub Control Panel shows every server; the allocator's API is at
-     {url}/services/gpualloc/api/v1/leases?all=1 (every lease) and .../inventory (every GPU).
+  3. As admin, the Hub Control Panel shows every server; in the same browser the allocator's API
+     shows {url}/services/gpualloc/api/v1/leases?all=1 (every lease) and .../inventory (every GPU,
+     with who holds each slice).
   Runtime files: {runtime}. Ctrl-C stops the hub and the servers it started.
 """
 
