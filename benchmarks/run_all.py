@@ -27,6 +27,7 @@ BENCHMARKS = [
     ("mig_packing.py", "mig.md", []),
     ("core_memory.py", "memory.md", []),
     ("service_latency.py", "service.md", []),
+    ("usage_sessions.py", "usage.md", []),
     ("jobs.py", "jobs.md", []),
 ]
 
