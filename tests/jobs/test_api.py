@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 
@@ -111,3 +112,48 @@ def test_the_log_is_served_from_the_jobs_folder(svc, tmp_path):
     assert answer.status == 200 and answer.text == "epoch 1\n"
     svc.call("DELETE", f"jobs/{job['id']}", token=ALICE)
     assert svc.call("GET", f"jobs/{job['id']}/log?follow=1", token=ALICE).text == "epoch 1\n"
+
+
+class EventStream:
+    """GET /events as one user, read line by line."""
+
+    def __init__(self, svc, token: str):
+        from urllib.parse import urlparse
+
+        url = urlparse(svc.url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=15)
+        self.conn.request("GET", url.path + "events", headers={"Authorization": f"Bearer {token}"})
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200
+        assert self.response.readline().startswith(b": connected")
+
+    def until(self, predicate) -> list[dict]:
+        """Events up to and including the first one `predicate` accepts."""
+        seen = []
+        while True:
+            line = self.response.readline()
+            if line.startswith(b"data: "):
+                seen.append(json.loads(line[6:]))
+                if predicate(seen[-1]):
+                    return seen
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def test_job_events_reach_their_owner_only(svc, tmp_path):
+    alice, bob = EventStream(svc, ALICE), EventStream(svc, BOB)
+    try:
+        job = svc.call("POST", "jobs", cell_job(tmp_path), ALICE).json()
+        mine = alice.until(lambda e: e["type"] == "job.queued")
+        assert mine[-1]["data"]["job_id"] == job["id"] and mine[-1]["user"] == "alice"
+        lease = svc.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "kernel:b"},
+                         BOB).json()
+        theirs = bob.until(lambda e: e.get("lease_id") == lease["id"])  # after alice's job in the stream
+        assert not [e for e in theirs if e["type"].startswith("job.") or e.get("user") == "alice"]
+        svc.call("DELETE", f"leases/{lease['id']}", token=BOB)
+        svc.call("DELETE", f"jobs/{job['id']}", token=ALICE)
+        assert alice.until(lambda e: e["type"] == "job.cancelled")[-1]["data"]["job_id"] == job["id"]
+    finally:
+        alice.close()
+        bob.close()
