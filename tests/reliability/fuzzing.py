@@ -29,7 +29,9 @@ expected-statuses = ["2xx", "400", "401", "403", "404", "409"]
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "403", "404", "405", "409", "413", "415"]
 """
-_REQUEST_LINE = re.compile(r"\b([1-5][0-9]{2}) (GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|TRACE|[A-Z]+) (/\S*)")
+# An access-log line: "<status> <METHOD> <uri> (<who>) <ms>ms", in tornado's and jupyter_server's forms
+# (the API's own "<status> <METHOD> <path>: <error>" warnings are not requests of their own).
+_REQUEST_LINE = re.compile(r"\b([1-5][0-9]{2}) ([A-Z]+) (/\S*) \([^)]*\) [0-9.]+ms")
 
 
 @dataclass
