@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .model import Lease
+from .model import Lease, LeaseState
 from .store import DeadlineRecord, Store
 from .usage import holder_kind, offer_name
 
@@ -90,6 +90,16 @@ class Deadlines:
         record = DeadlineRecord(lease.id, now + limit, 0, None)
         self._records[lease.id] = record
         self.store.save_deadline(record)
+
+    def resync(self, lease_id: str, lease: Lease | None) -> None:
+        """After the scheduler undid a change: a lease granted again gets back the deadline of its
+        grant (its extensions are lost), one no longer granted loses its own (in memory only)."""
+        if lease is not None and lease.state is LeaseState.GRANTED:
+            limit = self.max_duration(lease)
+            if lease_id not in self._records and limit is not None:
+                self._records[lease_id] = DeadlineRecord(lease_id, (lease.granted_at or 0.0) + limit, 0, None)
+        else:
+            self._records.pop(lease_id, None)
 
     def stop(self, lease: Lease) -> None:
         if self._records.pop(lease.id, None) is not None:

@@ -298,6 +298,9 @@ class Scheduler:
                 self._plans[lease_id] = plans
                 if lease.state is LeaseState.QUEUED:
                     self._queue.append(lease_id)
+        for lease_id in undo.leases:
+            self.usage.resync(lease_id, self._leases.get(lease_id), now)
+            self.deadlines.resync(lease_id, self._leases.get(lease_id))
         self._seq = undo.seq
         made = {inst.uuid for _, inst, _ in undo.made}
         self._instance_changes = [c for c in self._instance_changes if c[1] not in made]

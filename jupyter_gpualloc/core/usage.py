@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from . import mig
-from .model import MIB_PER_GIB, Lease, SliceKind, SliceSpec
+from .model import MIB_PER_GIB, Lease, LeaseState, SliceKind, SliceSpec
 from .store import Store, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
@@ -249,6 +249,16 @@ class UsageLedger:
             model=sl.model, kind=sl.kind.value, offer=offer_name(lease.spec, self.offers),
             holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
         self._running[lease.id] = _Accrual(template, now, now)
+
+    def resync(self, lease_id: str, lease: Lease | None, now: float) -> None:
+        """After the scheduler undid a change: accrue the lease from now if it is granted again,
+        forget it if it is not (nothing is written)."""
+        if lease is not None and lease.state is LeaseState.GRANTED:
+            if lease_id not in self._running:
+                self.start(lease, now)
+        else:
+            self._running.pop(lease_id, None)
+            self._gpu.pop(lease_id, None)
 
     def accrue(self, leases: Iterable[Lease], now: float) -> None:
         """Store the accrual of these leases up to now (those not being accrued are skipped)."""

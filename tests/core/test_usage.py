@@ -289,3 +289,34 @@ def test_efficiency_lists_busy_gpu_hours_against_held_ones(make):
     assert rows[0]["message"] == "alice's kernel holds 30 GiB, used 2% of its 4.00 GPU-hours"
     assert rows[1]["efficiency"] == 0.9
     assert s.usage.efficiency(MONDAY, MONDAY + HOUR, MONDAY + 2 * HOUR, user="bob")[0]["user"] == "bob"
+
+
+def test_a_release_the_store_refused_keeps_accruing_exactly(tmp_path):
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+    from jupyter_gpualloc.core.scheduler import Scheduler, StoreFailed
+    from jupyter_gpualloc.core.store import Store, sqlite_url
+
+    store = Store(sqlite_url(tmp_path / "flaky.sqlite"))
+    failing = []
+
+    def drop_the_lease_write(conn, cursor, statement, parameters, context, executemany):
+        if failing and statement.lstrip().startswith("INSERT INTO meta"):
+            failing.clear()
+            raise OperationalError(statement, parameters, ConnectionError("connection lost"))
+
+    event.listen(store.engine, "before_cursor_execute", drop_the_lease_write)
+    s = Scheduler(SimulatedBackend(fleet({"model": "T4", "count": 1})), store,
+                  SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, max_duration={"kernel": 10 * HOUR}), now=MONDAY)
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    failing.append(True)
+    with pytest.raises(StoreFailed):
+        s.release(lease.id, now=MONDAY + HOUR)
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+    assert s.deadlines.of(lease.id).deadline == MONDAY + 10 * HOUR
+    s.release(lease.id, now=MONDAY + 3 * HOUR)
+    report = s.usage.report(0, float("inf"), "user", MONDAY + 5 * HOUR)
+    assert [(r["user"], r["gpu_hours"]) for r in report] == [("alice", 3.0)]
+    store.close()
