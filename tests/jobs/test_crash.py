@@ -33,6 +33,13 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.fixture
 def killed_kernels():
     """Job kernels orphaned by the SIGKILL, killed at the end."""
@@ -60,6 +67,8 @@ def test_sigkill_mid_job_requeues_it_and_holds_no_slice(tmp_path, killed_kernels
         first_lease = server.call("GET", API + f"jobs/{job['id']}")[1]["lease_id"]
         killed_kernels.extend(psutil.Process(server.proc.pid).children(recursive=True))
         server.stop(signal.SIGKILL)
+        # the job's kernel sees its parent gone and exits: the GPU is not used twice when the job runs again
+        wait_until(lambda: not [p for p in killed_kernels if alive(p)], 15, "the orphaned job kernel to exit")
 
         server.start()
         # the restarted runner finds the job running with no attempt of its own: interrupted, its lease ended
