@@ -60,10 +60,13 @@ class Deadlines:
 
     def max_duration(self, lease: Lease) -> float | None:
         """Seconds this lease may last: its offer's max_duration, else the policy's for its holder kind."""
-        offer = self._by_name.get(offer_name(lease.spec, self._offers))
+        return self.for_offer(self._by_name.get(offer_name(lease.spec, self._offers)), holder_kind(lease.holder))
+
+    def for_offer(self, offer: dict | None, kind: str = "server") -> float | None:
+        """Seconds a lease of this holder kind on this offer (or on a request of its own) may last; None: no limit."""
         if offer is not None and offer.get("max_duration") is not None:
             return float(offer["max_duration"]) or None
-        return float(self.policy.max_duration.get(holder_kind(lease.holder), 0)) or None
+        return float(self.policy.max_duration.get(kind, 0)) or None
 
     def of(self, lease_id: str) -> DeadlineRecord | None:
         return self._records.get(lease_id)

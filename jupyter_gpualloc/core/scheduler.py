@@ -588,6 +588,7 @@ class Scheduler:
             never = self._quota_check(user, groups, plans, None, assume_empty=True) if user else None
             out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
                         "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
+                        "max_duration": self.deadlines.for_offer(offer),
                         "available": self._count_available(plans),
                         "over_quota": never.limit_text if never else None})
         return out

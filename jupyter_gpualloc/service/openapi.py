@@ -460,6 +460,9 @@ OPERATIONS["/usage"] = {
                           "403": _error("Another user's usage, asked by a non-admin.")}},
 }
 
+SCHEMAS["Offers"]["properties"]["offers"]["items"]["properties"]["max_duration"] = {
+    **NULLABLE_NUMBER, "description": "Seconds a server's lease on this offer may last; null: no limit."}
+
 SCHEMAS["Lease"]["properties"]["deadline"] = {
     "type": ["object", "null"], "description": "A time-boxed lease's deadline; null when it has none.",
     "properties": {"at": {"type": "number"}, "extensions": {"type": "integer"},

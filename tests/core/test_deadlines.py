@@ -56,6 +56,7 @@ def test_an_offer_max_duration_wins_over_the_policy(make):
     t4 = s.submit("alice", "kernel:1", T4, now=0)
     l4 = s.submit("alice", "kernel:2", SliceSpec.from_json({"kind": "whole", "model": "L4"}), now=0)
     assert s.deadlines.of(t4.id).deadline == 7200 and s.deadlines.of(l4.id) is None
+    assert {o["name"]: o["max_duration"] for o in s.offers()} == {"t4-2h": 7200, "l4": None}
 
 
 def test_extensions_are_limited_and_refused_while_others_wait(make):
