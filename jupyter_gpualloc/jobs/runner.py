@@ -89,6 +89,7 @@ class JobRunner:
             if not self._recovered:
                 await self._recover(jobs)
                 self._recovered = True
+                return  # the interrupted jobs are queued again: the next round sees them so
             holders = [f"job:{j['id']}" for j in jobs]
             if holders:
                 await self.client.heartbeat(holders)
@@ -108,7 +109,6 @@ class JobRunner:
         for job in jobs:
             if job["state"] == "running" and job["id"] not in self.attempts:
                 await self._finish(job["id"], job["attempts"], "interrupted", "the server running it restarted")
-                job["state"] = "gone"
 
     def _check(self, attempt: Attempt, job: dict | None) -> None:
         """Stop a local attempt the core has moved on from (cancelled, preempted, lease lost)."""
@@ -116,8 +116,8 @@ class JobRunner:
             return
         if job is None:
             attempt.stopping, grace = "cancelled or ended", CANCEL_GRACE
-        else:
-            attempt.stopping, grace = "preempted", float(job.get("preempt_grace", 60.0))
+        else:  # preempted, or its lease was lost: back in the queue
+            attempt.stopping, grace = job.get("reason") or "requeued", float(job.get("preempt_grace", 60.0))
         self.log.info("gpualloc jobs: stopping job %s attempt %d (%s)", attempt.job_id, attempt.number,
                       attempt.stopping)
         attempt.stopper = asyncio.ensure_future(self._stop(attempt, grace))
@@ -239,8 +239,8 @@ class JobRunner:
     async def close(self) -> None:
         """Server shutdown: stop every attempt at once; their jobs are requeued or failed by policy."""
         for attempt in list(self.attempts.values()):
-            await self._finish(attempt.job_id, attempt.number, "interrupted", "the server running it stopped")
             attempt.stopping = "the server stopped"
+            await self._finish(attempt.job_id, attempt.number, "interrupted", "the server running it stopped")
             await self._stop(attempt, 0.5)
         tasks = [a.task for a in self.attempts.values() if a.task is not None]
         if tasks:
