@@ -23,6 +23,7 @@ from .scheduler import NotFound, Scheduler, SchedulerError
 OUTCOMES = ("succeeded", "failed", "timed_out", "interrupted")
 REQUEST_FIELDS = {"name", "spec", "priority", "preemptible", "source", "workdir", "kernel_name", "timeout", "retries"}
 MAX_RETRIES = 100
+LEASE_ENDINGS = {f"lease.{state.value}" for state in LeaseState if not state.active}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -193,9 +194,8 @@ class Jobs:
         data = job.to_json()
         lease = self._lease(job) if job.state.active else None
         position = None
-        if job.state is JobState.QUEUED:
-            position = 0 if lease is not None and lease.state is LeaseState.GRANTED else (
-                self.scheduler.position(lease.id) if lease is not None else None)
+        if job.state is JobState.QUEUED and lease is not None:
+            position = 0 if lease.state is LeaseState.GRANTED else self.scheduler.position(lease.id)
         data["position"] = position
         data["lease"] = lease.to_json() if lease is not None else None
         data["slice"] = lease.slice.to_json() if lease is not None and lease.slice else None
@@ -327,13 +327,12 @@ class Jobs:
     def _on_lease_event(self, event: Event) -> None:
         """A job's lease ended under it: preempted (back to the queue) or lost (interrupted)."""
         holder = event.data.get("holder", "")
-        if not holder.startswith("job:") or not event.type.startswith("lease."):
+        if not holder.startswith("job:"):
             return
         job = self._jobs.get(holder[4:])
         if job is None or job.lease_id != event.lease_id:
             return
-        ended = event.type[len("lease."):] in {s.value for s in LeaseState if not s.active}
-        if not ended:
+        if event.type not in LEASE_ENDINGS:
             return
         job.lease_id = None
         self._changed(job)
