@@ -7,6 +7,7 @@ on the sidebar's `/gpualloc/api/events` stream.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -16,7 +17,8 @@ SCHEMA_DIR = Path(__file__).with_name("schemas")
 SCHEMA_PREFIX = "https://events.jupyter.org/jupyter_gpualloc/"
 
 LEASE_EVENTS = ("lease.granted", "lease.queued", "lease.idle_warning", "lease.idle_cleared", "lease.released",
-                "lease.expired", "lease.preempted", "lease.cancelled", "lease.rejected")
+                "lease.expired", "lease.preempted", "lease.cancelled", "lease.rejected", "lease.deadline_warning",
+                "lease.extended", "usage.warning", "usage.exceeded")
 EVENT_TYPES = LEASE_EVENTS + ("kernel.gpu_shutdown", "watchdog.over_cap", "watchdog.unleased_gpu",
                               "watchdog.action")
 
@@ -45,6 +47,10 @@ def kernel_of(holder: str | None) -> str | None:
     return None
 
 
+def _utc(t: Any) -> str:
+    return datetime.fromtimestamp(float(t or 0), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def lease_message(event_type: str, holder: str, data: Mapping[str, Any]) -> str:
     """One sentence about a lease event, for the sidebar and the notebook."""
     who = f"kernel {kernel_of(holder)}" if kernel_of(holder) else holder
@@ -53,6 +59,13 @@ def lease_message(event_type: str, holder: str, data: Mapping[str, Any]) -> str:
     if event_type == "lease.idle_warning":
         return (f"The GPU slice of {who} has been idle for {data.get('idle_s', 0):.0f} s; it will be released "
                 f"(and the kernel shut down) unless it is used again.")
+    if event_type == "lease.deadline_warning":
+        return (f"The GPU slice of {who} reaches its time limit at {_utc(data.get('release_at'))}; "
+                f"it will be released then unless extended (%gpu extend).")
+    if event_type == "lease.extended":
+        return f"The GPU slice of {who} was extended until {_utc(data.get('deadline'))}."
+    if event_type.startswith("usage."):
+        return f"GPU usage of {who}: {data.get('message', '')}."
     if event_type == "lease.granted":
         devices = (data.get("slice") or {}).get("visible_devices", "")
         return f"{who} got its GPU slice ({devices})."

@@ -43,3 +43,32 @@ def test_deadline_extend_once_then_refused(service):
     assert service.call("DELETE", f"leases/{server['id']}", token=ALICE).status == 200
     assert service.call("DELETE", f"leases/{lease['id']}", token=ALICE).status == 200
     assert service.call("POST", f"leases/{lease['id']}/extend", token=ALICE).status == 404
+
+
+def test_deadline_and_usage_events_reach_the_sidebars_stream():
+    import json as _json
+    import logging
+
+    from jupyter_events import EventLogger
+
+    from jupyter_gpualloc.server.events import GpuAllocEvents
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record.msg if isinstance(record.msg, dict) else _json.loads(record.getMessage()))
+
+    keep = Keep()
+    events = GpuAllocEvents(EventLogger(handlers=[keep]))
+    events.relay_lease_event({"type": "lease.deadline_warning", "lease_id": "L1",
+                              "data": {"holder": "kernel:k1", "state": "granted", "release_at": 1796284800.0}})
+    events.relay_lease_event({"type": "usage.exceeded", "lease_id": "L1", "data": {
+        "holder": "server", "state": "granted", "message": "you have used 10.00 of 10 GPU-hours this week"}})
+    assert [r["message"] for r in keep.records] == [
+        "The GPU slice of kernel k1 reaches its time limit at 2026-12-03 08:00 UTC; it will be released then "
+        "unless extended (%gpu extend).",
+        "GPU usage of server: you have used 10.00 of 10 GPU-hours this week."]
+    assert keep.records[0]["release_at"] == 1796284800.0
