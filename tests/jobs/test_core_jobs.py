@@ -171,3 +171,24 @@ def test_requests_are_checked_field_by_field(core):
     assert err.value.field == "workdir"
     with pytest.raises(NotFound):
         core.jobs.job("nope")
+
+
+def test_a_long_waiting_job_keeps_its_gpu_from_later_smaller_jobs(core):
+    share = {"kind": "shared", "memory_gib": 4, "model": "L4"}
+    kernel = core.scheduler.submit("bob", "kernel:k", SliceSpec.from_json(share), now=0.0)
+    big = core.jobs.submit("alice", request(), now=1.0)  # a whole L4: waits for bob's kernel
+    small = core.jobs.submit("carol", request(share), now=2.0)
+    assert core.jobs.view(small, 2.0)["position"] == 0  # backfilled while big waits briefly
+    core.jobs.cancel(small.id, now=3.0, by="carol")
+    later = core.jobs.submit("carol", request(share), now=700.0)  # big has waited past reserve_after
+    assert core.jobs.view(later, 700.0)["position"] == 2
+    core.scheduler.release(kernel.id, now=800.0)
+    assert core.jobs.view(core.jobs.job(big.id), 800.0)["position"] == 0
+
+
+def test_interactive_jobs_when_policy_allows_them(tmp_path):
+    core = Core(tmp_path, interactive_jobs=True)
+    job = core.jobs.submit("alice", request(priority="interactive"), now=0.0)
+    lease = core.scheduler.lease(job.lease_id)
+    assert (lease.priority, lease.preemptible) == (PriorityClass.INTERACTIVE, False)
+    core.store.close()
