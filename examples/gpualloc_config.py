@@ -56,6 +56,9 @@ c.SchedulerPolicy.idle_grace = 300                 # ...and release 5 minutes la
 c.SchedulerPolicy.heartbeat_ttl = 120              # a silent holder loses its lease after 2 minutes
 c.SchedulerPolicy.quotas = {"*": {"slices": 2, "memory_gib": 80}, "ops": {}}
 c.SchedulerPolicy.group_quotas = {"students": {"memory_gib": 160}}
+c.SchedulerPolicy.preempt_grace = 60               # a preempted job: SIGINT, SIGTERM 60 s later, then SIGKILL
+c.SchedulerPolicy.requeue_interrupted = True       # a job whose server died runs again (False: it fails)
+c.SchedulerPolicy.interactive_jobs = False         # jobs stay in the batch class
 c.SchedulerPolicy.offers = [
     {"name": "small", "label": "MIG 1g.10gb (A100)", "spec": {"kind": "mig", "profile": "1g.10gb"}},
     {"name": "medium", "label": "MIG 3g.40gb (A100)", "spec": {"kind": "mig", "profile": "3g.40gb"}},
