@@ -153,7 +153,7 @@ def parse_quota(who: str, entry: dict) -> tuple[float, Window, str]:
 
 
 def format_time(t: float) -> str:
-    """'Mon 00:00 UTC' within a week, else '2026-12-01 00:00 UTC'."""
+    """'Mon 2026-12-07 00:00 UTC'."""
     return datetime.fromtimestamp(t, timezone.utc).strftime("%a %Y-%m-%d %H:%M UTC")
 
 
@@ -234,11 +234,11 @@ class UsageLedger:
         self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
         self._quotas = [(who, *parse_quota(who, entry)) for who, entry in policy.usage_quotas.items()]
         self._horizon = max((w.longest_seconds() for _, _, w, _ in self._quotas), default=0.0)
-        self._recent: dict[tuple[str, float], UsageSegment] = {}
+        # Stored segments a usage quota may still count, per user and per group.
+        self._recent: dict[tuple[str, str], dict[tuple[str, float], UsageSegment]] = {}
         self._pruned_at = now
         if self._horizon:
-            for seg in store.load_usage(now - self._horizon, float("inf")):
-                self._recent[(seg.lease_id, seg.start)] = seg
+            self._remember(store.load_usage(now - self._horizon, float("inf")))
 
     # ------------------------------------------------------------ accrual
     def start(self, lease: Lease, now: float) -> None:
@@ -306,8 +306,12 @@ class UsageLedger:
             return
         self.store.save_usage(segments)
         if self._horizon:
-            for seg in segments:
-                self._recent[(seg.lease_id, seg.start)] = seg
+            self._remember(segments)
+
+    def _remember(self, segments: Iterable[UsageSegment]) -> None:
+        for seg in segments:
+            for owner in (("user", seg.user), *(("group", g) for g in seg.groups)):
+                self._recent.setdefault(owner, {})[(seg.lease_id, seg.start)] = seg
 
     def segments(self, since: float, until: float, now: float, user: str | None = None) -> list[UsageSegment]:
         """Stored segments overlapping [since, until) plus running leases' accrual not stored yet."""
@@ -418,13 +422,21 @@ class UsageLedger:
         return out
 
     # ------------------------------------------------------------- quotas
-    def quotas_for(self, user: str, groups: Sequence[str], now: float) -> list[QuotaStatus]:
-        """Every usage quota that applies to this user (their own or their groups'), with its use now."""
+    def quotas_for(self, user: str, groups: Sequence[str], now: float,
+                   known: dict | None = None) -> list[QuotaStatus]:
+        """Every usage quota that applies to this user (their own or their groups'), with its use now
+        (`known`: statuses already worked out at this time, reused and added to)."""
         own = [q for q in self._quotas if q[3] == "user" and q[0] == user] or \
               [q for q in self._quotas if q[3] == "user" and q[0] == "*"]
         mine = [q for q in self._quotas if q[3] == "group" and q[0] in groups]
-        return [self._status(who if per == "group" else user, limit, window, per, now)
-                for who, limit, window, per in own + mine]
+        known = {} if known is None else known
+        out = []
+        for who, limit, window, per in own + mine:
+            key = (per, who if per == "group" else user, limit, window)
+            if key not in known:
+                known[key] = self._status(key[1], limit, window, per, now)
+            out.append(known[key])
+        return out
 
     def _status(self, who: str, limit: float, window: Window, per: str, now: float) -> QuotaStatus:
         start, end = window.bounds(now)
@@ -435,12 +447,12 @@ class UsageLedger:
         return QuotaStatus(per, who, limit, window, used, resets)
 
     def _matching(self, who: str, per: str, now: float) -> list[UsageSegment]:
-        segs = list(self._recent.values())
+        """The user's or group's stored segments within the horizon, and its running leases' accrual since."""
+        segs = list(self._recent.get((per, who), {}).values())
         for acc in self._running.values():
-            segs.extend(self._pending(acc, now))
-        if per == "user":
-            return [s for s in segs if s.user == who]
-        return [s for s in segs if who in s.groups]
+            if (acc.template.user == who) if per == "user" else (who in acc.template.groups):
+                segs.extend(self._pending(acc, now))
+        return segs
 
     def _used(self, who: str, per: str, since: float, until: float, now: float) -> float:
         total = 0.0
@@ -477,14 +489,16 @@ class UsageLedger:
         if not self._quotas:
             return []
         if now - self._pruned_at >= SECONDS_PER_HOUR:
-            self._recent = {k: s for k, s in self._recent.items() if s.end >= now - self._horizon}
+            self._recent = {owner: {k: seg for k, seg in segs.items() if seg.end >= now - self._horizon}
+                            for owner, segs in self._recent.items()}
             self._pruned_at = now
         actions = []
         cache: dict[tuple[str, str], list[QuotaStatus]] = {}
+        known: dict = {}
         for lease in leases:
             key = (lease.user, ",".join(lease.groups))
             if key not in cache:
-                cache[key] = self.quotas_for(lease.user, lease.groups, now)
+                cache[key] = self.quotas_for(lease.user, lease.groups, now, known)
             for status in cache[key]:
                 mark = (lease.id, status.scope, status.who)
                 if status.fraction >= 1.0:
