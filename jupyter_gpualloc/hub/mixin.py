@@ -214,19 +214,19 @@ class GPUSpawnerMixin(Spawner):
         base_html = (await maybe_future(base(self)) if callable(base) else base) or ""
         previous = (self.orm_spawner.user_options or {}).get(form.OPTION) if self.orm_spawner else None
         message = ""
+        only_no_gpu = [form.no_gpu_offer(self.gpu_no_gpu_label)] if self.gpu_no_gpu_offer else []
+        until = "only servers without a GPU can start" if self.gpu_no_gpu_offer else "no server can start"
         try:
             offers = await self.gpu_offers()
         except AllocatorNotConfigured:
             return base_html
         except PermissionError as err:
             self.log.warning("GPU offers for %s: %s", self._log_name, err)
-            offers = [form.no_gpu_offer(self.gpu_no_gpu_label)]
-            message = f"{err} Until then, only servers without a GPU can start."
+            offers, message = only_no_gpu, f"{err} Until then, {until}."
         except Exception as err:  # whatever fails on the way to the allocator, the form still works
             self.log.warning("GPU offers for %s: %s", self._log_name, err,
                              exc_info=not isinstance(err, ServiceUnavailable))
-            offers = [form.no_gpu_offer(self.gpu_no_gpu_label)]
-            message = "The GPU allocator is not answering right now: only servers without a GPU can start."
+            offers, message = only_no_gpu, f"The GPU allocator is not answering right now: {until}."
         return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message)
 
     @default("options_from_form")

@@ -223,6 +223,12 @@ def test_the_form_keeps_the_profiles_when_the_allocator_cannot_be_reached():
     assert 'name="profile"' in html and html.count('name="gpu"') == 1 and 'value="none" checked' in html
     assert "The GPU allocator is not answering right now: only servers without a GPU can start." in html
 
+    async def gpu_only_form() -> str:
+        return await make_spawner(profile_list=PROFILES, gpu_no_gpu_offer=False).get_options_form()
+
+    html = asyncio.run(gpu_only_form())
+    assert 'name="gpu"' not in html and "The GPU allocator is not answering right now: no server can start." in html
+
 
 def test_profile_options_defaults_and_unlisted_choices_apply():
     async def loaded(user_options: dict) -> GPUKubeSpawner:
