@@ -190,14 +190,21 @@ def render_inventory(backend) -> Iterable[str]:
 def usage(args: argparse.Namespace, out: TextIO) -> int:
     """GPU-hours from the service's GET /usage, as a table (or CSV)."""
     from .client import GpuAllocError, SyncGpuAllocClient
-    from .kernel.usage import usage_lines
+    from .kernel.usage import efficiency_lines, usage_lines
 
     try:
         with SyncGpuAllocClient(args.url, args.token) as client:
-            report = client.usage(since=args.since, until=args.until, by=args.by, user=args.user)
+            if args.efficiency:
+                report = client.usage_efficiency(since=args.since, until=args.until, user=args.user)
+            else:
+                report = client.usage(since=args.since, until=args.until, by=args.by, user=args.user)
     except GpuAllocError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    if args.efficiency:
+        for line in efficiency_lines(report):
+            print(line, file=out)
+        return 0
     if args.csv:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow([args.by, "gpu_hours", "gib_hours", "leases"])
@@ -313,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one row per user (default), group, GPU model, slice kind, offer, holder kind or UTC day")
     use.add_argument("--user", help="admins: only this user's usage")
     use.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    use.add_argument("--efficiency", action="store_true",
+                     help="leases with GPU utilisation samples instead: GPU-hours held vs. busy, least efficient first")
     use.add_argument("--url", help="the service's URL (default: $GPUALLOC_URL or JupyterHub's environment)")
     use.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
     use.set_defaults(func=usage)

@@ -282,6 +282,12 @@ class GpuAllocClient:
                  if v is not None}
         return await self.call("GET", f"usage?{urlencode(query)}")
 
+    async def usage_efficiency(self, *, since: str | float | None = None, until: str | float | None = None,
+                               user: str | None = None) -> dict:
+        """Leases with GPU utilisation samples: GPU-hours held vs. busy, least efficient first."""
+        query = {k: str(v) for k, v in (("since", since), ("until", until), ("user", user)) if v is not None}
+        return await self.call("GET", f"usage/efficiency?{urlencode(query)}")
+
     async def submit_job(self, request: Mapping[str, Any]) -> dict:
         """Queue a background job (see the JobRequest schema); the job, queued."""
         return await self.call("POST", "jobs", dict(request))
@@ -425,6 +431,9 @@ class SyncGpuAllocClient:
 
     def usage(self, **query: Any) -> dict:
         return self._run(self._client.usage(**query))
+
+    def usage_efficiency(self, **query: Any) -> dict:
+        return self._run(self._client.usage_efficiency(**query))
 
     def submit_job(self, request: Mapping[str, Any]) -> dict:
         return self._run(self._client.submit_job(request))

@@ -33,3 +33,17 @@ def usage_lines(report: dict) -> list[str]:
         lines.append(f"{'total':<{width}}  {total['gpu_hours']:>10.2f}  {total['gib_hours']:>10.2f}")
     lines.extend(quota["message"] for quota in report.get("quotas", []))
     return lines
+
+
+def efficiency_lines(report: dict) -> list[str]:
+    """The least efficient leases first: GPU-hours held and busy, and a sentence each."""
+    lines = [f"GPU efficiency from {_moment(report['since'])} to {_moment(report['until'])}"
+             + (f" for {report['user']}" if report.get("user") else " for everyone")]
+    if not report["rows"]:
+        return lines + ["no lease reported its GPU utilisation in this period"]
+    lines.append(f"{'lease':<18}  {'GPU-hours':>10}  {'busy':>10}  {'efficiency':>10}")
+    for row in report["rows"]:
+        lines.append(f"{row['lease_id']:<18}  {row['gpu_hours']:>10.2f}  {row['busy_gpu_hours']:>10.2f}"
+                     f"  {row['efficiency']:>10.0%}  {row['message']}")
+    return lines
+

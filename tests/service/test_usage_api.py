@@ -161,3 +161,8 @@ def test_utilization_samples_feed_the_efficiency_report(service):
     assert [r["user"] for r in service.call("GET", "usage/efficiency?since=2020-01-01", token=ROOT).json()["rows"]] \
         == ["carol"]
     assert service.call("GET", "usage/efficiency?user=carol", token=ALICE).status == 403
+    table = run_cli(service, "--efficiency", "--since", "2020-01-01", token=CAROL)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].endswith("for carol") and lines[2].startswith(lease_id)
+    assert lines[2].endswith(row["message"])
