@@ -16,23 +16,25 @@ if n == 1:
 """
 
 
-async def test_an_interactive_request_preempts_a_running_job_which_later_succeeds(jobs_client, workdir, gpualloc):
+async def test_an_interactive_request_preempts_a_running_job_which_later_succeeds(jobs_client, workdir, gpualloc,
+                                                                                   notebook_kernel):
     a = await jobs_client.submit_job(cell_job(workdir, FIRST_ATTEMPT_SLEEPS, spec=WHOLE_L4, name="a"))
     b = await jobs_client.submit_job(cell_job(workdir, "print('b ran')", spec=WHOLE_L4, name="b"))
     assert (a["position"], b["position"]) == (0, 1)  # one L4: b waits behind a
     log_a = workdir / ".gpualloc" / "jobs" / a["id"] / "job.log"
     await wait_for(lambda: log_a.exists() and "a is working, attempt 1" in log_a.read_text(), 60)
 
-    # an interactive request goes before the queued job b, and takes a's GPU from it
-    lease = await jobs_client.request_lease(WHOLE_L4, "kernel:interactive-user")  # queued, then placed
-    assert lease["state"] == "granted"
+    # an interactive %gpu request goes before the queued job b, and takes a's GPU from it
+    out, err = await notebook_kernel("%gpu request --whole --model L4 --wait 30s")
+    assert out.startswith("gpu: granted whole GPU on L4"), (out, err)
     preempted = await jobs_client.job(a["id"])
     assert (preempted["state"], preempted["preemptions"]) == ("queued", 1), preempted
     await wait_for(lambda: "stopped: preempted" in log_a.read_text(), 10 + 3 * PREEMPT_GRACE)
     queued = [(await jobs_client.job(j["id"]))["position"] for j in (b, a)]
     assert queued == [1, 2], queued  # b keeps its place ahead of the requeued a
 
-    await jobs_client.release(lease["id"])
+    out, _ = await notebook_kernel("%gpu release")
+    assert out.startswith("gpu: released"), out
     done_b = await job_ends(jobs_client, b["id"])
     done_a = await job_ends(jobs_client, a["id"])
     assert (done_b["state"], done_a["state"], done_a["attempts"]) == ("succeeded", "succeeded", 2)

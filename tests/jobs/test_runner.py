@@ -55,3 +55,14 @@ async def test_cancel_while_queued_and_while_running(jobs_client, workdir, gpual
     await wait_for(lambda: not gpualloc.runner.attempts, 15)
     assert "stopped: cancelled" in log.read_text()
     assert gpualloc.embedded.scheduler.leases() == []
+
+
+async def test_two_jobs_beyond_capacity_run_one_after_the_other(jobs_client, workdir):
+    whole = {"kind": "whole", "model": "L4"}  # the fleet has one L4
+    first = await jobs_client.submit_job(cell_job(workdir, "import time\ntime.sleep(1)", spec=whole))
+    second = await jobs_client.submit_job(cell_job(workdir, "x = 2", spec=whole))
+    assert (first["position"], second["position"]) == (0, 1)
+    done_first = await job_ends(jobs_client, first["id"])
+    done_second = await job_ends(jobs_client, second["id"])
+    assert (done_first["state"], done_second["state"]) == ("succeeded", "succeeded")
+    assert done_first["ended_at"] <= done_second["started_at"]
