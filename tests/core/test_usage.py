@@ -320,3 +320,53 @@ def test_a_release_the_store_refused_keeps_accruing_exactly(tmp_path):
     report = s.usage.report(0, float("inf"), "user", MONDAY + 5 * HOUR)
     assert [(r["user"], r["gpu_hours"]) for r in report] == [("alice", 3.0)]
     store.close()
+
+
+CHILD = """
+import sys
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+from jupyter_gpualloc.core.model import SliceSpec
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import Scheduler
+from jupyter_gpualloc.core.store import Store
+
+fleet = {"nodes": [{"name": "n0", "cpu_milli": 8000, "memory_mib": 65536, "gpus": [{"model": "T4", "count": 1}]}]}
+start = float(sys.argv[2])
+s = Scheduler(SimulatedBackend(fleet), Store(sys.argv[1]), SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0), now=start)
+lease = s.submit("alice", "kernel:1", SliceSpec.from_json({"kind": "whole"}), now=start, lease_id="L")
+s.heartbeat("alice", now=start + 5400)
+s.tick(start + 7000)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_sigkill_loses_no_accrual_before_the_last_heartbeat(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+    from jupyter_gpualloc.core.scheduler import Scheduler
+    from jupyter_gpualloc.core.store import Store, sqlite_url
+
+    url = sqlite_url(tmp_path / "killed.sqlite")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, url, str(MONDAY)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    fleet_dict = {"nodes": [{"name": "n0", "cpu_milli": 8000, "memory_mib": 65536,
+                             "gpus": [{"model": "T4", "count": 1}]}]}
+    store = Store(url)
+    s = Scheduler(SimulatedBackend(fleet_dict), store, SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0),
+                  now=MONDAY + 3 * HOUR)
+    assert s.lease("L").state is LeaseState.GRANTED
+    assert s.usage.report(0, float("inf"), "user", MONDAY + 3 * HOUR) == [
+        {"user": "alice", "gpu_hours": 1.5, "gib_hours": 22.5, "leases": 1}]  # up to the heartbeat at 1.5 h
+    s.release("L", now=MONDAY + 4 * HOUR)
+    assert s.usage.report(0, float("inf"), "user", MONDAY + 5 * HOUR)[0]["gpu_hours"] == 2.5
+    store.close()
