@@ -166,3 +166,11 @@ def test_utilization_samples_feed_the_efficiency_report(service):
     lines = table.stdout.splitlines()
     assert lines[0].endswith("for carol") and lines[2].startswith(lease_id)
     assert lines[2].endswith(row["message"])
+
+
+def test_usage_routes_need_a_token(service):
+    for method, path in [("GET", "usage"), ("GET", "usage/efficiency"), ("POST", "leases/x/extend"),
+                         ("POST", "leases/x/utilization")]:
+        for token in (None, "not-a-known-token"):
+            response = service.call(method, path, {"sm_percent": 1} if method == "POST" else None, token)
+            assert response.status == 401, (method, path, response)
