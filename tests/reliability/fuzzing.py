@@ -3,7 +3,8 @@
 Used by the suite (a short run) and by benchmarks/fuzz_api.py (a long one). The document's
 endpoints are all fuzzed except the two streams, /events and /jobs/{job_id}/log (follow=1 streams
 until the job ends), on which a request/response fuzzer can only time out; the auth matrix and
-tests/service cover them. `use_after_free` is left out: DELETE ends a lease, which stays readable
+tests/service cover them. Requests may wait 75 s: a long-poll (`wait`) is held up to the
+service's max_wait (60 s in embedded mode). `use_after_free` is left out: DELETE ends a lease, which stays readable
 with its final state, as the document says.
 Requests and 5xx answers are counted from the server's own request log, independently of
 schemathesis' report.
@@ -71,7 +72,7 @@ def run_schemathesis(document_url: str, headers: dict[str, str], workdir: Path, 
     command = [str(Path(sys.executable).with_name("st")), "--config-file", str(config), "run", document_url,
                "--checks", "all", "--max-examples", str(max_examples), "--seed", str(seed),
                "--phases", phases, "--exclude-path", "/events", "--exclude-path", "/jobs/{job_id}/log", "--exclude-checks", "use_after_free", "--workers", "1", "--no-color",
-               "--request-timeout", "30", "--suppress-health-check", "all"]
+               "--request-timeout", "75", "--suppress-health-check", "all"]
     for name, value in headers.items():
         command += ["--header", f"{name}: {value}"]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.reliability.schemathesis_checks",

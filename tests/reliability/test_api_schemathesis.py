@@ -7,6 +7,8 @@ runs the same at 10,000+ requests.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from .fuzzing import run_schemathesis
@@ -32,14 +34,23 @@ def test_standalone_service_answers_as_documented(standalone, tmp_path, token, u
     api.release_all()
 
 
-@pytest.mark.parametrize("admin", [False, True], ids=["user", "admin"])
-def test_embedded_mode_answers_as_documented(tmp_path, admin):
-    server = EmbeddedServer(tmp_path / "server", admin=admin, debug=True).start()
+def test_embedded_mode_answers_as_documented(tmp_path):
+    """A server whose owner is a plain user and one whose owner is an admin, fuzzed side by side."""
+    servers = {admin: EmbeddedServer(tmp_path / f"server-{admin}", admin=admin, debug=True) for admin in (False, True)}
+
+    def fuzz(admin: bool):
+        api = servers[admin].api()
+        return run_schemathesis(api.url + "openapi.json", api.user, tmp_path / f"fuzz-{admin}",
+                                servers[admin].log_file, "/gpualloc/api/v1/", max_examples=EXAMPLES, seed=12,
+                                user="" if admin else "owner")
+
     try:
-        api = server.api()
-        run = run_schemathesis(api.url + "openapi.json", api.user, tmp_path / "fuzz", server.log_file,
-                               "/gpualloc/api/v1/", max_examples=EXAMPLES, seed=12, user="" if admin else "owner")
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda server: server.start(), servers.values()))
+            runs = list(pool.map(fuzz, servers))
     finally:
-        server.stop()
-    assert run.returncode == 0, run.summary
-    assert run.server_errors == 0 and run.requests > 300, (run.requests, run.server_errors)
+        for server in servers.values():
+            server.stop()
+    for run in runs:
+        assert run.returncode == 0, run.summary
+        assert run.server_errors == 0 and run.requests > 300, (run.requests, run.server_errors)
