@@ -1020,12 +1020,16 @@ class Scheduler:
     def _schedule(self, now: float) -> None:
         """Grant every waiting request that fits, in queue order, honouring reservations."""
         reserved: set[str] = set()
+        usage_known: dict = {}
         for lease_id in self._queue_order():
             lease = self._leases.get(lease_id)
             if lease is None or lease.state is not LeaseState.QUEUED:
                 continue
             plans = self._plans[lease_id]
             blocked = self._quota_block(lease, plans)
+            used_up = None if blocked else self.usage.refusal(lease.user, lease.groups, now, usage_known)
+            if used_up is not None:
+                blocked = QuotaExceeded(used_up.scope, "gpu_hours", used_up.limit, used_up.sentence())
             placement = None if blocked else self._place(lease, plans, reserved)
             if placement is None and blocked is None and lease.priority is PriorityClass.INTERACTIVE \
                     and self.policy.preemption:

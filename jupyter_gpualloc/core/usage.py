@@ -479,9 +479,9 @@ class UsageLedger:
                 low = mid
         return float(round(high))
 
-    def refusal(self, user: str, groups: Sequence[str], now: float) -> QuotaStatus | None:
-        """The usage quota a new request of this user would start over (or at) the limit of, or None."""
-        return next((s for s in self.quotas_for(user, groups, now) if s.used >= s.limit), None)
+    def refusal(self, user: str, groups: Sequence[str], now: float, known: dict | None = None) -> QuotaStatus | None:
+        """The usage quota a request of this user would start over (or at) the limit of, or None."""
+        return next((s for s in self.quotas_for(user, groups, now, known) if s.used >= s.limit), None)
 
     def enforce(self, leases: Iterable[Lease], now: float) -> list[UsageAction]:
         """Warn running leases whose quota passed the warning fraction, and at the limit warn or

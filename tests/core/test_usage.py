@@ -370,3 +370,20 @@ def test_sigkill_loses_no_accrual_before_the_last_heartbeat(tmp_path):
     s.release("L", now=MONDAY + 4 * HOUR)
     assert s.usage.report(0, float("inf"), "user", MONDAY + 5 * HOUR)[0]["gpu_hours"] == 2.5
     store.close()
+
+
+def test_a_queued_request_is_not_granted_once_its_usage_quota_is_used_up(make):
+    h = make(usage_quotas={"alice": {"gpu_hours": 2, "window": "calendar_day"}})
+    s = h.scheduler
+    bob = s.submit("bob", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    s.submit("bob", "kernel:2", spec(kind="whole", model="T4"), now=MONDAY)
+    mine = s.submit("alice", "kernel:1", spec(kind="shared", memory_gib=23034 / 1024, model="L4"), now=MONDAY)
+    job = s.submit("alice", "job:1", spec(kind="whole", model="T4"), PriorityClass.BATCH, now=MONDAY)
+    assert job.state is LeaseState.QUEUED
+    s.release(mine.id, now=MONDAY + 2 * HOUR)  # alice has used her 2 GPU-hours of today
+    s.release(bob.id, now=MONDAY + 3 * HOUR)
+    queued = s.lease(job.id)
+    assert queued.state is LeaseState.QUEUED
+    assert queued.reason == "you have used 2.00 of 2 GPU-hours today (resets Tue 2026-11-03 00:00 UTC)"
+    s.tick(MONDAY + 24 * HOUR)  # a new day
+    assert s.lease(job.id).state is LeaseState.GRANTED
