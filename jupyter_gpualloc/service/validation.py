@@ -60,7 +60,7 @@ def parse_json(raw: bytes) -> Any:
         if depth > MAX_DEPTH:
             raise InputError(path or "body", f"is nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, _SpelledOut):
-            raise InputError(path, f"must be a finite number, not {value.token}")
+            raise InputError(path or "body", f"must be a finite number, not {value.token}")
         if isinstance(value, str) and _SURROGATE.search(value):
             raise InputError(path or "body", "holds a lone UTF-16 surrogate")
     return data
@@ -99,7 +99,7 @@ def field_name(error: ValidationError) -> str:
 
 def describe(error: ValidationError) -> str:
     """A schema error in a few words, without the offending value."""
-    schema, keyword, expected = error.schema, error.validator, error.validator_value
+    keyword, expected = error.validator, error.validator_value
     if keyword == "required":
         return "is required"
     if keyword == "additionalProperties":
@@ -122,7 +122,11 @@ def describe(error: ValidationError) -> str:
         return f"must be at most {expected} characters"
     if keyword == "maxItems":
         return f"must have at most {expected} items"
-    return schema.get("x-rule") or f"does not match the document ({keyword})"
+    while error is not None:  # a rule stated on the schema or on the anyOf/oneOf around it
+        if "x-rule" in error.schema:
+            return error.schema["x-rule"]
+        error = error.parent
+    return f"does not match the document ({keyword})"
 
 
 class RequestValidator:
