@@ -34,6 +34,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token-123456"
 OFFERS = [
     {"name": "mig-1g.5gb", "label": "MIG 1g.5gb", "spec": {"kind": "mig", "profile": "1g.5gb"}},
+    {"name": "whole-a100", "label": "Whole A100", "spec": {"kind": "mig", "profile": "7g.40gb"}},
     {"name": "shared-8gb", "label": "Shared 8 GiB", "spec": {"kind": "shared", "memory_gib": 8, "model": "L4"}},
 ]
 IDLE_TIMEOUT = 6.0
@@ -140,10 +141,10 @@ def page(tmp_path, lab):
             context.close()
 
 
-def write_notebook(path: Path) -> None:
+def write_notebook(path: Path, source: str = "import os\nos.environ.get('CUDA_VISIBLE_DEVICES')") -> None:
     path.write_text(json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
-                   "source": "import os\nos.environ.get('CUDA_VISIBLE_DEVICES')"}],
+                   "source": source}],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4, "nbformat_minor": 5}))
 
@@ -260,6 +261,14 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     page.wait_for_function("() => document.querySelectorAll('.jp-gpualloc-job[data-state=\"succeeded\"]').length === 2",
                            timeout=120_000)
 
+    # a job that would run for minutes: Cancel stops it
+    write_notebook(lab.root / "slow.ipynb", "import time\ntime.sleep(600)")
+    run_as_gpu_job(page, "slow.ipynb", "Shared 8 GiB")
+    open_panel(page)
+    panel.locator('.jp-gpualloc-job[data-state="running"]').wait_for(timeout=120_000)
+    panel.get_by_role("button", name="Cancel slow.ipynb").click()
+    panel.locator('.jp-gpualloc-job[data-state="cancelled"]').wait_for(timeout=60_000)
+
     # Extend clears the warning; Release ends the lease
     # one idle-warning notification per slice: a warning that was cleared closed its notification
     page.wait_for_function("() => [...document.querySelectorAll('.Toastify__toast')]"
@@ -271,11 +280,31 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
         .filter(c => c.tabIndex < 0 || !(c.getAttribute('aria-label') || c.textContent.trim()))
         .map(c => c.outerHTML)""")
     assert unlabelled == []
+    # a second notebook asks for the whole A100, which train.ipynb's slice takes in part: it waits
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:open', {path: 'slow.ipynb'}); }")
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget?.context?.path === 'slow.ipynb'"
+        " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
+    open_panel(page)
+    panel.get_by_label("Slice to request").select_option("whole-a100")
+    panel.get_by_role("button", name="Request Whole A100 for slow.ipynb").click()
+    queued = panel.locator('.jp-gpualloc-slice[data-state="queued"]')
+    queued.wait_for(timeout=30_000)
+    assert "slow.ipynb" in queued.inner_text() and "position 1 in the queue" in queued.inner_text()
+    assert queued.get_by_role("button", name="Cancel the request for slow.ipynb").count() == 1
+
+    # Release train.ipynb's slice from the keyboard (its kernel has let go of the GPU memory first:
+    # a MIG instance with a process on it cannot be destroyed): the waiting request gets the GPU
+    (lab.workdir / "gpu-processes" / f"{kernel['pid']}.json").unlink()
     panel.get_by_role("button", name="Release the slice of train.ipynb").focus()
     page.keyboard.press("Enter")
-    mine.wait_for(state="detached", timeout=30_000)
+    mine.filter(has_text="train.ipynb").wait_for(state="detached", timeout=30_000)
+    page.locator(".Toastify__toast", has_text="The GPU lease of train.ipynb was released").wait_for(timeout=30_000)
+    page.locator(".Toastify__toast", has_text="slow.ipynb got its GPU slice").wait_for(timeout=30_000)
+    mine.filter(has_text="slow.ipynb").wait_for(timeout=30_000)
     page.wait_for_function(
-        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'no GPU'")
-    assert panel.locator('.jp-gpualloc-block[data-owner="mine"]').count() == 0
-    assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []
-    page.locator(".Toastify__toast", has_text="released").first.wait_for(timeout=30_000)
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 7g.40gb')",
+        timeout=30_000)
+    assert panel.locator('.jp-gpualloc-block[data-owner="mine"]').get_attribute("data-size") == "8"
+    [held] = lab.call("GET", "gpualloc/api/slices")[1]["slices"]
+    assert held["state"] == "granted" and held["slice"]["profile"] == "7g.40gb"
