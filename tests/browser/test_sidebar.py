@@ -266,6 +266,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     run_as_gpu_job(page, "slow.ipynb", "Shared 8 GiB")
     open_panel(page)
     panel.locator('.jp-gpualloc-job[data-state="running"]').wait_for(timeout=120_000)
+    assert "stopping the server stops them" in panel.inner_text()
     panel.get_by_role("button", name="Cancel slow.ipynb").click()
     panel.locator('.jp-gpualloc-job[data-state="cancelled"]').wait_for(timeout=60_000)
 

@@ -95,11 +95,17 @@ export function Jobs(props: { jobs: Job[] | null; api: GpuApi; actions: IJobActi
       </p>
     );
   }
+  const active = props.jobs.some(job => ACTIVE_JOB_STATES.has(job.state));
   return (
-    <ul className="jp-gpualloc-list">
-      {sortedJobs(props.jobs).map(job => (
-        <JobItem key={job.id} job={job} api={props.api} actions={props.actions} now={now} />
-      ))}
-    </ul>
+    <div>
+      {active && (
+        <p className="jp-gpualloc-note">Jobs run in this Jupyter server: stopping the server stops them.</p>
+      )}
+      <ul className="jp-gpualloc-list">
+        {sortedJobs(props.jobs).map(job => (
+          <JobItem key={job.id} job={job} api={props.api} actions={props.actions} now={now} />
+        ))}
+      </ul>
+    </div>
   );
 }
