@@ -197,6 +197,10 @@ GPU_UUID = {"name": "gpu_uuid", "in": "path", "required": True, "schema": {"type
 AUTH_ERRORS = {"401": _error("No or unknown credentials."),
                "403": _error("Known caller without permission for this; in a Jupyter server also a request "
                              "without its credentials, or from a foreign Host or Origin.")}
+# What a client can do next with the lease it was given (schemathesis' stateful phase follows these).
+LEASE_LINKS = {
+    name: {"operationRef": f"#/paths/~1leases~1{{lease_id}}{suffix}", "parameters": {"lease_id": "$response.body#/id"}}
+    for name, suffix in (("GetLease", "/get"), ("ReleaseLease", "/delete"), ("TouchLease", "~1touch/post"))}
 # Answers every operation may give, added to each where it applies.
 COMMON_ERRORS = {
     "query": {"400": _error("A query parameter not as documented; `field` names it.")},
@@ -220,8 +224,8 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
         "post": {"summary": "Ask for a slice.",
                  "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("LeaseRequest")}}},
                  "responses": {
-                     "201": _json(_ref("Lease"), "Granted."),
-                     "202": _json(_ref("Lease"), "Queued, with its position."),
+                     "201": {**_json(_ref("Lease"), "Granted."), "links": LEASE_LINKS},
+                     "202": {**_json(_ref("Lease"), "Queued, with its position."), "links": LEASE_LINKS},
                      "400": _error("Bad input; `field` names it."),
                      "401": AUTH_ERRORS["401"],
                      "403": _error("Quota exceeded; `quota` says which."),
