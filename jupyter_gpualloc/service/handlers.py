@@ -31,7 +31,8 @@ from .validation import InputError, RequestValidator, parse_json
 
 MAX_BODY_BYTES = 64 * 1024
 REQUESTS = RequestValidator(openapi_document("/"))
-_RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}):([0-9]{2})(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})")
+_RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+                      r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
 
 
 @dataclass

@@ -48,7 +48,8 @@ class FuzzRun:
     @property
     def summary(self) -> str:
         lines = [l for l in self.output.splitlines() if l.strip()]
-        start = next((i for i, l in enumerate(lines) if "FAILURES" in l or "ERRORS" in l or "SUMMARY" in l), max(len(lines) - 40, 0))
+        headings = ("FAILURES", "ERRORS", "SUMMARY")
+        start = next((i for i, l in enumerate(lines) if any(h in l for h in headings)), max(len(lines) - 40, 0))
         return "\n".join(lines[start:start + 80])
 
 
@@ -71,7 +72,8 @@ def run_schemathesis(document_url: str, headers: dict[str, str], workdir: Path, 
     config.write_text(CONFIG)
     command = [str(Path(sys.executable).with_name("st")), "--config-file", str(config), "run", document_url,
                "--checks", "all", "--max-examples", str(max_examples), "--seed", str(seed),
-               "--phases", phases, "--exclude-path", "/events", "--exclude-path", "/jobs/{job_id}/log", "--exclude-checks", "use_after_free", "--workers", "1", "--no-color",
+               "--phases", phases, "--exclude-path", "/events", "--exclude-path", "/jobs/{job_id}/log",
+               "--exclude-checks", "use_after_free", "--workers", "1", "--no-color",
                "--request-timeout", "75", "--suppress-health-check", "all"]
     for name, value in headers.items():
         command += ["--header", f"{name}: {value}"]

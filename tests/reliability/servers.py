@@ -56,7 +56,8 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def start_standalone(workdir: Path) -> tuple[ServiceProcess, Api]:
-    service = ServiceProcess(workdir, config="c.SchedulerPolicy.heartbeat_ttl = 3600\nc.GpuAllocService.max_wait = 1.0\n").start()
+    config = "c.SchedulerPolicy.heartbeat_ttl = 3600\nc.GpuAllocService.max_wait = 1.0\n"
+    service = ServiceProcess(workdir, config=config).start()
     return service, Api("standalone", service.url, bearer(USER), bearer(ADMIN), bearer(OTHER))
 
 

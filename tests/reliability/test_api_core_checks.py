@@ -42,7 +42,8 @@ def test_user_names_the_store_cannot_keep_are_refused(scheduler, user):
 
 
 @pytest.mark.parametrize(("spec", "field"), [
-    ({"model": "L4\x00"}, "spec.model"), ({"node": "\u200fn1"}, "spec.node"), ({"profile": "\u0661g.5gb"}, "spec.profile"),
+    ({"model": "L4\x00"}, "spec.model"), ({"node": "\u200fn1"}, "spec.node"),
+    ({"profile": "\u0661g.5gb"}, "spec.profile"),
     ({"memory_gib": 1e308}, "spec.memory_gib"), ({"memory_mib": 2 ** 63}, "spec.memory_mib"),
     ({"count": 2 ** 63}, "spec.count"), ({"cpu_milli": 1.5}, "spec.cpu_milli"), ({"model": " L4"}, "spec.model"),
 ])
@@ -53,7 +54,8 @@ def test_specs_out_of_bounds_are_refused_naming_the_field(spec, field):
 
 
 def test_integral_floats_are_integers():
-    assert SliceSpec.from_json({"count": 2.0, "cpu_milli": 500.0}) == SliceSpec.from_json({"count": 2, "cpu_milli": 500})
+    as_floats = SliceSpec.from_json({"count": 2.0, "cpu_milli": 500.0})
+    assert as_floats == SliceSpec.from_json({"count": 2, "cpu_milli": 500})
 
 
 @pytest.mark.parametrize(("spec", "field"), [
