@@ -108,6 +108,14 @@ describe('event-stream reducer', () => {
     expect(withSlices(warned, [lease('b', 'queued')]).warnings).toEqual({});
   });
 
+  it('warns of a time limit ahead and of usage quotas', () => {
+    const deadline = reduce(held, { type: 'lease.deadline_warning', lease_id: 'a', state: 'granted', message: 'ends at 5' });
+    expect(deadline.notice).toMatchObject({ kind: 'deadline-warning', type: 'warning', message: 'ends at 5' });
+    expect(deadline.state.slices).toHaveLength(2);
+    expect(reduce(held, { type: 'usage.warning' }).notice?.type).toBe('warning');
+    expect(reduce(held, { type: 'usage.exceeded' }).notice?.type).toBe('error');
+  });
+
   it('ignores what is not an event of the allocator', () => {
     const r = reduce(held, { type: 'something.else' });
     expect(r.state).toBe(held);

@@ -30,6 +30,8 @@ export type NoticeKind =
   | 'rejected'
   | 'kernel-shutdown'
   | 'over-cap'
+  | 'deadline-warning'
+  | 'usage'
   | 'job-succeeded'
   | 'job-failed';
 
@@ -130,6 +132,18 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
       }
     };
   }
+  if (type === 'usage.warning' || type === 'usage.exceeded') {
+    return {
+      ...none,
+      refreshLeases: true,
+      notice: {
+        kind: 'usage',
+        type: type === 'usage.exceeded' ? 'error' : 'warning',
+        message: message(event, 'Your GPU usage is near or over its quota.'),
+        leaseId: event.lease_id ?? null
+      }
+    };
+  }
   if (!type.startsWith('lease.') || !event.lease_id) {
     return none;
   }
@@ -155,6 +169,18 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
           message: message(event, 'Your GPU slice is idle and will be released soon.'),
           leaseId
         }
+      };
+    case 'deadline_warning':
+      return {
+        ...refresh,
+        notice: known
+          ? {
+              kind: 'deadline-warning',
+              type: 'warning',
+              message: message(event, 'Your GPU slice reaches its time limit soon.'),
+              leaseId
+            }
+          : null
       };
     case 'idle_cleared':
       return { ...refresh, state: { ...state, warnings: withoutWarning(state.warnings, leaseId) } };
