@@ -233,3 +233,16 @@ def test_what_no_json_encoder_writes_is_refused_naming_the_body_or_field(target)
     assert response.status_code == 405 and response.headers["Allow"] == "GET, POST"
     assert api.call("GET", "leases", params={"all": "yes"}, headers=api.user).json()["field"] == "all"
     assert api.call("GET", "leases", params={"all": "0"}, headers=api.user).status_code == 200
+
+
+@pytest.mark.parametrize("target", ["embedded"], indirect=True)
+def test_the_sidebar_api_refuses_hostile_bodies_too(target):
+    sidebar = target.api.url.replace("/api/v1/", "/api/")
+    for path, raw in [("request", b'{"kernel_id": []}'), ("request", b'{"offer": {"a": 1}}'),
+                      ("request", b'{"offer": "x", "wait": NaN}'), ("request", b"[" * 30_000 + b"]" * 30_000),
+                      ("request", b'{"spec": {"model": "\\ud800"}}'), ("release", b'{"lease_id": 5}'),
+                      ("extend", b'{"lease_id": ["a"]}'), ("release", b"\xff")]:
+        response = target.api.session.post(sidebar + path, data=raw, timeout=30,
+                                           headers={**target.api.user, "Content-Type": "application/json"})
+        assert response.status_code == 400, (path, raw[:40], response.status_code, response.text[:200])
+        target.still_serves()
