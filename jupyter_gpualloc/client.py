@@ -21,6 +21,8 @@ from urllib.parse import quote, urlencode, urlparse
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.iostream import StreamClosedError
 
+from .hub.env import server_holder
+
 DEFAULT_SERVICE_NAME = "gpualloc"
 API_PATH = "api/v1/"
 STREAM_TIMEOUT = 7 * 24 * 3600.0
@@ -154,6 +156,8 @@ class GpuAllocClient:
                  retries: int = 3, backoff: float = 0.2, max_clients: int = 10,
                  env: Mapping[str, str] | None = None):
         endpoint = discover(url, token, env)
+        # the server this process belongs to (its own, a kernel's or a terminal's): its runner runs the jobs submitted here
+        self.server = server_holder((os.environ if env is None else env).get("JUPYTERHUB_SERVER_NAME", ""))
         self.url = endpoint.url
         self.api_url = self.url + API_PATH
         self._token = endpoint.token
@@ -289,8 +293,9 @@ class GpuAllocClient:
         return await self.call("GET", f"usage/efficiency?{urlencode(query)}")
 
     async def submit_job(self, request: Mapping[str, Any]) -> dict:
-        """Queue a background job (see the JobRequest schema); the job, queued."""
-        return await self.call("POST", "jobs", dict(request))
+        """Queue a background job (see the JobRequest schema), run by this process's server unless
+        `runner` says otherwise; the job, queued."""
+        return await self.call("POST", "jobs", {"runner": self.server, **request})
 
     async def jobs(self, all_users: bool = False) -> list[dict]:
         return (await self.call("GET", "jobs?all=1" if all_users else "jobs"))["jobs"]
@@ -305,8 +310,8 @@ class GpuAllocClient:
         return await self.call("POST", f"jobs/{quote(job_id, safe='')}/rerun")
 
     async def start_job(self, job_id: str) -> dict:
-        """The runner's claim on a queued job whose slice is granted."""
-        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start")
+        """The runner's claim on a queued job of this server whose slice is granted."""
+        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start", {"runner": self.server})
 
     async def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str = "") -> dict:
         """The runner's report of how an attempt ended."""

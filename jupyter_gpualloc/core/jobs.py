@@ -2,26 +2,31 @@
 
 A job holds one lease per attempt, of priority class `batch` unless policy allows interactive
 jobs, so interactive requests go first and quotas, fair share, reservations and preemption
-count jobs like any other holder. The job is `queued` until its lease is granted and a runner
-claims it (`start`); the runner reports the attempt's end (`finish`). A lease that ends under a
-running job (preempted, expired for want of heartbeats) sends the job back to the queue, or fails
-it when it was interrupted and `requeue_interrupted` is off. Queued jobs without a lease get one
-at the next `tick`. Every change is stored before its event is announced; time is passed in.
+count jobs like any other holder. The job is `queued` until its lease is granted and the runner
+of the server that submitted it claims it (`start`); the runner reports the attempt's end
+(`finish`). A lease that ends under a running job (preempted, expired for want of heartbeats)
+sends the job back to the queue, or fails it when it was interrupted and `requeue_interrupted`
+is off. Queued jobs without a lease get one at the next `tick`. Every change is stored before its
+event is announced, and a change the store refuses is undone (StoreFailed); time is passed in.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import secrets
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .model import Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
-from .scheduler import NotFound, Scheduler, SchedulerError
+from .model import NAME_MAX_LENGTH, Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
+from .scheduler import HolderBusy, NotFound, Scheduler, SchedulerError, StoreFailed
+from .store import StoreError
 
 OUTCOMES = ("succeeded", "failed", "timed_out", "interrupted")
-REQUEST_FIELDS = {"name", "spec", "priority", "preemptible", "source", "workdir", "kernel_name", "timeout", "retries"}
+REQUEST_FIELDS = {"name", "spec", "priority", "preemptible", "source", "workdir", "kernel_name", "timeout", "retries",
+                  "runner"}
 MAX_RETRIES = 100
 LEASE_ENDINGS = {f"lease.{state.value}" for state in LeaseState if not state.active}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -48,6 +53,7 @@ class JobRequest:
     kernel_name: str
     timeout: float | None
     retries: int
+    runner: str = "server"
 
     @classmethod
     def from_json(cls, data: Any) -> "JobRequest":
@@ -84,8 +90,12 @@ class JobRequest:
         retries = data.get("retries", 0)
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
             raise SpecError("retries", f"must be an integer from 0 to {MAX_RETRIES}")
+        runner = data.get("runner", "server")
+        if not isinstance(runner, str) or len(runner) > NAME_MAX_LENGTH or not (
+                runner == "server" or (runner.startswith("server:") and runner[7:].strip())):
+            raise SpecError("runner", "must be 'server' or 'server:<name>' (the server that runs the job)")
         return cls(name, spec, priority, preemptible, source, workdir, kernel_name,
-                   float(timeout) if timeout is not None else None, retries)
+                   float(timeout) if timeout is not None else None, retries, runner)
 
 
 def _source(data: Any) -> dict[str, Any]:
@@ -133,15 +143,12 @@ class Jobs:
         self._listeners: list[Callable[[Event], None]] = list(listeners)
         self._jobs: dict[str, Job] = {j.id: j for j in self.store.load_jobs(active_only=True)}
         self._dirty: dict[str, Job] = {}
+        self._undo: dict[str, Job | None] = {}  # each changed job as last stored (None: new)
+        self._new_leases: list[tuple[str, float]] = []  # leases queued for a change not yet stored, and when
         self._pending: list[Event] = []
+        self._changing = False
         scheduler.subscribe(self._on_lease_event)
-        for job in list(self._jobs.values()):
-            if job.lease_id is not None and self._lease(job) is None:
-                job.lease_id = None
-                if job.state is JobState.RUNNING:
-                    self._interrupted(job, now, "its lease ended while the scheduler was stopped")
-                self._changed(job)
-        self.tick(now)
+        self.tick(now, reason="its lease ended while the scheduler was stopped")
 
     # ----------------------------------------------------------------- events
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
@@ -154,30 +161,86 @@ class Jobs:
                     priority=job.priority.value)
         self._pending.append(Event(type_, now, job.lease_id, job.user, data))
 
-    def _changed(self, job: Job) -> None:
+    def _touch(self, job: Job) -> None:
+        """Mark a job changed, before changing it: stored with the change, put back if that fails."""
+        if job.id not in self._undo:
+            self._undo[job.id] = copy.copy(job) if job.id in self._jobs else None
         self._dirty[job.id] = job
-        if not job.state.active:
-            self._jobs.pop(job.id, None)
 
-    def _commit(self) -> None:
+    @contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """One change, stored at its end, then announced; undone entirely if anything fails (StoreFailed:
+        the store refused). A change made inside another (a lease event during a submit) is part of it."""
+        if self._changing:
+            yield
+            return
+        self._changing = True
+        try:
+            yield
+            self._store()
+        except BaseException:
+            self._rollback()
+            raise
+        finally:
+            self._changing = False
+        self._announce()
+
+    def _store(self) -> None:
+        """Write every job changed since the last change was stored."""
         if self._dirty:
-            self.store.save_jobs(list(self._dirty.values()))
-            self._dirty.clear()
+            try:
+                self.store.save_jobs(list(self._dirty.values()))
+            except StoreError as err:
+                raise StoreFailed(f"the store refused the job change ({err.kind}); nothing of it took effect") from err
+        for job in self._dirty.values():
+            if not job.state.active:
+                self._jobs.pop(job.id, None)
+        self._dirty.clear()
+        self._undo.clear()
+        self._new_leases.clear()
+
+    def _announce(self) -> None:
         events, self._pending = self._pending, []
         for event in events:
             for listener in list(self._listeners):
                 listener(event)
 
+    def _rollback(self) -> None:
+        """Put the changed jobs back as stored; withdraw the leases queued for them."""
+        for job_id, before in self._undo.items():
+            if before is None:
+                self._jobs.pop(job_id, None)
+            else:
+                job = self._dirty[job_id]
+                vars(job).update(vars(before))
+                self._jobs[job_id] = job
+        leases, self._new_leases = self._new_leases, []
+        self._dirty.clear()
+        self._undo.clear()
+        self._pending.clear()
+        for lease_id, now in leases:
+            self._release(lease_id, now, "its job was not stored")
+
     # ------------------------------------------------------------------ reads
     def job(self, job_id: str) -> Job:
-        job = self._jobs.get(job_id) or self.store.load_job(job_id)
+        """An active job, or an ended one from the store (StoreFailed if it cannot be read)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            try:
+                job = self.store.load_job(job_id)
+            except StoreError as err:
+                raise StoreFailed(f"the store could not be read ({err.kind})") from err
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
 
     def jobs(self, user: str | None = None, limit: int = 500) -> list[Job]:
-        """Jobs of one user or all, newest first (active ones as they are now)."""
-        return [self._jobs.get(j.id, j) for j in self.store.load_jobs(user=user, limit=limit)]
+        """Jobs of one user or all, newest first (active ones as they are now); StoreFailed if unreadable."""
+        try:
+            stored = self.store.load_jobs(user=user, limit=limit)
+        except StoreError as err:
+            raise StoreFailed(f"the store could not be read ({err.kind})") from err
+        return [self._jobs.get(j.id, j) for j in stored]
 
     def _lease(self, job: Job) -> Lease | None:
         """The job's active lease, if it has one."""
@@ -217,64 +280,74 @@ class Jobs:
                   priority=request.priority, preemptible=preemptible, source=request.source,
                   workdir=request.workdir, kernel_name=request.kernel_name, state=JobState.QUEUED,
                   created_at=now, groups=tuple(groups), timeout=request.timeout, retries=request.retries,
-                  rerun_of=rerun_of)
-        lease = self._submit_lease(job, now)
-        job.lease_id = lease.id
-        self._jobs[job.id] = job
-        self._changed(job)
-        self._emit("job.queued", now, job, position=self.scheduler.position(lease.id))
-        self._commit()
+                  rerun_of=rerun_of, runner=request.runner)
+        with self._atomic():
+            self._touch(job)
+            job.lease_id = self._submit_lease(job, now).id
+            self._jobs[job.id] = job
+            self._emit("job.queued", now, job, position=self.scheduler.position(job.lease_id))
         return job
 
     def _submit_lease(self, job: Job, now: float) -> Lease:
-        return self.scheduler.submit(job.user, job.holder, job.spec, job.priority, now=now, groups=job.groups,
-                                     preemptible=job.preemptible, wait=True)
+        """Queue the job's lease (or find the one it still has, when storing its id failed)."""
+        try:
+            lease = self.scheduler.submit(job.user, job.holder, job.spec, job.priority, now=now, groups=job.groups,
+                                          preemptible=job.preemptible, wait=True)
+        except HolderBusy as err:
+            return self.scheduler.lease(err.lease_id)
+        self._new_leases.append((lease.id, now))
+        return lease
 
     def rerun(self, job_id: str, *, now: float) -> Job:
-        """A new job with the same request as a finished one."""
+        """A new job with the same request as a finished one, on the same server."""
         old = self.job(job_id)
         if old.state.active:
             raise JobConflict(old, f"job {job_id} is still {old.state.value}")
+        if old.source.get("inputs"):
+            raise JobConflict(old, f"job {job_id}'s pickled inputs were deleted when it ended: run its cell again")
         request = JobRequest(old.name, old.spec, old.priority, old.preemptible, old.source, old.workdir,
-                             old.kernel_name, old.timeout, old.retries)
+                             old.kernel_name, old.timeout, old.retries, old.runner)
         return self.submit(old.user, request, now=now, groups=old.groups, rerun_of=old.id)
 
-    def start(self, job_id: str, *, now: float) -> Job:
-        """A runner claims a queued job whose slice is granted: it is running, one attempt more."""
+    def start(self, job_id: str, *, now: float, runner: str = "server") -> Job:
+        """The runner of the job's server claims it, queued with its slice granted: running, one attempt more."""
         job = self.job(job_id)
         lease = self._lease(job)
+        if job.runner != runner:
+            raise JobConflict(job, f"job {job_id} runs in {job.runner}, not in {runner}")
         if job.state is not JobState.QUEUED or lease is None or lease.state is not LeaseState.GRANTED:
             raise JobConflict(job, f"job {job_id} is {job.state.value}, not queued with its slice granted")
-        job.state = JobState.RUNNING
-        job.attempts += 1
-        job.started_at = now
-        job.reason = ""
+        with self._atomic():
+            self._touch(job)
+            job.state = JobState.RUNNING
+            job.attempts += 1
+            job.started_at = now
+            job.reason = ""
+            self._emit("job.started", now, job, waited_s=now - job.created_at, slice=lease.slice.to_json())
         self.scheduler.heartbeat(job.user, [job.holder], now=now)
-        self._changed(job)
-        self._emit("job.started", now, job, waited_s=now - job.created_at, slice=lease.slice.to_json())
-        self._commit()
         return job
 
     def finish(self, job_id: str, attempt: int, outcome: str, reason: str = "", *, now: float) -> Job:
-        """The runner reports how attempt `attempt` ended; the lease ends and the job moves on."""
+        """The runner reports how attempt `attempt` ended; the job moves on (stored first), then its lease ends."""
         if outcome not in OUTCOMES:
             raise SpecError("outcome", f"must be one of {', '.join(OUTCOMES)}")
         job = self.job(job_id)
         if job.state is not JobState.RUNNING or job.attempts != attempt:
             raise JobConflict(job, f"job {job_id} is {job.state.value} (attempt {job.attempts}), "
                                    f"not running attempt {attempt}")
-        self._end_lease(job, now, f"job {outcome}")
-        if outcome == "interrupted":
-            self._interrupted(job, now, reason or "its runner stopped")
-        elif outcome == "succeeded":
-            self._end(job, JobState.SUCCEEDED, now, reason or "succeeded")
-        elif job.attempts <= job.retries:
-            job.state = JobState.QUEUED
-            job.reason = f"attempt {job.attempts} {outcome.replace('_', ' ')}: {reason}; retrying"
-            self._changed(job)
-            self._emit("job.requeued", now, job, reason=job.reason)
-        else:
-            self._end(job, JobState(outcome), now, reason or outcome)
+        with self._atomic():
+            lease_id = self._drop_lease(job)
+            if outcome == "interrupted":
+                self._interrupted(job, now, reason or "its runner stopped")
+            elif outcome == "succeeded":
+                self._end(job, JobState.SUCCEEDED, now, reason or "succeeded")
+            elif job.attempts <= job.retries:
+                job.state = JobState.QUEUED
+                job.reason = f"attempt {job.attempts} {outcome.replace('_', ' ')}: {reason}; retrying"
+                self._emit("job.requeued", now, job, reason=job.reason)
+            else:
+                self._end(job, JobState(outcome), now, reason or outcome)
+        self._release(lease_id, now, f"job {outcome}")
         self.tick(now)
         return job
 
@@ -283,43 +356,60 @@ class Jobs:
         job = self.job(job_id)
         if not job.state.active:
             raise JobConflict(job, f"job {job_id} has already ended ({job.state.value})")
-        self._end_lease(job, now, "job cancelled")
-        self._end(job, JobState.CANCELLED, now, f"cancelled by {by}")
-        self._commit()
+        with self._atomic():
+            lease_id = self._drop_lease(job)
+            self._end(job, JobState.CANCELLED, now, f"cancelled by {by}")
+        self._release(lease_id, now, "job cancelled")
         return job
 
-    def tick(self, now: float) -> None:
-        """Queue a lease for every queued job without one."""
-        for job in list(self._jobs.values()):
-            if job.state is JobState.QUEUED and job.lease_id is None:
-                try:
-                    job.lease_id = self._submit_lease(job, now).id
-                except (SchedulerError, SpecError) as err:
-                    self._end(job, JobState.FAILED, now, f"cannot queue again: {err}")
-                self._changed(job)
-        self._commit()
+    def tick(self, now: float, reason: str = "its lease ended") -> None:
+        """Move on the jobs whose lease ended unnoticed (`reason`); queue a lease for every queued job without one."""
+        with self._atomic():
+            for job in list(self._jobs.values()):
+                if job.lease_id is not None and self._lease(job) is None:
+                    self._touch(job)
+                    job.lease_id = None
+                    if job.state is JobState.RUNNING:
+                        self._interrupted(job, now, reason)
+                if job.state is JobState.QUEUED and job.lease_id is None:
+                    self._touch(job)
+                    try:
+                        job.lease_id = self._submit_lease(job, now).id
+                    except StoreFailed:
+                        raise
+                    except (SchedulerError, SpecError) as err:
+                        self._end(job, JobState.FAILED, now, f"cannot queue again: {err}")
 
     # -------------------------------------------------------------- changes
-    def _end_lease(self, job: Job, now: float, reason: str) -> None:
+    def _drop_lease(self, job: Job) -> str | None:
+        """Detach the job's active lease (released once the job's change is stored); its id."""
         lease = self._lease(job)
+        self._touch(job)
         job.lease_id = None
-        self._changed(job)
-        if lease is not None:
-            self.scheduler.release(lease.id, now=now, reason=reason)
+        return lease.id if lease is not None else None
+
+    def _release(self, lease_id: str | None, now: float, reason: str) -> None:
+        """End a lease no job holds any more; if the store refuses, its heartbeat TTL ends it."""
+        if lease_id is None:
+            return
+        try:
+            self.scheduler.release(lease_id, now=now, reason=reason)
+        except (NotFound, StoreFailed):
+            pass
 
     def _end(self, job: Job, state: JobState, now: float, reason: str) -> None:
+        self._touch(job)
         job.state = state
         job.ended_at = now
         job.reason = reason
-        self._changed(job)
         self._emit(f"job.{state.value}", now, job, reason=reason,
                    runtime_s=now - job.started_at if job.started_at is not None else None)
 
     def _interrupted(self, job: Job, now: float, reason: str) -> None:
         if self.policy.requeue_interrupted:
+            self._touch(job)
             job.state = JobState.QUEUED
             job.reason = f"interrupted ({reason}); requeued"
-            self._changed(job)
             self._emit("job.requeued", now, job, reason=job.reason)
         else:
             self._end(job, JobState.FAILED, now, f"interrupted: {reason}")
@@ -334,14 +424,17 @@ class Jobs:
             return
         if event.type not in LEASE_ENDINGS:
             return
-        job.lease_id = None
-        self._changed(job)
-        if event.type == "lease.preempted":
-            if job.state is JobState.RUNNING:
-                job.state = JobState.QUEUED
-                job.preemptions += 1
-            job.reason = f"preempted ({event.data.get('reason', '')}); requeued"
-            self._emit("job.preempted", event.time, job, reason=job.reason)
-        elif job.state is JobState.RUNNING:
-            self._interrupted(job, event.time, event.data.get("reason", "its lease ended"))
-        self._commit()
+        try:
+            with self._atomic():
+                self._touch(job)
+                job.lease_id = None
+                if event.type == "lease.preempted":
+                    if job.state is JobState.RUNNING:
+                        job.state = JobState.QUEUED
+                        job.preemptions += 1
+                    job.reason = f"preempted ({event.data.get('reason', '')}); requeued"
+                    self._emit("job.preempted", event.time, job, reason=job.reason)
+                elif job.state is JobState.RUNNING:
+                    self._interrupted(job, event.time, event.data.get("reason", "its lease ended"))
+        except StoreFailed:
+            pass  # the job is put back as stored: the next tick finds its lease gone and moves it on

@@ -321,7 +321,8 @@ class Job:
     """A cell or notebook run in the background; it holds one `job:<id>` lease per attempt.
 
     `source` is {"kind": "cell", "code", "inputs", "outputs", "inputs_file"} or
-    {"kind": "notebook", "path", "parameters"}; paths are relative to `workdir`.
+    {"kind": "notebook", "path", "parameters"}; paths are relative to `workdir`. `runner` is the
+    owner's server that submitted it and alone runs it ('server', or 'server:<name>' for a named one).
     """
 
     id: str
@@ -345,6 +346,7 @@ class Job:
     ended_at: float | None = None
     reason: str = ""
     rerun_of: str | None = None
+    runner: str = "server"
 
     @property
     def holder(self) -> str:
@@ -358,7 +360,7 @@ class Job:
             "created_at": self.created_at, "groups": list(self.groups), "timeout": self.timeout,
             "retries": self.retries, "attempts": self.attempts, "preemptions": self.preemptions,
             "lease_id": self.lease_id, "started_at": self.started_at, "ended_at": self.ended_at,
-            "reason": self.reason, "rerun_of": self.rerun_of,
+            "reason": self.reason, "rerun_of": self.rerun_of, "runner": self.runner,
         }
 
     @classmethod

@@ -271,13 +271,13 @@ class Store:
             conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(list(intent_ids))))
 
     def save_jobs(self, changed: list[Job]) -> None:
-        """One transaction: upsert job records."""
+        """One transaction: upsert job records. StoreError, and nothing written, if it fails."""
         if not changed:
             return
         upsert = self._insert(jobs)
         upsert = upsert.on_conflict_do_update(
             index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in jobs.c if c.name != "id"})
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(upsert, [{"id": j.id, "user": j.user, "state": j.state.value, "created_at": j.created_at,
                                    "data": json.dumps(j.to_json())} for j in changed])
 
@@ -310,7 +310,8 @@ class Store:
         return _lease_from_row(row) if row else None
 
     def load_jobs(self, *, user: str | None = None, active_only: bool = False, limit: int | None = None) -> list[Job]:
-        """Job records, newest first (of one user, and only queued or running ones, when asked)."""
+        """Job records, newest first (of one user, and only queued or running ones, when asked);
+        StoreError when the database cannot be read."""
         query = select(jobs.c.data).order_by(jobs.c.created_at.desc())
         if user is not None:
             query = query.where(jobs.c.user == user)
@@ -318,12 +319,20 @@ class Store:
             query = query.where(jobs.c.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]))
         if limit is not None:
             query = query.limit(limit)
-        with self.engine.connect() as conn:
-            return [Job.from_json(json.loads(row[0])) for row in conn.execute(query)]
+        try:
+            with self.engine.connect() as conn:
+                rows = [row[0] for row in conn.execute(query)]
+        except SQLAlchemyError as err:
+            raise StoreError(err) from err
+        return [Job.from_json(json.loads(raw)) for raw in rows]
 
     def load_job(self, job_id: str) -> Job | None:
-        with self.engine.connect() as conn:
-            raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
+        """One job record; StoreError when the database cannot be read."""
+        try:
+            with self.engine.connect() as conn:
+                raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
+        except SQLAlchemyError as err:
+            raise StoreError(err) from err
         return Job.from_json(json.loads(raw)) if raw else None
 
     def save_usage(self, segments: list[UsageSegment]) -> None:

@@ -11,6 +11,7 @@ from nbformat import NotebookNode
 
 INJECTED_TAG = "injected-parameters"
 OUTPUTS_FILE = "outputs.pkl"
+INPUTS_DIR = Path(".gpualloc") / "inputs"  # where %%gpu job pickles a cell's inputs, in its working directory
 
 
 def job_dir(workdir: str, job_id: str) -> Path:

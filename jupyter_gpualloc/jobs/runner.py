@@ -1,8 +1,9 @@
 """The job runner in the owner's Jupyter server: runs each granted job with nbclient in a fresh kernel.
 
-Every `interval` it lists the owner's jobs, heartbeats the leases of the queued and running ones,
-claims (`start`) each queued job whose slice is granted, and stops the local attempts the core
-no longer counts as running: a preempted one gets SIGINT, SIGTERM after the job's preempt_grace,
+Every `interval` it lists the owner's jobs submitted through this server (their `runner` is this
+server: one user's named servers each run their own), heartbeats the leases of the queued and
+running ones, claims (`start`) each queued job whose slice is granted, deletes the pickled inputs
+of those that ended for good, and stops the local attempts the core no longer counts as running: a preempted one gets SIGINT, SIGTERM after the job's preempt_grace,
 then SIGKILL; a cancelled one is stopped at once. An attempt runs in `<workdir>` under the lease's
 env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
 `.gpualloc/jobs/<id>/job.log`, saves `executed.ipynb` and reports how it ended (`finish`), which
@@ -18,6 +19,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import nbformat
@@ -25,9 +27,9 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from ..client import GpuAllocClient, GpuAllocError
+from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..hub.env import SLICE_ENV_NAMES, slice_env
-from .notebook import job_dir, job_notebook
+from .notebook import INPUTS_DIR, job_dir, job_notebook
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 CANCEL_GRACE = 2.0
@@ -81,11 +83,17 @@ class JobRunner:
         self.log = log or logging.getLogger(__name__)
         self.attempts: dict[str, Attempt] = {}
         self._recovered = False
+        self._cleaned: set[str] = set()  # ended jobs whose inputs are deleted
+        self._unreported: dict[str, tuple[int, str, str]] = {}  # job id: (attempt, outcome, reason) to report again
 
     async def poll(self) -> None:
         """One round: recover once, heartbeat, stop what must stop, claim what may start."""
         try:
-            jobs = [j for j in await self.client.jobs() if j["state"] in ("queued", "running")]
+            for job_id, report in list(self._unreported.items()):
+                await self._finish(job_id, *report)
+            mine = [j for j in await self.client.jobs() if j.get("runner", "server") == self.client.server]
+            jobs = [j for j in mine if j["state"] in ("queued", "running")]
+            self._delete_inputs([j for j in mine if j["state"] not in ("queued", "running")])
             if not self._recovered:
                 await self._recover(jobs)
                 self._recovered = True
@@ -103,6 +111,20 @@ class JobRunner:
                     await self._claim(job)
         except GpuAllocError as err:
             self.log.warning("gpualloc jobs: cannot reach the scheduler: %s", err)
+
+    def _delete_inputs(self, ended: list[dict]) -> None:
+        """Delete the pickled inputs of jobs that ended for good (once per job; the outputs stay)."""
+        for job in ended:
+            if job["id"] in self._cleaned:
+                continue
+            self._cleaned.add(job["id"])
+            source = job.get("source") or {}
+            if source.get("kind") != "cell" or not source.get("inputs_file"):
+                continue
+            folder = (Path(job["workdir"]) / INPUTS_DIR).resolve()
+            path = (Path(job["workdir"]) / source["inputs_file"]).resolve()
+            if path.parent == folder:  # only what %%gpu job wrote there
+                path.unlink(missing_ok=True)
 
     async def _recover(self, jobs: list[dict]) -> None:
         """Running jobs no attempt here runs belong to a runner that died: report them interrupted."""
@@ -231,9 +253,15 @@ class JobRunner:
             task.cancel()
 
     async def _finish(self, job_id: str, attempt: int, outcome: str, reason: str) -> None:
+        """Report an attempt's end; one the service could not take now (503, unreachable) is reported
+        again at the next rounds, so its job does not stay running with its slice held."""
+        self._unreported.pop(job_id, None)
         try:
             await self.client.finish_job(job_id, attempt, outcome, reason)
-        except GpuAllocError as err:  # the lease still ends with its heartbeat TTL
+        except ServiceUnavailable as err:
+            self._unreported[job_id] = (attempt, outcome, reason)
+            self.log.warning("gpualloc jobs: cannot report job %s (%s) yet: %s", job_id, outcome, err)
+        except GpuAllocError as err:  # the core has moved the job on
             self.log.warning("gpualloc jobs: cannot report job %s (%s): %s", job_id, outcome, err)
 
     async def close(self) -> None:

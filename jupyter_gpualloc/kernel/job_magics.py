@@ -24,7 +24,6 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from .sizes import InputError, format_duration, parse_duration
 from .status import describe_lease, error_line
 
-INPUTS_DIR = Path(".gpualloc") / "inputs"
 ACTIVE = ("queued", "running")
 SERVER_NOTE = "jobs run inside your Jupyter server: stopping the server stops them"
 
@@ -84,6 +83,8 @@ def pickle_inputs(names: list[str], namespace: MutableMapping[str, Any]) -> byte
 
 def job_request(args, cell: str, namespace: MutableMapping[str, Any], workdir: Path) -> dict[str, Any]:
     """The POST /jobs body for a cell; writes the pickled inputs under `.gpualloc/inputs/` first."""
+    from ..jobs.notebook import INPUTS_DIR
+
     spec = job_spec(args)
     inputs, outputs = _names(args.inputs, "--inputs"), _names(args.outputs, "--outputs")
     if not cell.strip():

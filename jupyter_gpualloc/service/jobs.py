@@ -2,7 +2,8 @@
 
 A user sees and acts on their own jobs only (another user's job is answered as if it did not
 exist, 404); the admin scope sees and cancels every job. `start` and `finish` are the runner's
-calls: it claims a job whose slice is granted and reports how each attempt ended.
+calls: the runner of the job's server (`runner`) claims it once its slice is granted and reports
+how each attempt ended.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class JobRerunHandler(JobApiHandler):
 class JobStartHandler(JobApiHandler):
     def post(self, job_id: str) -> None:
         self.visible_job(job_id)
-        job = self.jobs.start(job_id, now=self.ctx.clock())
+        runner = self.json_body().get("runner", "server")
+        job = self.jobs.start(job_id, now=self.ctx.clock(), runner=runner)
         self.write_json(self.job_json(job))
 
 

@@ -38,6 +38,10 @@ NAME = {"type": "string", "minLength": 1, "maxLength": NAME_MAX_LENGTH, "pattern
 HOLDER = {**NAME, "pattern": f"^(server|(server|kernel|job):{_NAME_BODY})$",
           "x-rule": "must be 'server', 'server:<name>', 'kernel:<id>' or 'job:<id>', "
                     "without control or invisible formatting characters"}
+RUNNER = {**NAME, "pattern": f"^(server|server:{_NAME_BODY})$", "default": "server",
+          "x-rule": "must be 'server' or 'server:<name>', without control or invisible formatting characters",
+          "description": "The owner's server whose job runner runs the job: 'server', or 'server:<name>' "
+                         "for a JupyterHub named server."}
 
 
 def _rule(field: str, message: str, refused: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +322,7 @@ SCHEMAS.update({
             "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS,
                         "description": "Seconds per attempt."},
             "retries": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0},
+            "runner": RUNNER,
         },
     },
     "Job": {
@@ -334,6 +339,7 @@ SCHEMAS.update({
             "timeout": NULLABLE_NUMBER, "retries": {"type": "integer"}, "attempts": {"type": "integer"},
             "preemptions": {"type": "integer"}, "lease_id": {"type": ["string", "null"]},
             "reason": {"type": "string"}, "rerun_of": {"type": ["string", "null"]},
+            "runner": {"type": "string", "description": RUNNER["description"]},
             "position": {"type": ["integer", "null"],
                          "description": "When queued: 1-based place in the queue, 0 once its slice is granted."},
             "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]},
@@ -349,6 +355,7 @@ SCHEMAS.update({
                        "outcome": {"enum": ["succeeded", "failed", "timed_out", "interrupted"]},
                        "reason": {"type": "string"}},
     },
+    "JobStart": {"type": "object", "additionalProperties": False, "properties": {"runner": RUNNER}},
 })
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -389,7 +396,8 @@ OPERATIONS.update({
     },
     "/jobs/{job_id}/start": {
         "parameters": [JOB_ID],
-        "post": {"summary": "The runner claims a queued job whose slice is granted: it is running.",
+        "post": {"summary": "The runner of the job's server claims it, queued with its slice granted: it is running.",
+                 "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("JobStart")}}},
                  "responses": {"200": _json(_ref("Job"), "Running, with its lease."), "401": AUTH_ERRORS["401"],
                                "404": _JOB_404, "409": _JOB_409}},
     },

@@ -103,6 +103,29 @@ def test_finish_checks_its_body(svc, tmp_path):
     svc.call("DELETE", f"jobs/{job['id']}", token=ALICE)
 
 
+def test_a_store_outage_answers_503_changes_nothing_and_passes(svc, tmp_path):
+    from sqlalchemy import create_engine, text
+
+    job = svc.call("POST", "jobs", cell_job(tmp_path), ALICE).json()
+    database = create_engine(svc.db)
+    try:
+        with database.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs RENAME TO jobs_away"))
+        for method, path in (("POST", "jobs"), ("GET", "jobs"), ("DELETE", f"jobs/{job['id']}"),
+                             ("POST", f"jobs/{job['id']}/start"), ("GET", "jobs/0123456789ab")):
+            answer = svc.call(method, path, cell_job(tmp_path) if path == "jobs" and method == "POST" else None, ALICE)
+            assert answer.status == 503 and answer.headers["Retry-After"] == "5", (method, path, answer)
+        assert svc.call("GET", f"jobs/{job['id']}", token=ALICE).json()["state"] == "queued"  # as it was
+    finally:
+        with database.begin() as conn:
+            conn.execute(text("ALTER TABLE jobs_away RENAME TO jobs"))
+        database.dispose()
+    after = svc.call("POST", "jobs", cell_job(tmp_path), ALICE)
+    assert after.status == 201, after
+    for made in (job, after.json()):
+        assert svc.call("DELETE", f"jobs/{made['id']}", token=ALICE).json()["state"] == "cancelled"
+
+
 def test_the_log_is_served_from_the_jobs_folder(svc, tmp_path):
     job = svc.call("POST", "jobs", cell_job(tmp_path), ALICE).json()
     folder = tmp_path / ".gpualloc" / "jobs" / job["id"]

@@ -192,3 +192,25 @@ def test_interactive_jobs_when_policy_allows_them(tmp_path):
     lease = core.scheduler.lease(job.lease_id)
     assert (lease.priority, lease.preemptible) == (PriorityClass.INTERACTIVE, False)
     core.store.close()
+
+
+def test_only_the_server_that_submitted_a_job_claims_it_and_a_rerun_stays_there(core):
+    job = core.jobs.submit("alice", request(runner="server:gpu2"), now=1.0)
+    with pytest.raises(JobConflict, match="runs in server:gpu2, not in server"):
+        core.jobs.start(job.id, now=2.0)
+    core.jobs.start(job.id, now=2.0, runner="server:gpu2")
+    core.jobs.finish(job.id, 1, "succeeded", now=3.0)
+    assert core.jobs.rerun(job.id, now=4.0).runner == "server:gpu2"
+    assert request().runner == "server"
+    for bad in ("kernel:k", "server:", "server: ", 7):
+        with pytest.raises(SpecError) as err:
+            request(runner=bad)
+        assert err.value.field == "runner"
+
+
+def test_a_cell_job_with_inputs_is_not_rerun_its_inputs_are_gone(core):
+    job = core.jobs.submit("alice", request(source={"kind": "cell", "code": "x", "inputs": ["a"],
+                                                    "inputs_file": ".gpualloc/inputs/a.pkl"}), now=1.0)
+    core.jobs.cancel(job.id, now=2.0, by="alice")
+    with pytest.raises(JobConflict, match="inputs were deleted when it ended: run its cell again"):
+        core.jobs.rerun(job.id, now=3.0)
