@@ -122,13 +122,17 @@ class _GpuState:
     created: set[str] = field(default_factory=set)  # mig uuids this core created
     shares: dict[str, int] = field(default_factory=dict)  # lease id -> milli (non-MIG)
     drained: bool = False
+    cached_layout: mig.Layout | None = None  # forgotten (set to None) whenever `instances` changes
 
     @property
     def is_mig(self) -> bool:
         return self.gpu.mig_mode is not MigMode.OFF
 
     def layout(self) -> mig.Layout:
-        return mig.Layout.of(self.instances.values(), self.profiles)
+        """The MIG layout of its instances, computed once per change of them."""
+        if self.cached_layout is None:
+            self.cached_layout = mig.Layout.of(self.instances.values(), self.profiles)
+        return self.cached_layout
 
     def free_milli(self) -> int:
         return MILLI_PER_GPU - sum(self.shares.values())
@@ -166,6 +170,12 @@ class Scheduler:
         self.policy = policy or SchedulerPolicy()
         self._listeners: list[Callable[[Event], None]] = list(listeners)
         self._leases: dict[str, Lease] = {}
+        self._by_user: dict[str, dict[str, Lease]] = {}  # user -> its active leases, by id
+        self._by_group: dict[str, dict[str, Lease]] = {}
+        self._preemptible: set[str] = set()  # active preemptible batch leases
+        self._generation = 0  # bumped by every change that can alter what a scheduling pass grants
+        self._pass_done: tuple[int, float] | None = None  # (generation, valid until) of the last idle pass
+        self._no_room: set[tuple] | None = None  # placements that failed during the current pass
         self._plans: dict[str, list[_Plan]] = {}
         self._queue: list[str] = []
         self._seq = 0
@@ -210,6 +220,10 @@ class Scheduler:
             per_node = groups[key].per_node
             per_node[gs.gpu.node] = per_node.get(gs.gpu.node, 0) + 1
         self._model_groups = list(groups.values())
+        self._mig_gpus: dict[str, list[_GpuState]] = {}  # model -> its MIG GPUs, in fleet order
+        for gs in self._gpus.values():
+            if gs.is_mig:
+                self._mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         for gs in self._gpus.values():
             self._sync_view(gs)
 
@@ -285,16 +299,18 @@ class Scheduler:
         for uuid, (instances, owner, created, shares, drained) in undo.gpus.items():
             gs = self._gpus[uuid]
             gs.instances, gs.owner, gs.created, gs.shares, gs.drained = instances, owner, created, shares, drained
+            gs.cached_layout = None
             self._sync_view(gs)
+        self._generation += 1
         for lease_id, (before, plans) in undo.leases.items():
             lease = self._dirty[lease_id]
-            self._leases.pop(lease_id, None)
+            self._drop_active(lease_id)
             self._plans.pop(lease_id, None)
             if lease_id in self._queue:
                 self._queue.remove(lease_id)
             if before is not None:
                 vars(lease).update(vars(before))
-                self._leases[lease_id] = lease
+                self._add_active(lease)
                 self._plans[lease_id] = plans
                 if lease.state is LeaseState.QUEUED:
                     self._queue.append(lease_id)
@@ -314,6 +330,7 @@ class Scheduler:
                 self.backend.destroy_mig_instance(gs.gpu.uuid, inst.uuid)
             except DeviceError as err:
                 gs.instances[inst.uuid] = inst
+                gs.cached_layout = None
                 gs.created.add(inst.uuid)
                 self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
                 self._emit("device.error", now, gpu=gs.gpu.uuid, instance=inst.uuid, error=str(err))
@@ -346,6 +363,29 @@ class Scheduler:
             self._undo.gpus[gs.gpu.uuid] = (dict(gs.instances), dict(gs.owner), set(gs.created),
                                             dict(gs.shares), gs.drained)
 
+    def _add_active(self, lease: Lease) -> None:
+        """Hold an active lease, indexed by user, group and preemptibility: O(its groups)."""
+        self._leases[lease.id] = lease
+        self._by_user.setdefault(lease.user, {})[lease.id] = lease
+        for group in lease.groups:
+            self._by_group.setdefault(group, {})[lease.id] = lease
+        if lease.preemptible and lease.priority is PriorityClass.BATCH:
+            self._preemptible.add(lease.id)
+        self._generation += 1
+
+    def _drop_active(self, lease_id: str) -> None:
+        """Forget an active lease and its index entries: O(its groups)."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            return
+        for index, key in [(self._by_user, lease.user)] + [(self._by_group, g) for g in lease.groups]:
+            held = index.get(key, {})
+            held.pop(lease_id, None)
+            if not held:
+                index.pop(key, None)
+        self._preemptible.discard(lease_id)
+        self._generation += 1
+
     def _view_allocate(self, node_index: int, slots: tuple[int, ...], demand: Demand) -> None:
         self.view.allocate(node_index, slots, demand)
         self._undo.view.append(lambda: self.view.release(node_index, slots, demand))
@@ -362,8 +402,8 @@ class Scheduler:
         """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait)."""
         _check_holder(holder)
         check_name(user, "user")
-        for active in self._leases.values():
-            if active.user == user and active.holder == holder:
+        for active in self._by_user.get(user, {}).values():
+            if active.holder == holder:
                 raise HolderBusy(active.id)
         if lease_id is not None and (lease_id in self._leases or self._stored_lease(lease_id)):
             raise SpecError("id", f"lease {lease_id} already exists")
@@ -387,7 +427,7 @@ class Scheduler:
             raise blocked
         with self._atomic(now):
             self._touch_lease(lease)
-            self._leases[lease.id] = lease
+            self._add_active(lease)
             self._plans[lease.id] = plans
             placement = None if blocked else self._place(lease, plans, self._reserved_gpus(now, before=lease))
             if placement is not None:
@@ -466,8 +506,8 @@ class Scheduler:
         """
         wanted = set(holders) if holders is not None else None
         alive = []
-        for lease in self._leases.values():
-            if lease.user == user and (wanted is None or lease.holder in wanted):
+        for lease in self._by_user.get(user, {}).values():
+            if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
                 alive.append(lease)
         self.usage.accrue(alive, now)
@@ -513,6 +553,7 @@ class Scheduler:
             raise NotFound(f"no GPU {gpu_uuid}")
         with self._atomic(now):
             self._touch_gpu(gs)
+            self._generation += 1
             gs.drained = drained
             self._sync_view(gs)
             self._drains[gpu_uuid] = drained
@@ -529,7 +570,7 @@ class Scheduler:
 
     def leases(self, user: str | None = None) -> list[Lease]:
         """Active leases (queued and granted), of one user or all, oldest first."""
-        return sorted((l for l in self._leases.values() if user is None or l.user == user),
+        return sorted(self._leases.values() if user is None else self._by_user.get(user, {}).values(),
                       key=lambda l: l.seq)
 
     def position(self, lease_id: str) -> int | None:
@@ -666,7 +707,7 @@ class Scheduler:
         lease.state = state
         lease.ended_at = now
         lease.reason = reason
-        self._leases.pop(lease.id, None)
+        self._drop_active(lease.id)
         self._plans.pop(lease.id, None)
         self._emit(f"lease.{state.value}", now, lease, reason=reason)
         if frees:
@@ -674,6 +715,9 @@ class Scheduler:
 
     def _free(self, lease: Lease, now: float) -> None:
         sl = lease.slice
+        self._generation += 1
+        if self._no_room:
+            self._no_room.clear()  # room was made: what failed in this pass may fit now
         node_index = self._node_index[sl.node]
         if sl.kind is SliceKind.MIG:
             gs = self._gpus[sl.gpu_uuids[0]]
@@ -699,6 +743,7 @@ class Scheduler:
             self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
             return
         inst = gs.instances.pop(mig_uuid)
+        gs.cached_layout = None
         gs.created.discard(mig_uuid)
         self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
         self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
@@ -720,6 +765,7 @@ class Scheduler:
         inst = self.backend.create_mig_instance(gs.gpu.uuid, profile.profile_id, start)
         self._touch_gpu(gs)
         gs.instances[inst.uuid] = inst
+        gs.cached_layout = None
         gs.created.add(inst.uuid)
         self._undo.made.append((gs, inst, intent.id))
         self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
@@ -745,6 +791,7 @@ class Scheduler:
                                self._demand(placement.plan, lease.spec))
         if lease.id in self._queue:
             self._queue.remove(lease.id)
+        self._generation += 1
         lease.state = LeaseState.GRANTED
         lease.slice = sl
         lease.granted_at = now
@@ -858,22 +905,39 @@ class Scheduler:
         return mask
 
     def _place(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str]) -> _Placement | None:
-        """The first plan that fits now (outside reserved GPUs) and within quota, or None."""
+        """The first plan that fits now (outside reserved GPUs) and within quota, or None.
+
+        During a pass, a plan that found no room is not searched again for the same host demand
+        until room is made: grants only take room and reservations only grow within a pass, so
+        a pass searches the fleet once per distinct (plan, node, host demand), not per request."""
+        spec = lease.spec
         for plan in plans:
             if self._quota_block(lease, [plan]) is not None:
+                continue
+            shape = (plan, spec.node, spec.cpu_milli, spec.host_memory_mib)
+            if self._no_room is not None and shape in self._no_room:
                 continue
             found = self._place_mig(lease, plan, reserved) if plan.kind is SliceKind.MIG \
                 else self._place_plain(lease, plan, reserved)
             if found is not None:
                 return found
+            if self._no_room is not None:
+                self._no_room.add(shape)
         return None
 
     def _mig_candidates(self, plan: _Plan, spec: SliceSpec, reserved: set[str]) -> list[_GpuState]:
+        """The plan model's MIG GPUs that may take it: O(MIG GPUs of that model)."""
         host = self._host_demand(spec)
-        return [gs for gs in self._gpus.values()
-                if gs.is_mig and gs.gpu.model == plan.model and not gs.drained
-                and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)
-                and self.view.fits(gs.node_index, host)]
+        fits: dict[int, bool] = {}  # per node: room for the host demand
+        out = []
+        for gs in self._mig_gpus.get(plan.model, ()):
+            if gs.drained or gs.gpu.uuid in reserved or (spec.node is not None and gs.gpu.node != spec.node):
+                continue
+            if gs.node_index not in fits:
+                fits[gs.node_index] = self.view.fits(gs.node_index, host)
+            if fits[gs.node_index]:
+                out.append(gs)
+        return out
 
     def _place_mig(self, lease: Lease, plan: _Plan, reserved: set[str]) -> _Placement | None:
         candidates = self._mig_candidates(plan, lease.spec, reserved)
@@ -887,10 +951,16 @@ class Scheduler:
             _, _, gs, inst = min(existing, key=lambda e: (e[0], e[1], e[3].start))
             return _Placement(self._mig_slice(gs, plan, inst.start, inst.uuid), plan,
                               gs.node_index, (gs,), mig_uuid=inst.uuid)
-        dynamic = [gs for gs in candidates if gs.gpu.mig_mode is MigMode.DYNAMIC]
-        if not dynamic:
+        # The placer sees each distinct layout once, at its first GPU: it gives ties to the
+        # earliest GPU of a layout anyway, so this only spares it the fleet's repeats.
+        first: dict[mig.Layout, _GpuState] = {}
+        for gs in candidates:
+            if gs.gpu.mig_mode is MigMode.DYNAMIC:
+                first.setdefault(gs.layout(), gs)
+        if not first:
             return None
-        choice = self._mig_placer.choose([gs.layout() for gs in dynamic], plan.profile, dynamic[0].profiles)
+        dynamic = list(first.values())
+        choice = self._mig_placer.choose(list(first), plan.profile, dynamic[0].profiles)
         if choice is None:
             return None
         gs = dynamic[choice[0]]
@@ -961,8 +1031,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ queueing
     def _usage(self, user: str) -> int:
-        return sum(l.slice.memory_mib for l in self._leases.values()
-                   if l.user == user and l.state is LeaseState.GRANTED)
+        """The user's granted GPU memory: O(the user's active leases)."""
+        return sum(l.slice.memory_mib for l in self._by_user.get(user, {}).values()
+                   if l.state is LeaseState.GRANTED)
 
     def _order_key(self, lease: Lease, usage: dict[str, int]) -> tuple:
         """Priority class, then (with fair share) the user's GPU memory in use, then age."""
@@ -1018,9 +1089,27 @@ class Scheduler:
         return {g.gpu.uuid for g in best_set}
 
     def _schedule(self, now: float) -> None:
-        """Grant every waiting request that fits, in queue order, honouring reservations."""
+        """Grant every waiting request that fits, in queue order, honouring reservations.
+
+        A pass is skipped when nothing it depends on changed since the last one (no lease came or
+        went, nothing was granted or freed, no GPU drained, no request reached `reserve_after`,
+        no usage quotas, whose use moves with time): O(1) then. Otherwise it costs
+        O(queue log queue) to order, O(the user's leases) per request for quotas, and one fleet
+        search per distinct request shape (see `_place`)."""
+        if self._pass_done is not None and self._pass_done[0] == self._generation \
+                and now < self._pass_done[1] and not self.policy.usage_quotas:
+            return
+        self._no_room = set()
+        try:
+            self._schedule_pass(now)
+        finally:
+            self._no_room = None
+
+    def _schedule_pass(self, now: float) -> None:
+        start = self._generation
         reserved: set[str] = set()
         usage_known: dict = {}
+        until = math.inf  # when the next waiting request reaches reserve_after
         for lease_id in self._queue_order():
             lease = self._leases.get(lease_id)
             if lease is None or lease.state is not LeaseState.QUEUED:
@@ -1042,13 +1131,26 @@ class Scheduler:
                 lease.reason = str(blocked)
             if now - lease.created_at >= self.policy.reserve_after:
                 reserved |= self._reservation(lease, reserved)
+            else:
+                until = min(until, lease.created_at + self.policy.reserve_after)
+        self._pass_done = (start, until) if self._generation == start else None  # skippable if it changed nothing
 
     def _preempt_for(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str],
                      now: float) -> _Placement | None:
-        """Preempt the fewest, newest preemptible batch leases that make room; then place."""
+        """Preempt the fewest, newest preemptible batch leases that make room; then place.
+
+        O(1) when no preemptible lease is active; otherwise it searches only the GPUs (and, for
+        whole GPUs, the nodes) that hold one."""
+        if not self._preemptible:
+            return None
+        held = {u for i in self._preemptible if self._leases[i].state is LeaseState.GRANTED
+                for u in self._leases[i].slice.gpu_uuids}
+        if not held:
+            return None
+        gpus = sorted((self._gpus[u] for u in held), key=lambda gs: (gs.node_index, gs.slot))
         best: list[Lease] | None = None
         for plan in plans:
-            victims = self._victims_for(lease, plan, reserved)
+            victims = self._victims_for(lease, plan, reserved, gpus)
             if victims is not None and (best is None or len(victims) < len(best)):
                 best = victims
         if not best:
@@ -1085,11 +1187,14 @@ class Scheduler:
                     return list(chosen)
         return None
 
-    def _victims_for(self, lease: Lease, plan: _Plan, reserved: set[str]) -> list[Lease] | None:
+    def _victims_for(self, lease: Lease, plan: _Plan, reserved: set[str],
+                     held: list[_GpuState]) -> list[Lease] | None:
+        """The fewest victims making room for `plan`, among the GPUs in `held` (those holding a
+        preemptible lease, in fleet order) and, for plain GPUs, the other GPUs of their nodes."""
         spec = lease.spec
         best: list[Lease] | None = None
         if plan.kind is SliceKind.MIG:
-            for gs in self._gpus.values():
+            for gs in held:
                 if not (gs.is_mig and gs.gpu.model == plan.model and not gs.drained
                         and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)):
                     continue
@@ -1100,7 +1205,8 @@ class Scheduler:
                     best = chosen
             return best
         per_node: dict[int, list[_GpuState]] = {}
-        for gs in self._gpus.values():
+        nodes = sorted({gs.node_index for gs in held})
+        for gs in (self._gpus[g.uuid] for ni in nodes for g in self.nodes[ni].gpus):
             if (not gs.is_mig and gs.gpu.model == plan.model and not gs.drained
                     and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)):
                 per_node.setdefault(gs.node_index, []).append(gs)
@@ -1143,13 +1249,11 @@ class Scheduler:
         plan = min(plans, key=lambda p: p.memory_mib)
         ask = {"slices": 1, "memory_gib": plan.memory_mib / MIB_PER_GIB,
                "whole_gpus": plan.count if plan.kind is SliceKind.WHOLE else 0}
-        scopes = [("user", user, self.policy.user_quota(user),
-                   [l for l in self._leases.values() if l.user == user])]
+        scopes = [("user", user, self.policy.user_quota(user), self._by_user.get(user, {}).values())]
         for group in groups:
             limits = self.policy.group_quotas.get(group)
             if limits:
-                scopes.append(("group", group, limits,
-                               [l for l in self._leases.values() if group in l.groups]))
+                scopes.append(("group", group, limits, self._by_group.get(group, {}).values()))
         for scope, who, limits, held in scopes:
             held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease_id]
             used = {"slices": len(held),
@@ -1205,7 +1309,7 @@ class Scheduler:
             self._emit("reconcile.instance_vanished", now, gpu=record.gpu_uuid, instance=record.instance.uuid)
         for lease in sorted(state.leases, key=lambda l: l.seq):
             lease.heartbeat_at = now
-            self._leases[lease.id] = lease
+            self._add_active(lease)
             try:
                 self._plans[lease.id] = self._plans_for(lease.spec)
             except SpecError as err:
