@@ -29,6 +29,7 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..hub.env import SLICE_ENV_NAMES, slice_env
+from ..server.availability import Availability
 from .notebook import INPUTS_DIR, job_dir, job_notebook
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -75,12 +76,14 @@ class JobRunner:
     """Claims and runs the owner's jobs; `poll()` is called every `interval` seconds by the server."""
 
     def __init__(self, client: GpuAllocClient, *, service_url: str, mps: bool = False,
-                 on_activity: Callable[[], None] | None = None, log: logging.Logger | None = None):
+                 on_activity: Callable[[], None] | None = None, log: logging.Logger | None = None,
+                 availability: Availability | None = None):
         self.client = client
         self.service_url = service_url
         self.mps = mps
         self.on_activity = on_activity
         self.log = log or logging.getLogger(__name__)
+        self.availability = availability or Availability(client.url, self.log)
         self.attempts: dict[str, Attempt] = {}
         self._recovered = False
         self._cleaned: set[str] = set()  # ended jobs whose inputs are deleted
@@ -110,7 +113,9 @@ class JobRunner:
                 if job["state"] == "queued" and job["position"] == 0 and job["id"] not in self.attempts:
                     await self._claim(job)
         except GpuAllocError as err:
-            self.log.warning("gpualloc jobs: cannot reach the scheduler: %s", err)
+            self.availability.failed(err)
+        else:
+            self.availability.answered()
 
     def _delete_inputs(self, ended: list[dict]) -> None:
         """Delete the pickled inputs of jobs that ended for good (once per job; the outputs stay)."""
@@ -255,12 +260,13 @@ class JobRunner:
     async def _finish(self, job_id: str, attempt: int, outcome: str, reason: str) -> None:
         """Report an attempt's end; one the service could not take now (503, unreachable) is reported
         again at the next rounds, so its job does not stay running with its slice held."""
-        self._unreported.pop(job_id, None)
+        again = self._unreported.pop(job_id, None) is not None
         try:
             await self.client.finish_job(job_id, attempt, outcome, reason)
         except ServiceUnavailable as err:
             self._unreported[job_id] = (attempt, outcome, reason)
-            self.log.warning("gpualloc jobs: cannot report job %s (%s) yet: %s", job_id, outcome, err)
+            if not again:
+                self.log.warning("gpualloc jobs: cannot report job %s (%s) yet: %s", job_id, outcome, err)
         except GpuAllocError as err:  # the core has moved the job on
             self.log.warning("gpualloc jobs: cannot report job %s (%s): %s", job_id, outcome, err)
 

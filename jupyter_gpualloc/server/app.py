@@ -2,7 +2,9 @@
 
 Remote mode (JupyterHub, or GPUALLOC_URL / `service_url` set): the extension talks to the
 scheduler service with the server's credentials. Embedded mode (neither): it hosts the core
-in-process and serves REST API v1 itself at `<base_url>gpualloc/api/v1/`.
+in-process and serves REST API v1 itself at `<base_url>gpualloc/api/v1/`. A server under a hub
+with no allocator configured logs one line and runs without GPU features; one whose allocator
+does not answer logs one line, starts kernels without slices and keeps trying quietly.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
 from ..jobs.runner import JobRunner
 from . import handlers
+from .availability import Availability
 from .embedded import URL_ROOT, EmbeddedScheduler
 from .events import GpuAllocEvents
 from .idle import KernelActivityMonitor
@@ -119,6 +122,9 @@ class GpuAllocExtension(ExtensionApp):
         self._default_provisioner: str | None = None
         self.events = GpuAllocEvents(self.serverapp.event_logger)
         self.embedded: EmbeddedScheduler | None = None
+        self.client: GpuAllocClient | None = None  # None: no allocator configured, GPU features off
+        self.watchdog: Watchdog | None = None
+        self.server_leases: list[dict] = []
         device_backend: DeviceBackend | None = None
         if self.embedded_mode:
             self.embedded = EmbeddedScheduler.from_config(
@@ -131,16 +137,21 @@ class GpuAllocExtension(ExtensionApp):
             self.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
             self.kernel_token = self.server_token()
         else:
-            endpoint = discover(self.service_url or None, self.service_token or None)
+            try:
+                endpoint = discover(self.service_url or None, self.service_token or None)
+            except ValueError as err:
+                self.log.warning("gpualloc: no GPU allocator is configured for this server (%s); "
+                                 "GPU slices and jobs are off, kernels start as usual", err)
+                return
             self.client = GpuAllocClient(endpoint.url, endpoint.token)
             self.kernel_token = endpoint.token
             device_backend = self._watchdog_backend()
+        self.availability = Availability(self.client.url, self.log)
         km = self.serverapp.kernel_manager
         self.monitor = KernelActivityMonitor(self.client, km, self.events, log=self.log)
         self.watchdog = (Watchdog(device_backend, km, self.monitor.lease_of, self.events,
                                   shared_slices=self.server_slices, parent=self)
                          if device_backend is not None else None)
-        self.server_leases: list[dict] = []
         self._link_kernels()
         self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
 
@@ -192,10 +203,13 @@ class GpuAllocExtension(ExtensionApp):
 
     # ------------------------------------------------------------ running
     async def _start_jupyter_server_extension(self, serverapp) -> None:
+        if self.client is None:
+            return
         if self.embedded is not None and self.embedded_url() != self.client.url:
             # the port was only settled when the server bound it
             await self.client.close()
             self.client = self.monitor.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
+            self.availability.url = self.client.url
             self._link_kernels()
         if self.embedded is not None:
             self.embedded.broker.add_listener(self._on_core_event)
@@ -205,7 +219,7 @@ class GpuAllocExtension(ExtensionApp):
         self._every(self.report_interval, self._report)
         self.runner = JobRunner(self.client, service_url=self.client.url,
                                 mps=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")), on_activity=self._job_activity,
-                                log=self.log)
+                                log=self.log, availability=self.availability)
         self._every(self.job_poll_interval, self.runner.poll)
         if self.watchdog is not None and self.watchdog.enabled:
             self._every(self.watchdog.interval, self._watch)
@@ -234,10 +248,11 @@ class GpuAllocExtension(ExtensionApp):
             try:
                 async for event in self.client.events():
                     delay = 1.0
+                    self.availability.answered()
                     self.events.relay_lease_event(event)
                     await self.monitor.on_event(event)
             except (GpuAllocError, OSError) as err:
-                self.log.warning("gpualloc: event stream interrupted (%s); reconnecting in %g s", err, delay)
+                self.availability.failed(err)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
 
@@ -246,7 +261,9 @@ class GpuAllocExtension(ExtensionApp):
             await self.monitor.report()
             self.server_leases = [l for l in await self.client.leases() if l["holder"] == "server"]
         except GpuAllocError as err:
-            self.log.warning("gpualloc: activity report failed: %s", err)
+            self.availability.failed(err)
+        else:
+            self.availability.answered()
 
     def _job_activity(self) -> None:
         """Queued or running jobs count as activity, so JupyterHub's idle culler keeps this server."""
@@ -282,7 +299,8 @@ class GpuAllocExtension(ExtensionApp):
         install_link(None)
         if self._default_provisioner is not None:
             KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner
-        await self.client.close()
+        if self.client is not None:
+            await self.client.close()
         if self.embedded is not None:
             self.embedded.close()
         elif self.watchdog is not None:

@@ -42,6 +42,8 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
     def ext(self):
         return self.extensionapp
 
+    needs_allocator = True  # False: answers even when no allocator is configured (503 otherwise)
+
     async def prepare(self) -> None:
         """jupyter_server's checks (Host, identity, XSRF, Origin); a foreign Origin is 403, as on the v1 routes."""
         try:
@@ -50,6 +52,8 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
             if err.status_code == 404 and not self.check_origin():
                 raise web.HTTPError(403, "cross-origin request refused") from None
             raise
+        if self.needs_allocator and self.ext.client is None:
+            raise web.HTTPError(503, "no GPU allocator is configured for this server")
 
     def body(self) -> dict[str, Any]:
         """The JSON object sent, with the API's bounds (depth, NaN, lone surrogates); 400 naming the field."""
@@ -306,15 +310,17 @@ class ExecutedNotebookHandler(SidebarHandler):
 
 
 class StatusHandler(SidebarHandler):
-    """Mode, API root, and the watchdog's settings."""
+    """Mode (`off` when no allocator is configured), API root, and the watchdog's settings."""
+
+    needs_allocator = False
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        watchdog = self.ext.watchdog
+        watchdog, client = self.ext.watchdog, self.ext.client
         self.finish(json.dumps({
-            "mode": "embedded" if self.ext.embedded is not None else "remote",
-            "api_url": self.ext.client.url,
+            "mode": "off" if client is None else "embedded" if self.ext.embedded is not None else "remote",
+            "api_url": None if client is None else client.url,
             "watchdog": None if watchdog is None else {"enabled": watchdog.enabled, "interval": watchdog.interval,
                                                        "grace": watchdog.grace, "action": watchdog.action},
         }))

@@ -5,7 +5,8 @@ IPython kernel loads the %gpu magic (`--ext=jupyter_gpualloc`). A
 kernel whose kernelspec asks for a slice (`metadata.kernel_provisioner.config.spec`) gets a
 `kernel:<id>` lease before launch, with CUDA_VISIBLE_DEVICES and the cap variables in its env.
 On restart the kernel's active lease (however it was obtained, e.g. by the %gpu magic) is found
-by its holder and applied again; at shutdown it is released. Waiting for a queued slice is an
+by its holder and applied again (when the allocator does not answer, a kernel that asks for no
+slice starts without one); at shutdown it is released. Waiting for a queued slice is an
 async long-poll, so the server's event loop keeps running; past `wait_timeout` the kernel start
 fails with a message saying so.
 """
@@ -109,7 +110,14 @@ class GpuAllocProvisioner(LocalProvisioner):
             env["GPUALLOC_KERNEL_NAME"] = getattr(self.parent, "kernel_name", "") or "python3"
         if any("ipykernel" in part for part in kwargs.get("cmd", ())):
             kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]  # %gpu is there from the start
-        lease = await self._active_lease(link)
+        try:
+            lease = await self._active_lease(link)
+        except GpuAllocError as err:
+            if self.spec:
+                raise
+            self.log.debug("kernel %s: starts without a GPU slice, the allocator does not answer: %s",
+                           self.kernel_id, err)
+            return kwargs  # a kernel that asks for no slice starts all the same
         if lease is None and self.spec:
             lease = await link.client.request_lease(self.spec, self.holder, priority=self.priority,
                                                     idle_timeout=self.idle_timeout)

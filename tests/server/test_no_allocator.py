@@ -1,0 +1,59 @@
+"""A single-user server under a hub whose allocator is unconfigured or down keeps working: one log line, no traceback."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.server.test_server_process import JupyterServerProcess, servers  # noqa: F401 (fixture)
+from tests.service.conftest import ALICE, ServiceProcess
+
+pytestmark = pytest.mark.slow
+FAST = {"GpuAllocExtension": {"report_interval": 0.3, "job_poll_interval": 0.2}}
+HUB_ENV = {"JUPYTERHUB_API_TOKEN": "hub-token-for-this-server", "JUPYTERHUB_SERVER_NAME": ""}
+
+
+def log_of(server: JupyterServerProcess) -> str:
+    return (server.workdir / "server.log").read_text(errors="replace")
+
+
+def wait_for_log(server: JupyterServerProcess, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log_of(server):
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{log_of(server)[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_no_allocator_configured_is_one_line_and_kernels_start(tmp_path, servers):
+    server = JupyterServerProcess(tmp_path, FAST, env=HUB_ENV).start()
+    servers.append(server)
+    status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
+    assert status == 201, kernel
+    assert server.call("GET", "gpualloc/api/status")[1]["mode"] == "off"
+    assert server.call("GET", "gpualloc/api/slices")[0] == 503
+    time.sleep(2)  # several rounds of the periodic work it would do with an allocator
+    log = log_of(server)
+    assert log.count("gpualloc: no GPU allocator is configured for this server") == 1, log
+    assert "Traceback" not in log and "gpualloc: " not in log.replace("gpualloc: no GPU allocator", ""), log
+
+
+def test_an_allocator_that_does_not_answer_is_one_line_until_it_is_back(tmp_path, servers):
+    service = ServiceProcess(tmp_path / "service")
+    root = service.url.removesuffix("api/v1/")
+    server = JupyterServerProcess(tmp_path / "server", FAST,
+                                  env={**HUB_ENV, "GPUALLOC_URL": root, "GPUALLOC_TOKEN": ALICE})
+    server.start()
+    servers.append(server)
+    status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
+    assert status == 201, kernel
+    time.sleep(2)
+    log = log_of(server)
+    assert log.count("does not answer") == 1 and "Traceback" not in log, log
+    service.start()
+    try:
+        wait_for_log(server, f"gpualloc: the GPU allocator at {root} answers again")
+        assert server.call("GET", "gpualloc/api/slices")[0] == 200
+        assert "Traceback" not in log_of(server)
+    finally:
+        service.kill()
