@@ -190,8 +190,8 @@ def sqlite_url(path: str | Path) -> str:
 
 
 class StoreError(Exception):
-    """The database did not take a write (unreachable, a value it cannot encode, a table gone):
-    nothing of that transaction was written. `kind` names the driver's error; the cause is chained."""
+    """The database did not take a write or answer a read (unreachable, a value it cannot encode,
+    a table gone): nothing of that transaction was written. `kind` names the driver's error; the cause is chained."""
 
     def __init__(self, cause: BaseException):
         super().__init__(f"{type(cause).__name__}: {cause}")
@@ -236,6 +236,15 @@ class Store:
             with self.engine.begin() as conn:
                 yield conn
         except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
+            raise StoreError(err) from err
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        """A connection to read with; the driver's refusals come out as StoreError."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except SQLAlchemyError as err:
             raise StoreError(err) from err
 
     def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
@@ -319,26 +328,20 @@ class Store:
             query = query.where(jobs.c.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]))
         if limit is not None:
             query = query.limit(limit)
-        try:
-            with self.engine.connect() as conn:
-                rows = [row[0] for row in conn.execute(query)]
-        except SQLAlchemyError as err:
-            raise StoreError(err) from err
+        with self._read() as conn:
+            rows = [row[0] for row in conn.execute(query)]
         return [Job.from_json(json.loads(raw)) for raw in rows]
 
     def load_job(self, job_id: str) -> Job | None:
         """One job record; StoreError when the database cannot be read."""
-        try:
-            with self.engine.connect() as conn:
-                raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
-        except SQLAlchemyError as err:
-            raise StoreError(err) from err
+        with self._read() as conn:
+            raw = conn.execute(select(jobs.c.data).where(jobs.c.id == job_id)).scalar()
         return Job.from_json(json.loads(raw)) if raw else None
 
     def save_usage(self, segments: list[UsageSegment]) -> None:
         """One transaction: insert each segment, or move the end of one already stored."""
         if segments:
-            with self.engine.begin() as conn:
+            with self._write() as conn:
                 conn.execute(self._upsert_usage, [_usage_row(seg) for seg in segments])
 
     def load_usage(self, since: float, until: float, user: str | None = None) -> list[UsageSegment]:
@@ -346,7 +349,7 @@ class Store:
         query = select(usage).where(usage.c.end > since, usage.c.start < until)
         if user is not None:
             query = query.where(usage.c.user == user)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(query.order_by(usage.c.start, usage.c.lease_id)).mappings().all()
         return [_usage_from_row(row) for row in rows]
 
@@ -355,12 +358,12 @@ class Store:
         gpu_seconds = func.sum((usage.c.end - usage.c.start) * usage.c.gpus)
         query = select(usage.c.user, usage.c.groups, usage.c.model, usage.c.kind, gpu_seconds).group_by(
             usage.c.user, usage.c.groups, usage.c.model, usage.c.kind)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [tuple(row) for row in conn.execute(query)]
 
     def add_busy(self, lease_id: str, day: str, user: str, busy: float, sampled: float) -> None:
         """Add busy and sampled GPU-seconds to a lease's day."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(self._add_busy, {"lease_id": lease_id, "day": day, "user": user, "busy": busy,
                                           "sampled": sampled})
 
@@ -370,22 +373,22 @@ class Store:
             gpu_busy.c.day >= first_day, gpu_busy.c.day <= last_day).group_by(gpu_busy.c.lease_id)
         if user is not None:
             query = query.where(gpu_busy.c.user == user)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return {lease_id: busy for lease_id, busy in conn.execute(query)}
 
     def save_deadline(self, record: DeadlineRecord) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(delete(lease_deadlines).where(lease_deadlines.c.lease_id == record.lease_id))
             conn.execute(lease_deadlines.insert().values(
                 lease_id=record.lease_id, deadline=record.deadline, extensions=record.extensions,
                 warned_at=record.warned_at))
 
     def delete_deadline(self, lease_id: str) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(delete(lease_deadlines).where(lease_deadlines.c.lease_id == lease_id))
 
     def load_deadlines(self) -> list[DeadlineRecord]:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(select(lease_deadlines)).mappings().all()
         return [DeadlineRecord(r["lease_id"], r["deadline"], r["extensions"], r["warned_at"]) for r in rows]
 

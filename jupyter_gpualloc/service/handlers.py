@@ -23,6 +23,7 @@ from tornado.log import app_log
 
 from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
 from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
+from ..core.store import StoreError
 from .auth import Forbidden, Identity
 from .events import EventBroker
 from .metrics import CONTENT_TYPE, ServiceMetrics
@@ -430,4 +431,6 @@ def error_status(exc: BaseException) -> ApiError | None:
         return ApiError(404, str(exc))
     if isinstance(exc, StoreFailed):  # the core undid the change; the database may be back soon
         return ApiError(503, str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, StoreError):  # a read, or usage accrual, the database did not answer
+        return ApiError(503, f"the store is out of order ({exc.kind})", headers={"Retry-After": "5"})
     return None

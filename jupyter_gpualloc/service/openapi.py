@@ -205,11 +205,24 @@ AUTH_ERRORS = {"401": _error("No or unknown credentials."),
 LEASE_LINKS = {
     name: {"operationRef": f"#/paths/~1leases~1{{lease_id}}{suffix}", "parameters": {"lease_id": "$response.body#/id"}}
     for name, suffix in (("GetLease", "/get"), ("ReleaseLease", "/delete"), ("TouchLease", "~1touch/post"))}
+RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}}
 # Answers every operation may give, added to each where it applies.
 COMMON_ERRORS = {
     "query": {"400": _error("A query parameter not as documented; `field` names it.")},
     "body": {"400": _error("Bad input; `field` names it."), "413": _error("A body over 64 KiB."),
              "415": _error("A multipart body: bodies are JSON.")},
+    "store": {"503": {**_error("The store is out of order: nothing was changed; retry after `Retry-After`."),
+                      "headers": RETRY_AFTER}},
+}
+# The operations that read or write the store (the others answer from memory): 503 during an outage.
+STORE_OPERATIONS = {
+    ("/leases", "post"), ("/leases/{lease_id}", "get"), ("/leases/{lease_id}", "delete"),
+    ("/leases/{lease_id}/touch", "post"), ("/leases/{lease_id}/extend", "post"),
+    ("/leases/{lease_id}/utilization", "post"), ("/heartbeat", "post"), ("/gpus/{gpu_uuid}/drain", "post"),
+    ("/gpus/{gpu_uuid}/drain", "delete"), ("/metrics", "get"), ("/usage", "get"), ("/usage/efficiency", "get"),
+    ("/jobs", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "delete"),
+    ("/jobs/{job_id}/log", "get"), ("/jobs/{job_id}/rerun", "post"), ("/jobs/{job_id}/start", "post"),
+    ("/jobs/{job_id}/finish", "post"),
 }
 
 OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -235,8 +248,9 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                      "403": _error("Quota exceeded; `quota` says which."),
                      "409": _error("No capacity and no waiting (`reason`), "
                                    "or the holder already has a lease (`lease_id`)."),
-                     "503": {**_error("The fleet for this request is drained."),
-                             "headers": {"Retry-After": {"schema": {"type": "integer"}}}},
+                     "503": {**_error("The fleet for this request is drained, or the store is out of order "
+                                      "(nothing was changed); retry after `Retry-After`."),
+                             "headers": RETRY_AFTER},
                  }},
     },
     "/leases/{lease_id}": {
@@ -562,9 +576,9 @@ def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str
 
 
 def _with_common_errors(operations: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each operation's answers plus those every operation of its shape may give (auth, bad input)."""
+    """Each operation's answers plus those every operation of its shape may give (auth, bad input, store outage)."""
     paths = copy.deepcopy(operations)
-    for item in paths.values():
+    for path, item in paths.items():
         for method, operation in item.items():
             if method == "parameters":
                 continue
@@ -577,6 +591,8 @@ def _with_common_errors(operations: dict[str, dict[str, Any]]) -> dict[str, dict
                 extra.update(COMMON_ERRORS["query"])
             if "requestBody" in operation:
                 extra.update(COMMON_ERRORS["body"])
+            if (path, method) in STORE_OPERATIONS:
+                extra.update(COMMON_ERRORS["store"])
             for status, answer in extra.items():
                 responses.setdefault(status, answer)
     return paths
