@@ -156,7 +156,7 @@ class GpuAllocClient:
                  retries: int = 3, backoff: float = 0.2, max_clients: int = 10,
                  env: Mapping[str, str] | None = None):
         endpoint = discover(url, token, env)
-        # the server this process belongs to (its own, a kernel's or a terminal's): its runner runs the jobs submitted here
+        # the server this process belongs to (its own, or its kernel's or terminal's): it runs the jobs submitted here
         self.server = server_holder((os.environ if env is None else env).get("JUPYTERHUB_SERVER_NAME", ""))
         self.url = endpoint.url
         self.api_url = self.url + API_PATH

@@ -3,8 +3,9 @@
 Every `interval` it lists the owner's jobs submitted through this server (their `runner` is this
 server: one user's named servers each run their own), heartbeats the leases of the queued and
 running ones, claims (`start`) each queued job whose slice is granted, deletes the pickled inputs
-of those that ended for good, and stops the local attempts the core no longer counts as running: a preempted one gets SIGINT, SIGTERM after the job's preempt_grace,
-then SIGKILL; a cancelled one is stopped at once. An attempt runs in `<workdir>` under the lease's
+of those that ended for good, and stops the local attempts the core no longer counts as running:
+a preempted one gets SIGINT, SIGTERM after the job's preempt_grace, then SIGKILL; a cancelled one
+is stopped at once. An attempt runs in `<workdir>` under the lease's
 env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
 `.gpualloc/jobs/<id>/job.log`, saves `executed.ipynb` and reports how it ended (`finish`), which
 ends the lease, whatever happened to the kernel.

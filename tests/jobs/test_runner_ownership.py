@@ -70,7 +70,7 @@ async def test_the_inputs_of_a_job_are_deleted_once_it_ended_for_good_not_when_i
     assert cloudpickle.loads(outputs.read_bytes()) == {"total": 6}
 
     (inputs / "b.pkl").write_bytes(cloudpickle.dumps({"data": [4]}))
-    queued = await jobs_client.submit_job(cell_job(workdir, "x = data", spec={"kind": "whole", "model": "L4", "count": 1},
-                                                   source={"inputs": ["data"], "inputs_file": ".gpualloc/inputs/b.pkl"}))
+    queued = await jobs_client.submit_job(cell_job(workdir, "x = data", source={
+        "inputs": ["data"], "inputs_file": ".gpualloc/inputs/b.pkl"}))
     await jobs_client.cancel_job(queued["id"])
     await wait_for(lambda: not (inputs / "b.pkl").exists(), 10)

@@ -1,4 +1,5 @@
-"""A single-user server under a hub whose allocator is unconfigured or down keeps working: one log line, no traceback."""
+"""A single-user server under a hub whose allocator is unconfigured or down keeps working:
+one log line, no traceback."""
 
 from __future__ import annotations
 

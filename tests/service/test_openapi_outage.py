@@ -1,4 +1,5 @@
-"""During a store outage every operation answers only what the document lists, and lists 503 exactly where it answers it."""
+"""During a store outage every operation answers only what the document lists, and the document
+lists 503 exactly where it is answered."""
 
 from __future__ import annotations
 
