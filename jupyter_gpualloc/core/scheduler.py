@@ -173,6 +173,8 @@ class Scheduler:
         self._by_user: dict[str, dict[str, Lease]] = {}  # user -> its active leases, by id
         self._by_group: dict[str, dict[str, Lease]] = {}
         self._preemptible: set[str] = set()  # active preemptible batch leases
+        self._held_mib: dict[str, int] = {}  # user -> GPU memory of its granted leases (fair share)
+        self._counted: dict[str, int] = {}  # granted lease id -> the memory it adds to _held_mib
         self._generation = 0  # bumped by every change that can alter what a scheduling pass grants
         self._pass_done: tuple[int, float] | None = None  # (generation, valid until) of the last idle pass
         self._no_room: set[tuple] | None = None  # placements that failed during the current pass
@@ -371,7 +373,13 @@ class Scheduler:
             self._by_group.setdefault(group, {})[lease.id] = lease
         if lease.preemptible and lease.priority is PriorityClass.BATCH:
             self._preemptible.add(lease.id)
+        if lease.state is LeaseState.GRANTED:
+            self._count_held(lease)
         self._generation += 1
+
+    def _count_held(self, lease: Lease) -> None:
+        self._counted[lease.id] = lease.slice.memory_mib
+        self._held_mib[lease.user] = self._held_mib.get(lease.user, 0) + lease.slice.memory_mib
 
     def _drop_active(self, lease_id: str) -> None:
         """Forget an active lease and its index entries: O(its groups)."""
@@ -384,6 +392,10 @@ class Scheduler:
             if not held:
                 index.pop(key, None)
         self._preemptible.discard(lease_id)
+        if lease_id in self._counted:
+            self._held_mib[lease.user] -= self._counted.pop(lease_id)
+            if not self._held_mib[lease.user]:
+                del self._held_mib[lease.user]
         self._generation += 1
 
     def _view_allocate(self, node_index: int, slots: tuple[int, ...], demand: Demand) -> None:
@@ -574,9 +586,13 @@ class Scheduler:
                       key=lambda l: l.seq)
 
     def position(self, lease_id: str) -> int | None:
-        """1-based place in the queue, or None if not queued."""
-        order = self._queue_order()
-        return order.index(lease_id) + 1 if lease_id in order else None
+        """1-based place in the queue, or None if not queued: O(queue), no sorting."""
+        lease = self._leases.get(lease_id)
+        if lease is None or lease_id not in self._queue:
+            return None
+        order_key = self._order_key()
+        key = order_key(lease)
+        return 1 + sum(1 for i in self._queue if order_key(self._leases[i]) < key)
 
     def queue(self) -> list[Lease]:
         return [self._leases[i] for i in self._queue_order()]
@@ -794,6 +810,7 @@ class Scheduler:
         self._generation += 1
         lease.state = LeaseState.GRANTED
         lease.slice = sl
+        self._count_held(lease)
         lease.granted_at = now
         self.usage.start(lease, now)
         self.deadlines.start(lease, now)
@@ -1030,32 +1047,28 @@ class Scheduler:
         return total
 
     # ------------------------------------------------------------ queueing
-    def _usage(self, user: str) -> int:
-        """The user's granted GPU memory: O(the user's active leases)."""
-        return sum(l.slice.memory_mib for l in self._by_user.get(user, {}).values()
-                   if l.state is LeaseState.GRANTED)
-
-    def _order_key(self, lease: Lease, usage: dict[str, int]) -> tuple:
-        """Priority class, then (with fair share) the user's GPU memory in use, then age."""
-        share = 0
-        if self.policy.fair_share:
-            if lease.user not in usage:
-                usage[lease.user] = self._usage(lease.user)
-            share = usage[lease.user]
-        return (lease.priority.rank, share, lease.seq)
+    def _order_key(self) -> Callable[[Lease], tuple]:
+        """A lease's place in the queue: priority class, then (with fair share) its user's GPU
+        memory in use, then age. O(1) per lease: that memory is a counter kept as leases are
+        granted and end."""
+        held = self._held_mib if self.policy.fair_share else {}
+        return lambda lease: (lease.priority.rank, held.get(lease.user, 0), lease.seq)
 
     def _queue_order(self) -> list[str]:
-        usage: dict[str, int] = {}
-        return sorted(self._queue, key=lambda i: self._order_key(self._leases[i], usage))
+        order_key = self._order_key()
+        return sorted(self._queue, key=lambda i: order_key(self._leases[i]))
 
     def _reserved_gpus(self, now: float, before: Lease) -> set[str]:
-        """GPUs held back for requests that wait ahead of `before` longer than reserve_after."""
+        """GPUs held back for requests that wait ahead of `before` longer than reserve_after
+        (O(queue) when none has waited that long, as in a queue that moves)."""
         reserved: set[str] = set()
-        usage: dict[str, int] = {}
-        before_key = self._order_key(before, usage)
+        if not any(now - self._leases[i].created_at >= self.policy.reserve_after for i in self._queue):
+            return reserved
+        order_key = self._order_key()
+        before_key = order_key(before)
         for lease_id in self._queue_order():
             lease = self._leases[lease_id]
-            if self._order_key(lease, usage) > before_key:
+            if order_key(lease) > before_key:
                 break
             if now - lease.created_at >= self.policy.reserve_after:
                 reserved |= self._reservation(lease, reserved)
