@@ -223,6 +223,7 @@ class Scheduler:
             per_node[gs.gpu.node] = per_node.get(gs.gpu.node, 0) + 1
         self._model_groups = list(groups.values())
         self._mig_gpus: dict[str, list[_GpuState]] = {}  # model -> its MIG GPUs, in fleet order
+        self._hosts_known: dict[tuple, frozenset[int]] = {}  # see _host_nodes
         for gs in self._gpus.values():
             if gs.is_mig:
                 self._mig_gpus.setdefault(gs.gpu.model, []).append(gs)
@@ -860,9 +861,19 @@ class Scheduler:
         plans.sort(key=lambda p: (kind_rank[p.kind], p.memory_mib))
         return plans
 
-    def _host_nodes(self, plan: _Plan, spec: SliceSpec, *, host: bool = True) -> set[int]:
+    def _host_nodes(self, plan: _Plan, spec: SliceSpec, *, host: bool = True) -> frozenset[int]:
         """Nodes with enough GPUs of the plan's model and (when `host`) enough CPU and host
-        memory in all to hold the request, busy or not."""
+        memory in all to hold the request, busy or not. The fleet is fixed once loaded, so each
+        answer is kept: O(nodes) the first time for a (plan, node, host demand), O(1) after."""
+        key = (plan, spec.node, spec.cpu_milli, spec.host_memory_mib, host)
+        found = self._hosts_known.get(key)
+        if found is None:
+            if len(self._hosts_known) >= 4096:  # requests of many odd sizes: start over
+                self._hosts_known.clear()
+            found = self._hosts_known[key] = frozenset(self._find_host_nodes(plan, spec, host))
+        return found
+
+    def _find_host_nodes(self, plan: _Plan, spec: SliceSpec, host: bool) -> set[int]:
         is_mig = plan.kind is SliceKind.MIG
         group = next(g for g in self._model_groups if g.model == plan.model and g.is_mig == is_mig)
         found = set()
