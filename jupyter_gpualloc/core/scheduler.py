@@ -1279,6 +1279,8 @@ class Scheduler:
             if limits:
                 scopes.append(("group", group, limits, self._by_group.get(group, {}).values()))
         for scope, who, limits, held in scopes:
+            if not limits:
+                continue  # no quota here: nothing to count
             held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease_id]
             used = {"slices": len(held),
                     "memory_gib": sum(l.slice.memory_mib for l in held) / MIB_PER_GIB,
