@@ -37,6 +37,19 @@ async def job_ends(client, job_id: str, timeout: float = 60.0) -> dict:
     return await wait_for(ended, timeout, interval=0.2)
 
 
+def sleeps_on_first_attempt(marker: str, says: str, seconds: int) -> str:
+    """A job cell that counts its attempts in the file `marker`, prints `<says> <n>`, and sleeps on the first."""
+    return f"""
+import pathlib, time
+marker = pathlib.Path({marker!r})
+n = int(marker.read_text()) + 1 if marker.exists() else 1
+marker.write_text(str(n))
+print({says!r}, n, flush=True)
+if n == 1:
+    time.sleep({seconds})
+"""
+
+
 def cell_job(workdir, code: str, spec=None, **extra) -> dict:
     return {"spec": spec or {"kind": "shared", "memory_gib": 4, "model": "L4"}, "workdir": str(workdir),
             "source": {"kind": "cell", "code": code, **extra.pop("source", {})}, **extra}

@@ -8,19 +8,12 @@ import time
 import psutil
 import pytest
 
+from tests.jobs.conftest import sleeps_on_first_attempt
 from tests.server.conftest import FLEET
 from tests.server.test_server_process import JupyterServerProcess
 
 API = "gpualloc/api/v1/"
-SLEEPS_ON_FIRST_ATTEMPT = """
-import pathlib, time
-marker = pathlib.Path('attempts')
-n = int(marker.read_text()) + 1 if marker.exists() else 1
-marker.write_text(str(n))
-print('working, attempt', n, flush=True)
-if n == 1:
-    time.sleep(120)
-"""
+SLEEPS_ON_FIRST_ATTEMPT = sleeps_on_first_attempt("attempts", "working, attempt", 120)
 
 
 def wait_until(predicate, timeout: float, what: str):

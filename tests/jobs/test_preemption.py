@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from tests.jobs.conftest import PREEMPT_GRACE, cell_job, job_ends, wait_for
+from tests.jobs.conftest import PREEMPT_GRACE, cell_job, job_ends, sleeps_on_first_attempt, wait_for
 
 WHOLE_L4 = {"kind": "whole", "model": "L4"}
-FIRST_ATTEMPT_SLEEPS = """
-import pathlib, time
-marker = pathlib.Path('attempts-a')
-n = int(marker.read_text()) + 1 if marker.exists() else 1
-marker.write_text(str(n))
-print('a is working, attempt', n, flush=True)
-if n == 1:
-    time.sleep(60)
-"""
+FIRST_ATTEMPT_SLEEPS = sleeps_on_first_attempt("attempts-a", "a is working, attempt", 60)
 
 
 async def test_an_interactive_request_preempts_a_running_job_which_later_succeeds(jobs_client, workdir, gpualloc,
