@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DeviceBackend, DeviceError, DevicePermissionError, DeviceUnavailable, GpuLost, GpuProcess
+from .base import (DeviceBackend, DeviceError, DevicePermissionError, DeviceUnavailable, GpuLost, GpuProcess,
+                   GpuUtilization)
 from .kubernetes import KubernetesBackend
 from .nvml import NvmlBackend
 from .simulated import SimulatedBackend, report_process_memory
@@ -13,7 +14,7 @@ BACKENDS = ("simulated", "nvml", "kubernetes")
 
 __all__ = [
     "BACKENDS", "DeviceBackend", "DeviceError", "DevicePermissionError", "DeviceUnavailable", "GpuLost",
-    "GpuProcess", "KubernetesBackend", "NvmlBackend", "SimulatedBackend", "make_backend",
+    "GpuProcess", "GpuUtilization", "KubernetesBackend", "NvmlBackend", "SimulatedBackend", "make_backend",
     "report_process_memory",
 ]
 

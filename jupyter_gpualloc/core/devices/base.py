@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Mapping
 
 from ..model import MigInstance, MigProfile, Node
 
@@ -38,6 +39,22 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class GpuUtilization:
+    """SM utilisation of one GPU or MIG device over the driver's last sampling period.
+
+    `processes` maps each PID the driver attributed SM time to (0-100 each), and is None when the
+    driver cannot attribute it per process (MIG instances; `sm_percent` of the whole device then).
+    `sm_percent` is None when only per-process figures exist. A device absent from a backend's
+    answer could not be sampled at all: its leases' idleness is left to activity.
+    """
+
+    gpu_uuid: str
+    mig_uuid: str | None = None
+    sm_percent: float | None = None
+    processes: Mapping[int, float] | None = None
+
+
+@dataclass(frozen=True)
 class UnusableNode:
     """A node a backend found but cannot serve (e.g. a MIG model the catalogue lacks), and why."""
 
@@ -46,7 +63,7 @@ class UnusableNode:
 
 
 class DeviceBackend(ABC):
-    """Where GPUs come from: enumeration, MIG instance life cycle, per-process memory."""
+    """Where GPUs come from: enumeration, MIG instance life cycle, per-process memory and utilisation."""
 
     name: str = "abstract"
 
@@ -69,6 +86,11 @@ class DeviceBackend(ABC):
     @abstractmethod
     def process_memory(self) -> list[GpuProcess]:
         """Each process currently holding GPU memory, with the GPU (or MIG device) it uses."""
+
+    def utilization(self, now: float) -> list[GpuUtilization]:
+        """SM utilisation of each GPU or MIG device the backend can sample (`now`: the caller's time,
+        for backends that simulate it). Default: none can be sampled."""
+        return []
 
     def unusable_nodes(self) -> list[UnusableNode]:
         """The nodes the last discover() found but left out, each with its reason."""

@@ -1,7 +1,8 @@
 """The real GPUs of this host, through NVML (pynvml, package nvidia-ml-py).
 
 Enumerates GPUs, their MIG mode, the MIG profiles and placements the driver reports, existing
-GPU instances with their MIG device UUIDs, and per-process GPU memory; creates and destroys MIG
+GPU instances with their MIG device UUIDs, per-process GPU memory and SM utilisation (per process
+on GPUs without MIG, per MIG instance through GPM where the GPU has it); creates and destroys MIG
 instances at explicit placements. It never changes MIG mode, compute mode or clocks.
 """
 
@@ -19,7 +20,8 @@ import pynvml
 
 from .. import mig
 from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
-from .base import DeviceBackend, DeviceError, DevicePermissionError, DeviceUnavailable, GpuLost, GpuProcess
+from .base import (DeviceBackend, DeviceError, DevicePermissionError, DeviceUnavailable, GpuLost, GpuProcess,
+                   GpuUtilization)
 
 _MIB = 1024 * 1024
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ LIBRARY_NOT_FOUND = ("NVML not available: the NVIDIA driver library (libnvidia-m
                      + _USE_SIMULATED)
 DRIVER_NOT_LOADED = "NVML not available: the NVIDIA kernel driver is not loaded. " + _USE_SIMULATED
 _ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+_UNSAMPLED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission)
 _REASONS = {
     pynvml.NVML_ERROR_IN_USE: "in use (processes are still running on it)",
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
@@ -53,6 +56,9 @@ class NvmlBackend(DeviceBackend):
         self._can_change_mig = True
         self._profiles: dict[str, dict[int, MigProfile]] = {}
         self._catalogue_differences: dict[str, list[str]] = {}
+        self._last_seen_us: dict[str, int] = {}  # GPU UUID -> newest process-utilisation sample read
+        self._gpm_support: dict[str, bool] = {}
+        self._gpm_samples: dict[tuple[str, str], Any] = {}  # (GPU, MIG UUID) -> its previous GPM sample
         self._open = True
 
     @property
@@ -63,6 +69,10 @@ class NvmlBackend(DeviceBackend):
     def close(self) -> None:
         if self._open:
             self._open = False
+            for sample in self._gpm_samples.values():
+                with suppress(pynvml.NVMLError):
+                    pynvml.nvmlGpmSampleFree(sample)
+            self._gpm_samples.clear()
             pynvml.nvmlShutdown()
 
     # Enumeration
@@ -206,6 +216,89 @@ class NvmlBackend(DeviceBackend):
                                   for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig_handle)]
         return processes
 
+    # Utilisation
+
+    def utilization(self, now: float) -> list[GpuUtilization]:
+        """SM utilisation since the previous call: per process on GPUs without MIG
+        (nvmlDeviceGetProcessUtilization; the device's rate where the driver attributes none), per
+        MIG instance from two GPM samples where the GPU has GPM (Hopper and later). The first call
+        only takes the GPM samples to compare with; devices the driver cannot sample are left out."""
+        with self._nvml("count GPUs"):
+            count = pynvml.nvmlDeviceGetCount()
+        found: list[GpuUtilization] = []
+        for index in range(count):
+            with self._nvml(f"read GPU {index}", f"index {index}"):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+            with self._nvml("sample its utilisation", uuid):
+                enabled, _ = self._mig_state(handle)
+                if enabled:
+                    found += self._mig_utilization(handle, uuid)
+                else:
+                    sample = self._gpu_utilization(handle, uuid)
+                    if sample is not None:
+                        found.append(sample)
+        return found
+
+    def _gpu_utilization(self, handle: Any, uuid: str) -> GpuUtilization | None:
+        """Each process's mean SM utilisation over the samples newer than the last ones read."""
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen_us.get(uuid, 0))
+        except pynvml.NVMLError_NotFound:  # no process used the GPU since the last samples read
+            samples = []
+        except _UNSAMPLED:
+            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+            return None if rates is None else GpuUtilization(uuid, sm_percent=float(rates.gpu))
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_SUCCESS:  # success with no sample: pynvml raises it as an error
+                raise
+            samples = []
+        per_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            per_pid.setdefault(sample.pid, []).append(sample.smUtil)
+            self._last_seen_us[uuid] = max(self._last_seen_us.get(uuid, 0), sample.timeStamp)
+        return GpuUtilization(uuid, processes={pid: sum(v) / len(v) for pid, v in per_pid.items()})
+
+    def _mig_utilization(self, handle: Any, uuid: str) -> list[GpuUtilization]:
+        """Each MIG instance's SM utilisation between its previous GPM sample and a new one."""
+        if not self._has_gpm(handle, uuid):
+            return []
+        found = []
+        devices = _mig_devices(handle)
+        for gi_id, _, mig_uuid, _ in devices:
+            sample = pynvml.nvmlGpmSampleAlloc()
+            try:
+                pynvml.nvmlGpmMigSampleGet(handle, gi_id, sample)
+            except pynvml.NVMLError as exc:
+                pynvml.nvmlGpmSampleFree(sample)
+                if isinstance(exc, pynvml.NVMLError_NotFound):
+                    continue  # destroyed since it was listed
+                raise
+            previous = self._gpm_samples.pop((uuid, mig_uuid), None)
+            self._gpm_samples[(uuid, mig_uuid)] = sample
+            if previous is None:
+                continue  # no samples yet: the next call compares with this one
+            try:
+                value = _gpm_sm_util(previous, sample)
+            finally:
+                pynvml.nvmlGpmSampleFree(previous)
+            if value is not None:
+                found.append(GpuUtilization(uuid, mig_uuid, sm_percent=value))
+        present = {(uuid, mig_uuid) for _, _, mig_uuid, _ in devices}
+        for gone in [key for key in self._gpm_samples if key[0] == uuid and key not in present]:
+            pynvml.nvmlGpmSampleFree(self._gpm_samples.pop(gone))  # its instance was destroyed
+        return found
+
+    def _has_gpm(self, handle: Any, uuid: str) -> bool:
+        if uuid not in self._gpm_support:
+            try:
+                self._gpm_support[uuid] = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+            except _UNSAMPLED:
+                self._gpm_support[uuid] = False
+            if not self._gpm_support[uuid]:
+                log.info("GPU %s: no GPM, its MIG instances' utilisation cannot be sampled", uuid)
+        return self._gpm_support[uuid]
+
     # Hardware report
 
     def describe(self) -> dict[str, Any]:
@@ -337,6 +430,18 @@ def _compute_instances(gi: Any) -> list[Any]:
         pynvml.nvmlGpuInstanceGetComputeInstances(gi, info.id, instances, byref(count))
         found += instances[:count.value]
     return found
+
+
+def _gpm_sm_util(first: Any, second: Any) -> float | None:
+    """SM utilisation (percent) between two GPM samples; None when the driver has no value."""
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.sample1, request.sample2 = first, second
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    pynvml.nvmlGpmMetricsGet(request)
+    metric = request.metrics[0]
+    return float(metric.value) if metric.nvmlReturn == pynvml.NVML_SUCCESS else None
 
 
 def _process(info: Any, gpu_uuid: str, mig_uuid: str | None = None) -> GpuProcess:

@@ -39,6 +39,7 @@ class FakeGpuInstance:
     start: int
     compute_instances: dict[int, str] = field(default_factory=dict)  # CI id -> MIG device UUID
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
+    sm_percent: float = 0.0  # what GPM reports between two samples taken while it is set
 
 
 @dataclass
@@ -51,6 +52,10 @@ class FakeGpu:
     instances: list[FakeGpuInstance] = field(default_factory=list)
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     lost: bool = False
+    utilization_samples: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, timestamp µs, SM %)
+    process_utilization: bool = True  # whether the driver attributes SM time per process
+    gpu_percent: int = 0  # nvmlDeviceGetUtilizationRates' gpu field
+    gpm: bool = False  # Hopper and later: per-MIG-instance metrics
 
     @property
     def mig_capable(self) -> bool:
@@ -98,6 +103,8 @@ class FakeNvml:
         self._keys: dict[Any, int] = {}
         self._by_handle: dict[int, Any] = {}
         self._mig_serial = 0
+        self.gpm_samples: dict[int, tuple[int, int, float] | None] = {}  # live sample -> (GPU, GI, SM %)
+        self._gpm_serial = 0
         for gpu in gpus:
             for gi in gpu.instances:
                 for ci_id in gi.compute_instances:
@@ -441,6 +448,80 @@ class FakeNvml:
             infos[n].usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used
             infos[n].gpuInstanceId, infos[n].computeInstanceId = gi_id, ci_id
         count_ref._obj.value = len(found)
+        return pynvml.NVML_SUCCESS
+
+    # utilisation
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count_ref: Any, last_seen: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if rc != pynvml.NVML_SUCCESS:
+            return rc
+        if self._key(handle)[0] == "mig" or gpu.mig_enabled or not gpu.process_utilization:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        found = [s for s in gpu.utilization_samples if s[1] > last_seen.value]
+        if not found:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if samples is None or count_ref._obj.value < len(found):
+            count_ref._obj.value = len(found)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for n, (pid, stamp, sm) in enumerate(found):
+            samples[n].pid, samples[n].timeStamp, samples[n].smUtil = pid, stamp, sm
+        count_ref._obj.value = len(found)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if rc == pynvml.NVML_SUCCESS:
+            ref._obj.gpu, ref._obj.memory = gpu.gpu_percent, 0
+        return rc
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> int:
+        gpu, rc = self._gpu(handle)
+        if rc == pynvml.NVML_SUCCESS:
+            ref._obj.isSupportedDevice = int(gpu.gpm)
+        return rc
+
+    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
+        self._gpm_serial += 1
+        key = ("gpm", self._gpm_serial)
+        self._put_handle(ref, key)
+        self.gpm_samples[self._handle_value(key)] = None
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        value = ctypes.cast(sample, ctypes.c_void_p).value
+        if value not in self.gpm_samples:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        del self.gpm_samples[value]
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gi_id: int, sample: Any) -> int:
+        gpu, rc = self._mig_gpu(handle)
+        if rc != pynvml.NVML_SUCCESS:
+            return rc
+        if not gpu.gpm:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        gi = next((g for g in gpu.instances if g.gi_id == gi_id), None)
+        value = ctypes.cast(sample, ctypes.c_void_p).value
+        if gi is None:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if value not in self.gpm_samples:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        self.gpm_samples[value] = (self.gpus.index(gpu), gi_id, gi.sm_percent)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpmMetricsGet(self, ref: Any) -> int:
+        request = ref._obj
+        first = self.gpm_samples.get(ctypes.cast(request.sample1, ctypes.c_void_p).value)
+        second = self.gpm_samples.get(ctypes.cast(request.sample2, ctypes.c_void_p).value)
+        if first is None or second is None or first[:2] != second[:2]:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        for n in range(request.numMetrics):
+            metric = request.metrics[n]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL:
+                metric.value, metric.nvmlReturn = second[2], pynvml.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
         return pynvml.NVML_SUCCESS
 
 

@@ -227,3 +227,59 @@ def test_an_a30_reads_its_own_geometry_from_the_driver(monkeypatch):
     [node] = backend.discover()
     layout = mig.Layout.of(node.gpus[0].instances, profiles)
     assert mig.legal_starts(layout, profiles[14]) == [1] and layout.free_compute_slices == 1
+
+
+def test_process_utilization_reads_only_samples_newer_than_the_last_read(backend, fake):
+    l4 = fake.gpus[1]
+    l4.utilization_samples = [(5151, 1_000, 80), (5151, 2_000, 60), (5252, 2_000, 0)]
+    [sample] = backend.utilization(now=0.0)  # the A100 has MIG and no GPM: it is left out
+    assert (sample.gpu_uuid, sample.mig_uuid, sample.sm_percent) == (L4, None, None)
+    assert sample.processes == {5151: 70.0, 5252: 0.0}
+    l4.utilization_samples.append((5151, 3_000, 10))
+    assert backend.utilization(now=5.0)[0].processes == {5151: 10.0}
+    # NOT_FOUND: nothing ran on the GPU since: sampled, and every process idle
+    assert backend.utilization(now=10.0)[0].processes == {}
+
+
+def test_process_utilization_not_supported_falls_back_to_the_device_rate(backend, fake):
+    fake.gpus[1].process_utilization = False
+    fake.gpus[1].gpu_percent = 45
+    [sample] = backend.utilization(now=0.0)
+    assert (sample.gpu_uuid, sample.sm_percent, sample.processes) == (L4, 45.0, None)
+    fake.errors["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert backend.utilization(now=1.0) == []  # nothing to sample: idleness is left to activity
+
+
+def test_success_without_samples_is_no_process_busy(backend, fake):
+    fake.errors["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_SUCCESS  # count 0, as some drivers answer
+    assert backend.utilization(now=0.0)[0].processes == {}
+
+
+def test_mig_instances_are_sampled_through_gpm_from_the_second_call(backend, fake):
+    a100 = fake.gpus[0]
+    a100.gpm = True
+    two_g, three_g = (gi for gi in a100.instances if gi.compute_instances)
+    two_g.sm_percent, three_g.sm_percent = 55.0, 0.0
+    assert [s.gpu_uuid for s in backend.utilization(now=0.0)] == [L4]  # no samples yet on the A100
+    samples = {s.mig_uuid: s for s in backend.utilization(now=5.0) if s.gpu_uuid == A100}
+    assert {m: (s.sm_percent, s.processes) for m, s in samples.items()} == {
+        two_g.compute_instances[0]: (55.0, None), three_g.compute_instances[0]: (0.0, None)}
+    assert len(fake.gpm_samples) == 2  # one kept per MIG instance, the previous ones freed
+    backend.destroy_mig_instance(A100, three_g.compute_instances[0])
+    assert [s.mig_uuid for s in backend.utilization(now=10.0) if s.gpu_uuid == A100] == [
+        two_g.compute_instances[0]]
+    assert len(fake.gpm_samples) == 1  # the destroyed instance's sample is freed
+    backend.close()
+    assert fake.gpm_samples == {}
+
+
+def test_mig_without_gpm_is_not_sampled(backend, fake):
+    fake.errors["nvmlGpmQueryDeviceSupport"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND  # an older driver
+    assert [s.gpu_uuid for s in backend.utilization(now=0.0)] == [L4]
+    assert "nvmlGpmMigSampleGet" not in fake.calls and "nvmlDeviceGetProcessUtilization" in fake.calls
+
+
+def test_utilization_of_a_lost_gpu(backend, fake):
+    fake.gpus[1].lost = True
+    with pytest.raises(GpuLost, match=r"GPU index 1 is lost .*needs a reset"):
+        backend.utilization(now=0.0)
