@@ -263,7 +263,15 @@ class InventoryHandler(ApiHandler):
 
 class OffersHandler(ApiHandler):
     def get(self) -> None:
-        self.write_json({"offers": self.scheduler.offers(self.identity.user, self.identity.groups)})
+        """The caller's offers, each with how often a time-boxed lease on it may be extended and the
+        usage quota (if any) that would refuse it now."""
+        user, groups = self.identity.user, self.identity.groups
+        offers = self.scheduler.offers(user, groups)
+        used_up = self.scheduler.usage.refusal(user, groups, self.ctx.clock())
+        for offer in offers:
+            offer["max_extensions"] = self.scheduler.policy.max_extensions if offer["max_duration"] else None
+            offer["over_usage_quota"] = used_up.sentence() if used_up else None
+        self.write_json({"offers": offers})
 
 
 class LeasesHandler(ApiHandler):
