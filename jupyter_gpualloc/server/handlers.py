@@ -1,5 +1,5 @@
 """The sidebar's API under `<base_url>gpualloc/api/`: the caller's slices and kernels, the inventory, offers,
-request, release, extend, jobs, status and an event stream.
+request, release, extend (idle), deadline extension, usage, jobs, status and an event stream.
 
 Every handler is authenticated (`@web.authenticated`) and authorized (`@authorized`, resource
 `gpualloc`) by jupyter_server; the extension calls the scheduler with the server's credentials.
@@ -228,6 +228,29 @@ class ExtendHandler(SidebarHandler):
         self.finish(json.dumps(self.lease_entry(lease)))
 
 
+class DeadlineExtendHandler(SidebarHandler):
+    """POST {"lease_id": id}: move a time-boxed lease's deadline later (REST API v1's extend); 409 says why not."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        lease_id = self.body().get("lease_id")
+        if not isinstance(lease_id, str) or not lease_id:
+            raise web.HTTPError(400, "lease_id is required")
+        lease = await self.service(self.ext.client.extend(lease_id))
+        self.finish(json.dumps(self.lease_entry(lease)))
+
+
+class UsageHandler(SidebarHandler):
+    """GET: the caller's GPU-hours this month and usage quotas (REST API v1's usage report, the caller's own)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        identity = await self.service(self.ext.client.whoami())
+        self.finish(json.dumps(await self.service(self.ext.client.usage(user=identity["user"]))))
+
+
 class JobsHandler(SidebarHandler):
     """GET: the caller's background jobs; POST: submit one (REST API v1's job object). Embedded and remote alike."""
 
@@ -367,6 +390,8 @@ def routes() -> list[tuple[str, type]]:
         (r"/gpualloc/api/request", RequestHandler),
         (r"/gpualloc/api/release", ReleaseHandler),
         (r"/gpualloc/api/extend", ExtendHandler),
+        (r"/gpualloc/api/deadline/extend", DeadlineExtendHandler),
+        (r"/gpualloc/api/usage", UsageHandler),
         (r"/gpualloc/api/jobs", JobsHandler),
         (r"/gpualloc/api/jobs/([^/]+)", JobHandler),
         (r"/gpualloc/api/jobs/([^/]+)/rerun", JobRerunHandler),
