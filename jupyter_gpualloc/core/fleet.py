@@ -12,6 +12,11 @@ nodes:
       - {model: My-Accelerator, memory_mib: 24576}
 ```
 
+`utilization` (optional) is the SM utilisation the simulated driver reports for the processes on
+each GPU of the entry (and on its MIG instances) that state none of their own: a percentage, or
+`[[seconds, percent], ...]` steps that repeat from t = 0, e.g. `[[600, 90], [1800, 0]]` for ten
+busy minutes in every forty. `load_fleet(..., utilization=found)` fills `found` by GPU UUID.
+
 `mig` is `off` (the default), `static` (the instances in `layout` are fixed) or `dynamic`
 (instances may be created and destroyed). `layout` lists the MIG instances that exist on each
 GPU of the entry, by profile name (each at the lowest legal start that lets the rest fit) or as
@@ -28,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -61,10 +67,27 @@ def smallest_free_id(used: set[int], first: int = 1) -> int:
     return candidate
 
 
-def load_fleet(source: str | os.PathLike[str] | Mapping[str, Any]) -> list[Node]:
-    """Parse a fleet file (YAML or JSON) or an already-loaded mapping into nodes."""
+@dataclass(frozen=True)
+class UtilizationPattern:
+    """SM utilisation over time: (seconds, percent) steps repeating from t = 0."""
+
+    steps: tuple[tuple[float, float], ...]
+
+    def at(self, t: float) -> float:
+        offset = t % sum(seconds for seconds, _ in self.steps)
+        for seconds, percent in self.steps:
+            if offset < seconds:
+                return percent
+            offset -= seconds
+        return self.steps[-1][1]
+
+
+def load_fleet(source: str | os.PathLike[str] | Mapping[str, Any],
+               utilization: dict[str, UtilizationPattern] | None = None) -> list[Node]:
+    """Parse a fleet file (YAML or JSON) or an already-loaded mapping into nodes; the GPUs'
+    utilisation patterns go into `utilization` when it is given."""
     if isinstance(source, Mapping):
-        return parse_fleet(source)
+        return parse_fleet(source, utilization)
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
@@ -75,13 +98,15 @@ def load_fleet(source: str | os.PathLike[str] | Mapping[str, Any]) -> list[Node]
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise FleetError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {exc}") from None
     try:
-        return parse_fleet(data)
+        return parse_fleet(data, utilization)
     except FleetError as exc:
         raise FleetError(f"{path}: {exc}") from None
 
 
-def parse_fleet(data: Any) -> list[Node]:
-    """Validate a fleet mapping (`{"nodes": [...]}`) and build its nodes."""
+def parse_fleet(data: Any, utilization: dict[str, UtilizationPattern] | None = None) -> list[Node]:
+    """Validate a fleet mapping (`{"nodes": [...]}`) and build its nodes (utilisation patterns into
+    `utilization` when given)."""
+    found: dict[str, UtilizationPattern] = {} if utilization is None else utilization
     if not isinstance(data, Mapping):
         raise FleetError("fleet: must be a mapping with a 'nodes' list")
     _check_keys(data, {"nodes"}, "fleet")
@@ -91,7 +116,7 @@ def parse_fleet(data: Any) -> list[Node]:
     nodes: list[Node] = []
     seen: set[str] = set()
     for i, raw in enumerate(raw_nodes):
-        node = _parse_node(raw, f"nodes[{i}]")
+        node = _parse_node(raw, f"nodes[{i}]", found)
         if node.name in seen:
             raise FleetError(f"nodes[{i}].name: duplicate node name {node.name!r}")
         seen.add(node.name)
@@ -99,7 +124,7 @@ def parse_fleet(data: Any) -> list[Node]:
     return nodes
 
 
-def _parse_node(raw: Any, path: str) -> Node:
+def _parse_node(raw: Any, path: str, utilization: dict[str, UtilizationPattern]) -> Node:
     if not isinstance(raw, Mapping):
         raise FleetError(f"{path}: must be a mapping")
     _check_keys(raw, {"name", "cpu_milli", "memory_mib", "gpus"}, path)
@@ -112,14 +137,18 @@ def _parse_node(raw: Any, path: str) -> Node:
     if not isinstance(entries, list):
         raise FleetError(f"{path}.gpus: must be a list")
     for j, entry in enumerate(entries):
-        node.gpus.extend(_parse_gpu_entry(entry, node.name, len(node.gpus), f"{path}.gpus[{j}]"))
+        gpus = _parse_gpu_entry(entry, node.name, len(node.gpus), f"{path}.gpus[{j}]")
+        if isinstance(entry, Mapping) and "utilization" in entry:
+            pattern = _parse_utilization(entry["utilization"], f"{path}.gpus[{j}].utilization")
+            utilization.update((gpu.uuid, pattern) for gpu in gpus)
+        node.gpus.extend(gpus)
     return node
 
 
 def _parse_gpu_entry(raw: Any, node: str, first_index: int, path: str) -> list[Gpu]:
     if not isinstance(raw, Mapping):
         raise FleetError(f"{path}: must be a mapping")
-    _check_keys(raw, {"model", "count", "mig", "memory_mib", "layout"}, path)
+    _check_keys(raw, {"model", "count", "mig", "memory_mib", "layout", "utilization"}, path)
     model_name = raw.get("model")
     if not isinstance(model_name, str) or not model_name.strip():
         raise FleetError(f"{path}.model: must be a non-empty string")
@@ -145,6 +174,28 @@ def _parse_gpu_entry(raw: Any, node: str, first_index: int, path: str) -> list[G
         gpus.append(Gpu(uuid=uuid_, index=index, model=model.name, memory_mib=memory or model.memory_mib,
                         node=node, mig_capable=model.mig_capable, mig_mode=mode, instances=instances))
     return gpus
+
+
+def _parse_utilization(raw: Any, path: str) -> UtilizationPattern:
+    def percent(value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+            raise FleetError(f"{where}: must be a percentage from 0 to 100")
+        return float(value)
+
+    if not isinstance(raw, list):
+        return UtilizationPattern(((1.0, percent(raw, path)),))
+    if not raw:
+        raise FleetError(f"{path}: must be a percentage or a non-empty list of [seconds, percent] steps")
+    steps = []
+    for n, step in enumerate(raw):
+        where = f"{path}[{n}]"
+        if not isinstance(step, list) or len(step) != 2:
+            raise FleetError(f"{where}: must be [seconds, percent]")
+        seconds = step[0]
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise FleetError(f"{where}[0]: seconds must be a positive number")
+        steps.append((float(seconds), percent(step[1], f"{where}[1]")))
+    return UtilizationPattern(tuple(steps))
 
 
 def _parse_mig_mode(value: Any, path: str) -> MigMode:

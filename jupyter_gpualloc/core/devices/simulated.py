@@ -8,6 +8,12 @@ layout is kept there as JSON); without one, created instances live in memory onl
 Per-process GPU memory is simulated with files, so the watchdog can be tested with real
 processes: each process writes `<pid>.json` (`{"gpu_uuid": ..., "mig_uuid": ..., "used_mib": N}`)
 into `process_dir` (see `report_process_memory`); files of processes that have exited are removed.
+
+SM utilisation is attributed per process, like the driver does on GPUs without MIG: a process's
+file may say its own `sm_percent`, else the fleet file's `utilization` pattern of its GPU at the
+time asked applies. A GPU or MIG instance is sampled when its GPU has a pattern (all its devices,
+idle ones too) or when a process on it states its own figure; others are left out, as the driver
+leaves out what it cannot sample.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import mig
-from ..fleet import load_fleet, mig_uuid, smallest_free_id
+from ..fleet import UtilizationPattern, load_fleet, mig_uuid, smallest_free_id
 from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
-from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess
+from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess, GpuUtilization
 
 
 class SimulatedBackend(DeviceBackend):
@@ -34,7 +40,8 @@ class SimulatedBackend(DeviceBackend):
     def __init__(self, fleet: list[Node] | str | os.PathLike[str] | Mapping[str, Any], *,
                  allow_mig_changes: bool = True, process_dir: str | os.PathLike[str] | None = None,
                  state_file: str | os.PathLike[str] | None = None):
-        nodes = fleet if isinstance(fleet, list) else load_fleet(fleet)
+        self.patterns: dict[str, UtilizationPattern] = {}
+        nodes = fleet if isinstance(fleet, list) else load_fleet(fleet, self.patterns)
         self._nodes = copy.deepcopy(nodes)
         self._gpus: dict[str, Gpu] = {g.uuid: g for n in self._nodes for g in n.gpus}
         self._created: dict[str, int] = {u: len(g.instances) for u, g in self._gpus.items()}
@@ -122,6 +129,29 @@ class SimulatedBackend(DeviceBackend):
 
     def process_memory(self) -> list[GpuProcess]:
         """Processes that reported their GPU memory in `process_dir` and are still alive."""
+        return [process for process, _ in self._reports()]
+
+    def utilization(self, now: float) -> list[GpuUtilization]:
+        """Each process's SM utilisation (its own figure, else its GPU's pattern at `now`), per GPU
+        or MIG device; see the module's docstring for which devices are sampled."""
+        devices: dict[tuple[str, str | None], dict[int, float]] = {}
+        with self._lock:
+            for uuid in self.patterns:
+                gpu = self._gpus[uuid]
+                if gpu.mig_mode is MigMode.OFF:
+                    devices[(uuid, None)] = {}
+                for instance in gpu.instances:
+                    devices[(uuid, instance.uuid)] = {}
+        for process, own in self._reports():
+            pattern = self.patterns.get(process.gpu_uuid)
+            if own is None and pattern is None:
+                continue
+            device = (process.gpu_uuid, process.mig_uuid)
+            devices.setdefault(device, {})[process.pid] = own if own is not None else pattern.at(now)
+        return [GpuUtilization(gpu, mig, processes=pids) for (gpu, mig), pids in devices.items()]
+
+    def _reports(self) -> list[tuple[GpuProcess, float | None]]:
+        """(process, the SM utilisation it states or None) of each live process that reported."""
         if self.process_dir is None or not self.process_dir.is_dir():
             return []
         processes = []
@@ -136,10 +166,11 @@ class SimulatedBackend(DeviceBackend):
                 data = json.loads(path.read_text(encoding="utf-8"))
                 process = GpuProcess(pid=pid, gpu_uuid=str(data["gpu_uuid"]), used_mib=int(data["used_mib"]),
                                      mig_uuid=data.get("mig_uuid"))
+                own = None if data.get("sm_percent") is None else float(data["sm_percent"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if process.gpu_uuid in self._gpus:
-                processes.append(process)
+                processes.append((process, own))
         return processes
 
     def _gpu(self, gpu_uuid: str) -> Gpu:
@@ -157,13 +188,16 @@ class SimulatedBackend(DeviceBackend):
 
 
 def report_process_memory(process_dir: str | os.PathLike[str], pid: int, gpu_uuid: str, used_mib: int,
-                          mig_uuid: str | None = None) -> Path:
-    """Record, atomically, that process `pid` holds `used_mib` MiB on a simulated GPU."""
+                          mig_uuid: str | None = None, sm_percent: float | None = None) -> Path:
+    """Record, atomically, that process `pid` holds `used_mib` MiB on a simulated GPU (and, when
+    given, keeps `sm_percent` of its SMs busy)."""
     directory = Path(process_dir)
     directory.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"gpu_uuid": gpu_uuid, "used_mib": int(used_mib)}
     if mig_uuid is not None:
         record["mig_uuid"] = mig_uuid
+    if sm_percent is not None:
+        record["sm_percent"] = float(sm_percent)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{pid}.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(record, f)

@@ -81,10 +81,27 @@ def test_unknown_model_needs_memory():
      r"gpus\[0\]\.layout\[2\]: 1g.5gb\+me does not fit"),
     ({"model": "L4", "count": 0}, r"gpus\[0\]\.count: must be a positive integer"),
     ({"model": "L4", "colour": "green"}, r"gpus\[0\]\.colour: unknown field"),
+    ({"model": "L4", "utilization": 120}, r"gpus\[0\]\.utilization: must be a percentage from 0 to 100"),
+    ({"model": "L4", "utilization": []}, r"gpus\[0\]\.utilization: must be a percentage or a non-empty list"),
+    ({"model": "L4", "utilization": [[60, 90], [0, 0]]}, r"gpus\[0\]\.utilization\[1\]\[0\]: seconds must be"),
+    ({"model": "L4", "utilization": [[60, "busy"]]}, r"gpus\[0\]\.utilization\[0\]\[1\]: must be a percentage"),
+    ({"model": "L4", "utilization": [60]}, r"gpus\[0\]\.utilization\[0\]: must be \[seconds, percent\]"),
 ])
 def test_gpu_entry_errors_name_their_path(gpu, message):
     with pytest.raises(FleetError, match=r"^nodes\[0\]\." + message):
         load_fleet(one_node(gpu))
+
+
+def test_utilization_patterns_by_gpu_uuid():
+    found = {}
+    [node] = load_fleet(one_node({"model": "L4", "count": 2, "utilization": [[600, 90], [1800, 0]]},
+                                 {"model": "T4"}, {"model": "A10", "utilization": 35}), found)
+    l4a, l4b, t4, a10 = (g.uuid for g in node.gpus)
+    assert set(found) == {l4a, l4b, a10}
+    pattern = found[l4a]
+    assert [pattern.at(t) for t in (0, 599, 600, 2399, 2400, 2400 + 599)] == [90, 90, 0, 0, 90, 90]
+    assert found[a10].at(12345.6) == 35
+    assert load_fleet(one_node({"model": "L4", "utilization": 50}))  # without a dict to fill: accepted
 
 
 def test_node_errors():

@@ -193,3 +193,38 @@ def test_the_scheduler_and_the_inventory_drawing_use_each_gpus_geometry(harness)
     lines = list(render_inventory(h.backend))
     assert lines[1].endswith("|a|a|b|b|  a=2g.12gb@0 b=2g.12gb@2")
     assert "|.|.|.|.|.|.|.|.|  no instances" in lines[2]
+
+
+BUSY_CHILD = """
+import os, sys
+from jupyter_gpualloc.core.devices.simulated import report_process_memory
+sm = None if sys.argv[4] == "-" else float(sys.argv[4])
+report_process_memory(sys.argv[1], os.getpid(), sys.argv[2], 1024, mig_uuid=sys.argv[3] or None, sm_percent=sm)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_utilization_per_process_from_its_report_or_its_gpus_pattern(tmp_path):
+    fleet = {"nodes": [{"name": "n", "cpu_milli": 8000, "memory_mib": 32768, "gpus": [
+        {"model": "A100-SXM4-40GB", "mig": "dynamic", "utilization": [[60, 80], [60, 0]]},
+        {"model": "L4"}, {"model": "T4"}]}]}
+    backend = SimulatedBackend(fleet, process_dir=tmp_path)
+    a100, l4, t4 = uuids(backend)
+    one, idle = backend.create_mig_instance(a100, 19, 0), backend.create_mig_instance(a100, 19, 1)
+    assert {(u.gpu_uuid, u.mig_uuid, u.sm_percent): u.processes for u in backend.utilization(now=0)} == {
+        (a100, one.uuid, None): {}, (a100, idle.uuid, None): {}}  # the pattern's GPU: sampled though idle
+    children = [subprocess.Popen([sys.executable, "-c", BUSY_CHILD, str(tmp_path), gpu, mig, sm],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for gpu, mig, sm in ((a100, one.uuid, "-"), (l4, "", "0"), (l4, "", "65"), (t4, "", "-"))]
+    try:
+        assert all(c.stdout.readline().strip() == "ready" for c in children)
+        on_pattern, l4_idle, l4_busy, _ = (c.pid for c in children)
+        at = {t: {(u.gpu_uuid, u.mig_uuid): u.processes for u in backend.utilization(now=t)} for t in (30, 90)}
+        assert at[30] == {(a100, one.uuid): {on_pattern: 80.0}, (a100, idle.uuid): {},
+                          (l4, None): {l4_idle: 0.0, l4_busy: 65.0}}  # the T4 has neither: not sampled
+        assert at[90][(a100, one.uuid)] == {on_pattern: 0.0}
+    finally:
+        for child in children:
+            child.communicate("done\n", timeout=20)
+    assert (l4, None) not in {(u.gpu_uuid, u.mig_uuid) for u in backend.utilization(now=0)}
