@@ -1,0 +1,520 @@
+"""Open-loop load against `jupyter-gpualloc serve`, beside a trivial tornado app, both on one core.
+
+Requests are sent at scheduled times (a fixed rate), whatever the answers do; each latency is
+measured from the request's *scheduled* send time to its answer, so a server that falls behind
+is charged for the requests waiting behind it (no coordinated omission). The generator runs in
+this process on one core (asyncio, raw HTTP/1.1 over 64 keep-alive connections); the server
+runs in a subprocess pinned (taskset) to another.
+
+Servers, measured one after the other in the same run:
+
+* `hello`: a tornado app answering every request with a small JSON body (the floor);
+* `service (sqlite)`: `jupyter-gpualloc serve` on a temporary SQLite file over a fleet of 16
+  A100-80GB with dynamic MIG (the simulated backend), bearer tokens of 64 users;
+* `service (postgresql)`: the same on a fresh database of the server named by `--pg-url` or
+  `GPUALLOC_TEST_PG_URL`, when one is named.
+
+Mixes:
+
+* `alloc`: allocate+release: `POST /leases` (a MIG 1g.10gb slice, `wait: 0`) while fewer than 16
+  leases are held, else `DELETE /leases/{id}` of the oldest;
+* `touch`: over 48 granted leases, in turn `POST /leases/{id}/touch`, `POST /heartbeat` and
+  `GET /leases`.
+
+Each rate runs `--seconds` seconds; the knee is the highest offered rate whose requests all
+completed with p99 under 50 ms. A mix's sweep stops after two rates past the knee.
+
+    python benchmarks/service_load.py [--seconds 4] [--pg-url URL] [--json results.json] [--before old.json]
+
+prints a markdown table (the issue's figures beside this run's, ratios against hello) and, with
+`--json`, writes the raw figures (pass them as `--before` to a later run to show both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CONNECTIONS = 64
+USERS = 64
+HELD = 16  # the alloc mix releases once this many leases are held
+TOUCHED = 48  # granted leases the touch mix works on
+KNEE_P99_MS = 50.0
+RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
+         "touch": [500, 1000, 1500, 2000, 3000, 4000, 5000, 6000]}
+FLEET = """nodes:
+  - name: bench
+    cpu_milli: 256000
+    memory_mib: 2097152
+    gpus:
+      - {model: A100-SXM4-80GB, count: 16, mig: dynamic}
+"""
+SPEC = {"kind": "mig", "profile": "1g.10gb"}
+HELLO = textwrap.dedent("""
+    import asyncio, sys
+    from tornado import web
+    class Hello(web.RequestHandler):
+        def get(self, *_):
+            self.set_header("Content-Type", "application/json")
+            self.finish('{"status": "ok"}')
+        post = delete = get
+    async def main():
+        web.Application([(r"/.*", Hello)]).listen(int(sys.argv[1]), "127.0.0.1")
+        await asyncio.Event().wait()
+    asyncio.run(main())
+""")
+# The figures issue 16 reported for main, per (mix, offered rate).
+ISSUE = {("alloc", 500): "p99 47-70 ms, 0.73 cores",
+         ("alloc", 750): "516-563 req/s done, p99 2.8-3.1 s (at 600-650)",
+         ("alloc", 1000): "526 req/s done, p99 17 s",
+         ("touch", 1500): "1,324 req/s done, p99 6.1 s"}
+
+
+@dataclass
+class Step:
+    server: str
+    mix: str
+    offered: float
+    done: float  # answers per second of the step
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    errors: int  # answers other than 2xx, and requests never answered
+    cores: float  # the server's CPU seconds per second
+    queued_p99_ms: float  # waiting for a free connection (all 64 busy)
+
+    @property
+    def meets_knee(self) -> bool:
+        return self.p99_ms < KNEE_P99_MS and self.errors == 0 and self.done >= 0.99 * self.offered
+
+
+# ------------------------------------------------------------------ servers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    """A server subprocess pinned to `core`, listening on 127.0.0.1:port."""
+
+    def __init__(self, name: str, argv: list[str], port: int, core: int, cwd: Path, tokens: list[str]):
+        self.name, self.port, self.tokens = name, port, tokens
+        self.proc = subprocess.Popen(["taskset", "-c", str(core), *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+                                     stderr=open(cwd / f"{name.split()[0]}.log", "ab"), start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {self.proc.returncode}; see {cwd}")
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{name} did not start")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_hello(workdir: Path, core: int) -> Server:
+    script = workdir / "hello.py"
+    script.write_text(HELLO)
+    port = free_port()
+    return Server("hello", [sys.executable, str(script), str(port)], port, core, workdir, ["none"] * USERS)
+
+
+def start_service(name: str, workdir: Path, core: int, db_url: str) -> Server:
+    tokens = {secrets.token_hex(16): {"user": f"user{n}"} for n in range(USERS)}
+    (workdir / "fleet.yaml").write_text(FLEET)
+    (workdir / "gpualloc_config.py").write_text(
+        f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\n")
+    port = free_port()
+    argv = [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--port", str(port),
+            "--fleet", str(workdir / "fleet.yaml"), "--db", db_url, "-f", str(workdir / "gpualloc_config.py"),
+            "--audit-log", str(workdir / "audit.jsonl"), "--log-level", "WARN"]
+    return Server(name, argv, port, core, workdir, list(tokens))
+
+
+# ------------------------------------------------------------------ client
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection with a blocking request (setup and clean-up only)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.write(encode(method, path, token, body))
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        length = content_length(header)
+        return int(header[9:12]), await self.reader.readexactly(length) if length else b""
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def encode(method: str, path: str, token: str, body: dict | None) -> bytes:
+    data = json.dumps(body).encode() if body is not None else b""
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def content_length(header: bytes) -> int:
+    at = header.lower().find(b"content-length:")
+    return int(header[at + 15:header.index(b"\r\n", at)]) if at >= 0 else 0
+
+
+class LoadProtocol(asyncio.Protocol):
+    """One connection of the open-loop generator: sends the next due request when the last is answered."""
+
+    def __init__(self, run: "OpenLoop"):
+        self.run = run
+        self.buffer = b""
+        self.intended = 0.0
+        self.note: object = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.run.idle.append(self)
+
+    def send(self, intended: float) -> None:
+        method, path, token, body, self.note = self.run.mix.next()
+        self.intended = intended
+        self.run.queued.append(self.run.loop.time() - intended)
+        self.transport.write(encode(method, path, token, body))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        total = end + 4 + content_length(self.buffer[:end + 2])
+        if len(self.buffer) < total:
+            return
+        answer, self.buffer = self.buffer[:total], self.buffer[total:]
+        self.run.answered(self, int(answer[9:12]), answer[end + 4:])
+
+    def connection_lost(self, exc) -> None:
+        self.run.lost += 1
+
+
+class OpenLoop:
+    """`total` requests at `rate`/s from `start`, over CONNECTIONS connections; a request due while
+    every connection is busy waits in line, and its latency counts from when it was due."""
+
+    def __init__(self, loop, mix, rate: float, total: int):
+        self.loop, self.mix, self.rate, self.total = loop, mix, rate, total
+        self.idle: list[LoadProtocol] = []
+        self.waiting: collections.deque[float] = collections.deque()
+        self.latencies: list[float] = []
+        self.queued: list[float] = []
+        self.statuses: collections.Counter = collections.Counter()
+        self.lost = 0
+        self.sent = 0
+        self.finished = loop.create_future()
+
+    def answered(self, conn: LoadProtocol, status: int, body: bytes) -> None:
+        self.latencies.append(self.loop.time() - conn.intended)
+        self.statuses[status] += 1
+        self.mix.answered(status, body, conn.note)
+        if self.waiting:
+            conn.send(self.waiting.popleft())
+        else:
+            self.idle.append(conn)
+        if len(self.latencies) == self.total and not self.finished.done():
+            self.finished.set_result(None)
+
+    def release_due(self) -> None:
+        due = min(self.total, int((self.loop.time() - self.start) * self.rate) + 1)
+        while self.sent < due:
+            intended = self.start + self.sent / self.rate
+            self.sent += 1
+            if self.idle:
+                self.idle.pop().send(intended)
+            else:
+                self.waiting.append(intended)
+        if self.sent < self.total:
+            self.loop.call_at(self.start + self.sent / self.rate, self.release_due)
+
+    async def run(self, port: int, deadline: float) -> None:
+        conns = [await self.loop.create_connection(lambda: LoadProtocol(self), "127.0.0.1", port)
+                 for _ in range(CONNECTIONS)]
+        self.start = self.loop.time() + 0.05
+        self.loop.call_at(self.start, self.release_due)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.finished), deadline)
+        except asyncio.TimeoutError:
+            pass
+        for transport, _ in conns:
+            transport.close()
+        self.wall = self.loop.time() - self.start
+
+
+class AllocMix:
+    """Allocate while fewer than HELD leases are held, else release the oldest."""
+
+    def __init__(self, tokens: list[str]):
+        self.tokens = tokens
+        self.held: collections.deque[tuple[str, str]] = collections.deque()
+        self.count = 0
+
+    def next(self) -> tuple[str, str, str, dict | None, object]:
+        self.count += 1
+        if len(self.held) >= HELD:
+            token, lease_id = self.held.popleft()
+            return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
+        token = self.tokens[self.count % len(self.tokens)]
+        return "POST", "/api/v1/leases", token, {"spec": SPEC, "holder": f"kernel:b{self.count}", "wait": 0}, token
+
+    def answered(self, status: int, body: bytes, token: object) -> None:
+        if token is not None and status == 201:
+            self.held.append((token, json.loads(body)["id"]))
+
+
+class TouchMix:
+    """Touch a lease, heartbeat its user, list its user's leases, in turn."""
+
+    def __init__(self, leases: list[tuple[str, str]]):
+        self.leases = leases
+        self.count = 0
+
+    def next(self) -> tuple[str, str, str, dict | None, object]:
+        self.count += 1
+        token, lease_id = self.leases[(self.count // 3) % len(self.leases)]
+        kind = self.count % 3
+        if kind == 0:
+            return "POST", f"/api/v1/leases/{lease_id}/touch", token, {"last_activity": time.time()}, None
+        if kind == 1:
+            return "POST", "/api/v1/heartbeat", token, {}, None
+        return "GET", "/api/v1/leases", token, None, None
+
+    def answered(self, status: int, body: bytes, token: object) -> None:
+        pass
+
+
+async def grant_leases(port: int, tokens: list[str], count: int) -> list[tuple[str, str]]:
+    conn = Connection(port)
+    leases = []
+    for n in range(count):
+        token = tokens[n % len(tokens)]
+        status, body = await conn.request("POST", "/api/v1/leases", token,
+                                          {"spec": SPEC, "holder": f"kernel:touched{n}", "wait": 0})
+        if status != 201:
+            raise RuntimeError(f"setup lease {n}: {status} {body[:200]!r}")
+        leases.append((token, json.loads(body)["id"]))
+    conn.close()
+    return leases
+
+
+async def run_rate(server: Server, mix, rate: float, seconds: float, drain: float = 10.0) -> OpenLoop:
+    """Offer `rate` requests/s for `seconds`, waiting at most `drain` s more for the last answers."""
+    run = OpenLoop(asyncio.get_running_loop(), mix, rate, int(rate * seconds))
+    await run.run(server.port, seconds + drain)
+    return run
+
+
+def measure(server: Server, mix_name: str, rate: float, seconds: float, setup: dict) -> Step:
+    mix = AllocMix(server.tokens) if mix_name == "alloc" else TouchMix(setup["leases"])
+    before = cpu_seconds(server.proc.pid)
+    run = asyncio.run(run_rate(server, mix, rate, seconds))
+    cores = (cpu_seconds(server.proc.pid) - before) / run.wall
+    latencies, lags = run.latencies, run.queued
+    errors = run.total - sum(n for status, n in run.statuses.items() if 200 <= status < 300)
+    if errors:
+        print(f"    answers: {dict(run.statuses)}, never answered: {run.total - len(latencies)}")
+    if mix_name == "alloc":  # give back what the mix still holds, outside the measured window
+        asyncio.run(release_all(server.port, mix.held))
+    ms = np.array(latencies) * 1000 if latencies else np.array([float("inf")])
+    return Step(server.name, mix_name, rate, len(latencies) / run.wall,
+                float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max()), errors,
+                cores, float(np.percentile(np.array(lags) * 1000, 99)) if lags else 0.0)
+
+
+async def release_all(port: int, held) -> None:
+    conn = Connection(port)
+    while held:
+        token, lease_id = held.popleft()
+        await conn.request("DELETE", f"/api/v1/leases/{lease_id}", token)
+    conn.close()
+
+
+def sweep(server: Server, mix: str, seconds: float, setup: dict, rates: list[int]) -> list[Step]:
+    steps = []
+    past_knee = 0
+    for rate in rates:
+        step = measure(server, mix, rate, seconds, setup)
+        steps.append(step)
+        print(f"  {server.name:22s} {mix:5s} {rate:5d}/s: done {step.done:7.0f}/s p50 {step.p50_ms:8.2f} "
+              f"p99 {step.p99_ms:9.2f} ms errors {step.errors:5d} cores {step.cores:.2f} "
+              f"queued p99 {step.queued_p99_ms:.1f} ms", flush=True)
+        past_knee += not step.meets_knee
+        if past_knee >= 2:
+            break
+        time.sleep(1.0)
+    return steps
+
+
+# ------------------------------------------------------------------ report
+
+
+def knee(steps: list[Step], server: str, mix: str) -> float:
+    met = [s.offered for s in steps if s.server == server and s.mix == mix and s.meets_knee]
+    return max(met) if met else 0.0
+
+
+def cell(step: Step | None) -> str:
+    if step is None:
+        return "—"
+    done = "" if step.meets_knee else f"{step.done:,.0f} req/s done, "
+    p99 = f"{step.p99_ms / 1000:.1f} s" if step.p99_ms >= 1000 else f"{step.p99_ms:.1f} ms"
+    errors = f", {step.errors} errors" if step.errors else ""
+    return f"{done}p99 {p99}, {step.cores:.2f} cores{errors}"
+
+
+def table(steps: list[Step], before: list[Step]) -> str:
+    servers = sorted({s.server for s in steps if s.server != "hello"})
+    lines = []
+    for server in servers:
+        lines += [f"### {server}", "", "| load | tornado hello | issue 16 (main) | before | after | p99 after / hello |",
+                  "|---|---|---|---|---|---:|"]
+        for mix in ("alloc", "touch"):
+            label = "allocate+release" if mix == "alloc" else "touch/heartbeat/list"
+            for rate in RATES[mix]:
+                find = lambda pool, name: next((s for s in pool if s.server == name and s.mix == mix
+                                                and s.offered == rate), None)  # noqa: E731
+                hello, now, old = find(steps, "hello"), find(steps, server), find(before, server)
+                if now is None and old is None:
+                    continue
+                ratio = f"{now.p99_ms / hello.p99_ms:.1f}x" if now and hello else "—"
+                lines.append(f"| {label}, {rate:,} req/s offered | {cell(hello)} | {ISSUE.get((mix, rate), '—')} "
+                             f"| {cell(old)} | {cell(now)} | {ratio} |")
+        lines.append("")
+        for mix in ("alloc", "touch"):
+            lines.append(f"Knee ({mix}): hello {knee(steps, 'hello', mix):,.0f} req/s, before "
+                         f"{knee(before, server, mix):,.0f} req/s, after {knee(steps, server, mix):,.0f} req/s.  ")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds per offered rate")
+    parser.add_argument("--pg-url", default=os.environ.get("GPUALLOC_TEST_PG_URL", ""),
+                        help="PostgreSQL server (postgresql+psycopg://...) to measure the service on as well")
+    parser.add_argument("--mixes", default="alloc,touch")
+    parser.add_argument("--servers", default="hello,sqlite,postgresql")
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--client-core", type=int, default=1)
+    parser.add_argument("--json", help="write the raw figures here")
+    parser.add_argument("--before", help="raw figures of an earlier run (--json), shown as 'before'")
+    parser.add_argument("--profile", help="py-spy: record the SQLite service under the alloc mix at this rate")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {args.client_core})
+    mixes = args.mixes.split(",")
+    wanted = args.servers.split(",")
+    steps: list[Step] = []
+    with tempfile.TemporaryDirectory(prefix="gpualloc-load-") as tmp:
+        work = Path(tmp)
+        if "hello" in wanted:
+            server = start_hello(work, args.server_core)
+            try:
+                for mix in mixes:
+                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")] * TOUCHED}, RATES[mix])
+            finally:
+                server.stop()
+        databases = []
+        if "sqlite" in wanted:
+            databases.append(("service (sqlite)", f"sqlite:///{work / 'service.sqlite'}", None))
+        if "postgresql" in wanted and args.pg_url:
+            databases.append(("service (postgresql)", *fresh_pg_database(args.pg_url)))
+        for name, url, drop in databases:
+            folder = work / name.split("(")[1].rstrip(")")
+            folder.mkdir()
+            server = start_service(name, folder, args.server_core, url)
+            try:
+                setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, TOUCHED))}
+                for mix in mixes:
+                    rates = RATES[mix] if not args.profile else [int(args.profile)]
+                    if args.profile:
+                        profile(server, mix, int(args.profile), args.seconds, setup)
+                    else:
+                        steps += sweep(server, mix, args.seconds, setup, rates)
+            finally:
+                server.stop()
+                if drop:
+                    drop()
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(s) for s in steps], indent=1))
+    before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
+    print()
+    print(table(steps, before))
+
+
+def profile(server: Server, mix: str, rate: int, seconds: float, setup: dict) -> None:
+    """py-spy's top frames (own time) of the service while it takes `rate` requests/s of `mix`."""
+    out = Path(f"/tmp/gpualloc-pyspy-{mix}-{rate}.txt")
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(server.proc.pid),
+                            "--format", "raw", "--output", str(out), "--duration", str(int(seconds)), "--rate", "200"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    step = measure(server, mix, rate, seconds, setup)
+    spy.wait()
+    print(f"{server.name} {mix} {rate}/s under py-spy: {cell(step)}; folded stacks in {out}")
+
+
+def fresh_pg_database(server_url: str):
+    """A new database on the server, and a function that drops it."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"gpualloc_load_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
+
+
+if __name__ == "__main__":
+    main()
