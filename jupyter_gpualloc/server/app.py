@@ -150,7 +150,8 @@ class GpuAllocExtension(ExtensionApp):
         km = self.serverapp.kernel_manager
         self.monitor = KernelActivityMonitor(self.client, km, self.events, log=self.log)
         self.watchdog = (Watchdog(device_backend, km, self.monitor.lease_of, self.events,
-                                  shared_slices=self.server_slices, parent=self)
+                                  shared_slices=self.server_slices, server_leases=self.granted_server_leases,
+                                  send_utilization=self._send_utilization, parent=self)
                          if device_backend is not None else None)
         self._link_kernels()
         self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
@@ -197,6 +198,12 @@ class GpuAllocExtension(ExtensionApp):
     def server_slices(self) -> list[dict]:
         """Slices of the server's own leases (kernels without a lease inherit the server's env)."""
         return [l["slice"] for l in self.server_leases if l.get("slice")]
+
+    def granted_server_leases(self) -> list[dict]:
+        return [l for l in self.server_leases if l.get("state") == "granted"]
+
+    async def _send_utilization(self, lease_id: str, sm_percent: float) -> None:
+        await self.client.utilization(lease_id, sm_percent)
 
     def caps(self, lease: dict) -> list[str]:
         return cap_mechanisms(lease, watchdog=self.watchdog is not None and self.watchdog.enabled)

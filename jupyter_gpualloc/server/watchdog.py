@@ -5,19 +5,25 @@ process over its kernel's shared-slice cap, or using a GPU (or MIG device) its k
 lease on, is reported at once (`watchdog.over_cap`, `watchdog.unleased_gpu`); if it is still
 in violation `grace` seconds later the watchdog acts: `report` (events only), `interrupt` the
 kernel, or `shutdown` the kernel (its lease is then released). Time is passed in.
+
+Each round it also reads the SM utilisation the backend can sample and reports, for every lease
+of this server whose GPU (or MIG instance) was sampled, the share its holder's processes use (a
+kernel's process tree; for the server's own leases, every process under this server) to the
+scheduler, which decides GPU idleness (`idle_signal = "gpu" | "both"`) and efficiency from it.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import psutil
 from traitlets import Bool, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from ..core.devices.base import DeviceBackend, GpuProcess
+from ..client import GpuAllocError
+from ..core.devices.base import DeviceBackend, DeviceError, GpuProcess, GpuUtilization
 from .events import GpuAllocEvents
 
 ACTIONS = ("report", "interrupt", "shutdown")
@@ -93,6 +99,24 @@ def classify(process: GpuProcess, slices: Iterable[Mapping[str, Any]]) -> tuple[
     return "unleased_gpu", None
 
 
+def slice_utilization(slice_: Mapping[str, Any], pids: set[int], samples: Iterable[GpuUtilization]) -> float | None:
+    """SM utilisation (percent) that processes `pids` make of a slice: on each of its devices their
+    total (or, where the driver attributes none per process, the device's own figure unless the slice
+    shares the GPU), averaged over its GPUs; None when none of its devices was sampled."""
+    if slice_.get("mig_uuid"):
+        devices = [u for u in samples if u.mig_uuid == slice_["mig_uuid"]]
+    else:
+        gpus = set(slice_.get("gpu_uuids") or ())
+        devices = [u for u in samples if u.mig_uuid is None and u.gpu_uuid in gpus]
+    values = []
+    for device in devices:
+        if device.processes is not None:
+            values.append(min(100.0, sum(v for pid, v in device.processes.items() if pid in pids)))
+        elif device.sm_percent is not None and slice_.get("kind") != "shared":
+            values.append(device.sm_percent)
+    return sum(values) / len(values) if values else None
+
+
 class Watchdog(LoggingConfigurable):
     """Reads GPU processes from the device backend and warns, then acts, on kernels breaking their caps."""
 
@@ -107,6 +131,12 @@ class Watchdog(LoggingConfigurable):
         (the kernel; its slice is released).""",
     ).tag(config=True)
 
+    report_utilization = Bool(
+        True, help="""Whether each round reports every lease's GPU SM utilisation (where the device backend
+        can sample it: NVML per process, or per MIG instance through GPM) to the scheduler, for
+        idle_signal = "gpu" or "both" and the efficiency report.""",
+    ).tag(config=True)
+
     @validate("action")
     def _check_action(self, proposal) -> str:
         if proposal["value"] not in ACTIONS:
@@ -114,15 +144,20 @@ class Watchdog(LoggingConfigurable):
         return proposal["value"]
 
     def __init__(self, backend: DeviceBackend, kernel_manager: Any, lease_of: Callable[[str], dict | None],
-                 events: GpuAllocEvents, shared_slices: Callable[[], list[dict]] = list, **kwargs: Any):
+                 events: GpuAllocEvents, shared_slices: Callable[[], list[dict]] = list,
+                 server_leases: Callable[[], list[dict]] = list,
+                 send_utilization: Callable[[str, float], Awaitable[Any]] | None = None, **kwargs: Any):
         """`lease_of(kernel_id)`: the kernel's granted lease; `shared_slices()`: slices every kernel may
-        use (the server's own lease, whose env kernels inherit)."""
+        use (the server's own lease, whose env kernels inherit); `server_leases()`: the server's own
+        granted leases; `send_utilization(lease_id, sm_percent)`: tells the scheduler (None: nobody)."""
         super().__init__(**kwargs)
         self.backend = backend
         self.kernel_manager = kernel_manager
         self.lease_of = lease_of
         self.events = events
         self.shared_slices = shared_slices
+        self.server_leases = server_leases
+        self.send_utilization = send_utilization
         self.violations: dict[tuple[int, str], Violation] = {}
 
     def kernel_pids(self) -> dict[str, int]:
@@ -163,8 +198,44 @@ class Watchdog(LoggingConfigurable):
             del self.violations[key]
         return new, due
 
+    def lease_utilization(self, now: float) -> dict[str, float]:
+        """Lease id -> the SM utilisation its holder makes of its slice, for each lease of this server
+        whose devices the backend sampled."""
+        samples = self.backend.utilization(now)
+        if not samples:
+            return {}
+        holders: list[tuple[dict | None, set[int]]] = []
+        owners = process_tree_map(self.kernel_pids())
+        for kernel_id in set(owners.values()):
+            holders.append((self.lease_of(kernel_id), {pid for pid, k in owners.items() if k == kernel_id}))
+        server_tree = set(process_tree_map({"server": os.getpid()}))
+        holders += [(lease, server_tree) for lease in self.server_leases()]
+        found = {}
+        for lease, pids in holders:
+            if lease and lease.get("slice"):
+                value = slice_utilization(lease["slice"], pids, samples)
+                if value is not None:
+                    found[lease["id"]] = value
+        return found
+
+    async def report(self, now: float) -> None:
+        """Send each sampled lease's utilisation to the scheduler (a lease that just ended is skipped)."""
+        if self.send_utilization is None or not self.report_utilization:
+            return
+        try:
+            found = self.lease_utilization(now)
+        except DeviceError as err:
+            self.log.warning("watchdog: cannot sample GPU utilisation: %s", err)
+            return
+        for lease_id, sm_percent in found.items():
+            try:
+                await self.send_utilization(lease_id, round(sm_percent, 2))
+            except GpuAllocError as err:
+                self.log.debug("watchdog: utilisation of lease %s not recorded: %s", lease_id, err)
+
     async def check(self, now: float) -> None:
-        """One round: warn about new violations, act on lasting ones."""
+        """One round: warn about new violations, act on lasting ones, report utilisation."""
+        await self.report(now)
         new, due = self.scan(now)
         for v in new:
             message = self._describe(v)
