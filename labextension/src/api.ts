@@ -10,7 +10,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
 
 /** The sidebar API's path below the server's base URL. */
 const ROOT = 'gpualloc/api';
@@ -69,9 +69,19 @@ export class GpuApi {
     return this.post<LeaseEntry>(`${ROOT}/release`, { lease_id: leaseId });
   }
 
-  /** Count now as the holder's activity: clears an idle warning. */
-  extend(leaseId: string): Promise<LeaseEntry> {
+  /** Keep an idle-warned slice: count now as the holder's activity, which clears the idle warning. */
+  keep(leaseId: string): Promise<LeaseEntry> {
     return this.post<LeaseEntry>(`${ROOT}/extend`, { lease_id: leaseId });
+  }
+
+  /** Move a time-boxed slice's deadline later (409 with the reason when refused). */
+  extendDeadline(leaseId: string): Promise<LeaseEntry> {
+    return this.post<LeaseEntry>(`${ROOT}/deadline/extend`, { lease_id: leaseId });
+  }
+
+  /** My GPU-hours this month and where I stand against my usage quotas. */
+  usage(): Promise<UsageReport> {
+    return this.call<UsageReport>(`${ROOT}/usage`);
   }
 
   async jobs(): Promise<Job[]> {

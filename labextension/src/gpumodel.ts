@@ -8,10 +8,11 @@ import { Notification } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { GpuApi } from './api';
+import { extensionRefusal } from './model/deadline';
 import { ApiError, plainError } from './model/errors';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer } from './model/types';
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
 
 /** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
 export const POLL_SECONDS = 10;
@@ -31,6 +32,8 @@ export class GpuModel {
 
   inventory: Inventory | null = null;
   offers: Offer[] = [];
+  /** My GPU-hours and usage quotas; null until fetched, or when the allocator gives none. */
+  usage: UsageReport | null = null;
   stream: StreamState = INITIAL_STATE;
   /** null: the allocator has no jobs API. */
   jobs: Job[] | null = [];
@@ -69,17 +72,35 @@ export class GpuModel {
     window.clearTimeout(this._jobPoll);
   }
 
-  /** Close the idle-warning notifications of slices no longer warned (used again, extended, ended). */
+  /** Close the warning notifications of slices no longer warned (kept, extended, ended). */
   private dismissClearedWarnings(): void {
-    for (const [leaseId, toast] of Object.entries(this._warningToasts)) {
-      if (!this.stream.warnings[leaseId]) {
-        Notification.dismiss(toast);
-        delete this._warningToasts[leaseId];
+    for (const [toasts, inForce] of [
+      [this._warningToasts, this.stream.warnings],
+      [this._deadlineToasts, this.stream.deadlineWarnings]
+    ] as const) {
+      for (const [leaseId, toast] of Object.entries(toasts)) {
+        if (!(leaseId in inForce)) {
+          Notification.dismiss(toast);
+          delete toasts[leaseId];
+        }
       }
     }
   }
 
   async refresh(): Promise<void> {
+    await Promise.all([this.refreshLeases(), this.refreshUsage()]);
+    this._changed.emit();
+  }
+
+  private async refreshUsage(): Promise<void> {
+    try {
+      this.usage = await this.api.usage();
+    } catch {
+      this.usage = null;
+    }
+  }
+
+  private async refreshLeases(): Promise<void> {
     try {
       const [inventory, offers, slices] = await Promise.all([
         this.api.inventory(),
@@ -94,7 +115,6 @@ export class GpuModel {
     } catch (err) {
       this.unreachable = `The GPU allocator cannot be reached: ${(err as Error).message}`;
     }
-    this._changed.emit();
   }
 
   async refreshJobs(): Promise<void> {
@@ -156,23 +176,40 @@ export class GpuModel {
       }
     }
     const leaseId = notice.leaseId;
-    const actions: Notification.IAction[] =
-      notice.kind === 'idle-warning' && leaseId
-        ? [{ label: 'Extend', caption: 'Keep this GPU slice', callback: () => void this.extend(leaseId) }]
-        : [];
     const kernelId = event.kernel_id;
     const notebook = kernelId ? this.notebookOf(kernelId) : null;
     const text = kernelId && notebook ? notice.message.replace(`kernel ${kernelId}`, notebook) : notice.message;
+    const toasts = { 'idle-warning': this._warningToasts, 'deadline-warning': this._deadlineToasts }[
+      notice.kind as string
+    ];
     const toast = Notification.emit(text, notice.type, {
-      autoClose: notice.kind === 'idle-warning' ? false : 8000,
-      actions
+      autoClose: toasts ? false : 8000,
+      actions: leaseId ? this.noticeActions(notice.kind, leaseId) : []
     });
-    if (notice.kind === 'idle-warning' && leaseId) {
-      if (this._warningToasts[leaseId]) {
-        Notification.dismiss(this._warningToasts[leaseId]);
+    if (toasts !== undefined && leaseId) {
+      if (toasts[leaseId]) {
+        Notification.dismiss(toasts[leaseId]);
       }
-      this._warningToasts[leaseId] = toast;
+      toasts[leaseId] = toast;
     }
+  }
+
+  /** Keep on an idle warning; Extend on a deadline warning while the slice has extensions left. */
+  private noticeActions(kind: Notice['kind'], leaseId: string): Notification.IAction[] {
+    if (kind === 'idle-warning') {
+      return [{ label: 'Keep', caption: 'I am still using this GPU slice', callback: () => void this.keep(leaseId) }];
+    }
+    const deadline = this.slices.find(l => l.id === leaseId)?.deadline;
+    if (kind === 'deadline-warning' && deadline && deadline.extensions_left > 0) {
+      return [
+        {
+          label: 'Extend',
+          caption: 'Move the time limit of this GPU slice later',
+          callback: () => void this.extendDeadline(leaseId)
+        }
+      ];
+    }
+    return [];
   }
 
   /** Run a call; a refusal becomes `error` in plain words. Returns the call's value or null. */
@@ -211,8 +248,21 @@ export class GpuModel {
     return this.act(() => this.api.release(leaseId));
   }
 
-  extend(leaseId: string): Promise<LeaseEntry | null> {
-    return this.act(() => this.api.extend(leaseId));
+  /** Keep an idle-warned slice (counts as activity now). */
+  keep(leaseId: string): Promise<LeaseEntry | null> {
+    return this.act(() => this.api.keep(leaseId));
+  }
+
+  /** Move a time-boxed slice's deadline later; a refusal is a notification in plain words. */
+  async extendDeadline(leaseId: string): Promise<LeaseEntry | null> {
+    try {
+      return await this.api.extendDeadline(leaseId);
+    } catch (err) {
+      Notification.emit(extensionRefusal(err), 'warning', { autoClose: 8000 });
+      return null;
+    } finally {
+      void this.refresh();
+    }
   }
 
   async jobAction<T>(call: () => Promise<T>): Promise<T | null> {
@@ -242,4 +292,6 @@ export class GpuModel {
   private _announcedJobs = new Set<string>();
   /** The notification of each slice's idle warning in force. */
   private _warningToasts: Record<string, string> = {};
+  /** The notification of each slice's deadline warning in force. */
+  private _deadlineToasts: Record<string, string> = {};
 }

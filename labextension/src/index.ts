@@ -65,7 +65,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       currentChanged,
       slices: {
         release: lease => void model.release(lease.id),
-        extend: lease => void model.extend(lease.id),
+        keep: lease => void model.keep(lease.id),
+        extendDeadline: lease => void model.extendDeadline(lease.id),
         notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
         openNotebook: kernelId => {
           const found = notebookOfKernel(kernelId);

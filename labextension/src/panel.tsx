@@ -1,4 +1,4 @@
-/** The GPUs panel of the left sidebar: Fleet, My slices, Request, Jobs. */
+/** The GPUs panel of the left sidebar: Fleet, My slices, Usage, Request, Jobs. */
 
 import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import { ISignal } from '@lumino/signaling';
@@ -10,6 +10,7 @@ import { Fleet } from './components/fleet';
 import { IJobActions, Jobs } from './components/jobs';
 import { ICurrentNotebook, Request } from './components/request';
 import { ISliceActions, MySlices } from './components/slices';
+import { Usage } from './components/usage';
 
 export interface IPanelContext {
   model: GpuModel;
@@ -48,9 +49,14 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
         <MySlices
           slices={model.slices}
           warnings={model.stream.warnings}
+          deadlineWarnings={model.stream.deadlineWarnings}
+          ended={model.stream.ended}
           notes={model.notes}
           actions={props.context.slices}
         />
+      </Section>
+      <Section id="usage" title="Usage">
+        <Usage usage={model.usage} />
       </Section>
       <Section id="request" title="Request">
         <Request

@@ -116,6 +116,56 @@ describe('event-stream reducer', () => {
     expect(reduce(held, { type: 'usage.exceeded' }).notice?.type).toBe('error');
   });
 
+  it('keeps a deadline warning until the slice is extended, and announces the extension', () => {
+    const warned = reduce(held, { type: 'lease.deadline_warning', lease_id: 'a', release_at: 900 }).state;
+    expect(warned.deadlineWarnings).toEqual({ a: 900 });
+    expect(withSlices(warned, [lease('a', 'granted')]).deadlineWarnings).toEqual({ a: 900 });
+    const extended = reduce(warned, { type: 'lease.extended', lease_id: 'a', state: 'granted', message: 'until 5' });
+    expect(extended.state.deadlineWarnings).toEqual({});
+    expect(extended.notice).toMatchObject({ kind: 'deadline-extended', type: 'success', message: 'until 5' });
+    expect(extended.refreshLeases).toBe(true);
+    expect(reduce(held, { type: 'lease.extended', lease_id: 'zzz', state: 'granted' }).notice).toBeNull();
+    expect(withSlices(warned, [lease('b', 'queued')]).deadlineWarnings).toEqual({});
+  });
+
+  it('tells a release at the time limit and over a usage quota from an idle one, and lists them', () => {
+    const warned = reduce(held, { type: 'lease.deadline_warning', lease_id: 'a', release_at: 900 }).state;
+    const atLimit = reduce(warned, {
+      type: 'lease.expired',
+      lease_id: 'a',
+      holder: 'kernel:k-a',
+      state: 'expired',
+      reason: 'reached its maximum duration of 1h'
+    });
+    expect(atLimit.notice).toMatchObject({ kind: 'deadline-released', type: 'warning' });
+    expect(atLimit.state.deadlineWarnings).toEqual({});
+    expect(atLimit.state.ended).toEqual([
+      { leaseId: 'a', holder: 'kernel:k-a', text: 'released at its time limit (reached its maximum duration of 1h)' }
+    ]);
+    const reasons: [string, string][] = [
+      ['usage quota used up: you have used 40.00 of 40 GPU-hours', 'usage-released'],
+      ['idle for 306 s', 'expired']
+    ];
+    for (const [reason, kind] of reasons) {
+      expect(reduce(held, { type: 'lease.expired', lease_id: 'a', state: 'expired', reason }).notice?.kind).toBe(kind);
+    }
+  });
+
+  it('lists the last three ended slices of mine, latest first, not cancelled requests or jobs', () => {
+    let state = withSlices(INITIAL_STATE, ['a', 'b', 'c', 'd'].map(id => lease(id, 'granted')));
+    state = withSlices(state, [...state.slices, lease('q', 'queued'), lease('j', 'granted', 'job:j1')]);
+    for (const id of ['a', 'b', 'c', 'd', 'q', 'j']) {
+      const type = id === 'q' ? 'lease.cancelled' : id === 'd' ? 'lease.preempted' : 'lease.released';
+      const holder = id === 'j' ? 'job:j1' : `kernel:k-${id}`;
+      state = reduce(state, { type, lease_id: id, holder, state: type.slice(6) }).state;
+    }
+    expect(state.ended.map(e => [e.leaseId, e.text])).toEqual([
+      ['d', 'taken back (preempted)'],
+      ['c', 'released'],
+      ['b', 'released']
+    ]);
+  });
+
   it('ignores what is not an event of the allocator', () => {
     const r = reduce(held, { type: 'something.else' });
     expect(r.state).toBe(held);

@@ -68,7 +68,8 @@ export function Fleet(props: { inventory: Inventory | null; mine: ReadonlySet<st
   if (!inventory) {
     return <p className="jp-gpualloc-muted">Loading the fleet…</p>;
   }
-  if (inventory.nodes.length === 0) {
+  const unusable = inventory.unusable_nodes ?? [];
+  if (inventory.nodes.length === 0 && unusable.length === 0) {
     return <p className="jp-gpualloc-muted">No GPUs.</p>;
   }
   return (
@@ -99,6 +100,14 @@ export function Fleet(props: { inventory: Inventory | null; mine: ReadonlySet<st
               </div>
             );
           })}
+        </div>
+      ))}
+      {unusable.map(node => (
+        <div key={node.name} className="jp-gpualloc-node jp-mod-unusable" data-node={node.name}>
+          <div className="jp-gpualloc-node-name">
+            {node.name} <span className="jp-gpualloc-badge jp-mod-warn">unusable</span>
+          </div>
+          <div className="jp-gpualloc-muted">{node.reason}</div>
         </div>
       ))}
       <Legend />

@@ -35,9 +35,15 @@ export function Request(props: {
         {offers.map(offer => (
           <li key={offer.name} data-offer={offer.name}>
             <span>{offer.label}</span>
-            <span className={offer.available > 0 ? 'jp-gpualloc-ok' : 'jp-gpualloc-muted'}>
-              {offer.available > 0 ? `${offer.available} free now` : 'none free: you would wait'}
-            </span>
+            {offer.over_usage_quota ? (
+              <span className="jp-gpualloc-muted" title={offer.over_usage_quota}>
+                usage quota used up
+              </span>
+            ) : (
+              <span className={offer.available > 0 ? 'jp-gpualloc-ok' : 'jp-gpualloc-muted'}>
+                {offer.available > 0 ? `${offer.available} free now` : 'none free: you would wait'}
+              </span>
+            )}
           </li>
         ))}
       </ul>

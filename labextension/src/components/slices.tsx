@@ -1,13 +1,17 @@
 import React from 'react';
 
-import { IdleWarning } from '../model/events';
+import { deadlineView } from '../model/deadline';
+import { EndedSlice, IdleWarning } from '../model/events';
 import { capInForce, gib, holderName, isolation, sliceName } from '../model/format';
-import { LeaseEntry } from '../model/types';
-import { Action, Countdown } from './common';
+import { Deadline, LeaseEntry } from '../model/types';
+import { Action, Countdown, useNow } from './common';
 
 export interface ISliceActions {
   release(lease: LeaseEntry): void;
-  extend(lease: LeaseEntry): void;
+  /** Clear an idle warning: the slice counts as used now. */
+  keep(lease: LeaseEntry): void;
+  /** Move a time-boxed slice's deadline later. */
+  extendDeadline(lease: LeaseEntry): void;
   openNotebook(kernelId: string): void;
   restartKernel(lease: LeaseEntry, kernelId: string): void;
   /** The notebook path of a kernel of this server, when one is open. */
@@ -29,11 +33,41 @@ function Memory(props: { lease: LeaseEntry }): JSX.Element | null {
   );
 }
 
-function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; note?: string; actions: ISliceActions }) {
+/** "time limit: 3:59:12 left · 1 extension left", marked once the allocator warned of it. */
+function TimeLimit(props: { deadline: Deadline; warned: boolean }): JSX.Element {
+  const view = deadlineView(props.deadline, useNow(), props.warned);
+  return (
+    <div
+      className={`jp-gpualloc-deadline${view.warned ? ' jp-mod-warn' : ''}`}
+      data-warned={view.warned}
+      data-extensions-left={view.extensionsLeft}
+    >
+      <span role="timer" aria-live="off">
+        {view.text}
+      </span>{' '}
+      · {view.extensionsText}
+    </div>
+  );
+}
+
+/** Where a holder runs, for people: its notebook when open here, else "kernel 1a2b3c4d", "this server". */
+function whereOf(holder: string, actions: ISliceActions): string {
+  const kernelId = holder.startsWith('kernel:') ? holder.slice(7) : null;
+  return (kernelId ? actions.notebookOf(kernelId) : null) ?? holderName(holder);
+}
+
+function SliceItem(props: {
+  lease: LeaseEntry;
+  warning?: IdleWarning;
+  deadlineWarned: boolean;
+  note?: string;
+  actions: ISliceActions;
+}) {
   const { lease, warning, note, actions } = props;
   const kernelId = lease.kernel?.id ?? (lease.holder.startsWith('kernel:') ? lease.holder.slice(7) : null);
   const notebook = kernelId ? actions.notebookOf(kernelId) : null;
   const where = notebook ?? holderName(lease.holder);
+  const deadline = lease.deadline ?? null;
   if (lease.state === 'queued') {
     return (
       <li className="jp-gpualloc-slice" data-lease={lease.id} data-state="queued">
@@ -63,15 +97,27 @@ function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; note?: str
       <div>
         <Memory lease={lease} />
       </div>
+      {deadline && <TimeLimit deadline={deadline} warned={props.deadlineWarned} />}
       {warning && warning.releaseAt !== null && <Countdown releaseAt={warning.releaseAt} />}
       {note && <div className="jp-gpualloc-note">{note}</div>}
       <div className="jp-gpualloc-actions">
         <Action label={`Release the slice of ${where}`} onClick={() => actions.release(lease)}>
           Release
         </Action>
-        <Action label={`Extend the slice of ${where}`} warn={!!warning} onClick={() => actions.extend(lease)}>
-          Extend
-        </Action>
+        {warning && (
+          <Action label={`Keep the slice of ${where}: it is in use`} warn onClick={() => actions.keep(lease)}>
+            Keep
+          </Action>
+        )}
+        {deadline && deadline.extensions_left > 0 && (
+          <Action
+            label={`Extend the time limit of ${where}`}
+            warn={props.deadlineWarned || deadline.warned_at !== null}
+            onClick={() => actions.extendDeadline(lease)}
+          >
+            Extend time
+          </Action>
+        )}
         {kernelId && notebook && (
           <Action label={`Open ${notebook}`} onClick={() => actions.openNotebook(kernelId)}>
             Open notebook
@@ -87,27 +133,50 @@ function SliceItem(props: { lease: LeaseEntry; warning?: IdleWarning; note?: str
   );
 }
 
+/** The slices of mine that ended lately, and why (time limit, idle, usage quota, preemption). */
+function Ended(props: { ended: EndedSlice[]; actions: ISliceActions }): JSX.Element | null {
+  if (props.ended.length === 0) {
+    return null;
+  }
+  return (
+    <ul className="jp-gpualloc-ended" aria-label="slices ended lately">
+      {props.ended.map(e => (
+        <li key={e.leaseId} data-lease={e.leaseId}>
+          {whereOf(e.holder, props.actions)}: {e.text}
+        </li>
+      ))}
+    </ul>
+  );
+}
+
 export function MySlices(props: {
   slices: LeaseEntry[];
   warnings: Record<string, IdleWarning>;
+  deadlineWarnings: Record<string, number | null>;
+  ended: EndedSlice[];
   notes: Record<string, string>;
   actions: ISliceActions;
 }): JSX.Element {
   const mine = props.slices.filter(l => !l.holder.startsWith('job:'));
-  if (mine.length === 0) {
-    return <p className="jp-gpualloc-muted">No GPU slices.</p>;
-  }
   return (
-    <ul className="jp-gpualloc-list">
-      {mine.map(lease => (
-        <SliceItem
-          key={lease.id}
-          lease={lease}
-          warning={props.warnings[lease.id]}
-          note={props.notes[lease.id] ?? lease.note}
-          actions={props.actions}
-        />
-      ))}
-    </ul>
+    <>
+      {mine.length === 0 ? (
+        <p className="jp-gpualloc-muted">No GPU slices.</p>
+      ) : (
+        <ul className="jp-gpualloc-list">
+          {mine.map(lease => (
+            <SliceItem
+              key={lease.id}
+              lease={lease}
+              warning={props.warnings[lease.id]}
+              deadlineWarned={lease.id in props.deadlineWarnings}
+              note={props.notes[lease.id] ?? lease.note}
+              actions={props.actions}
+            />
+          ))}
+        </ul>
+      )}
+      <Ended ended={props.ended} actions={props.actions} />
+    </>
   );
 }

@@ -12,9 +12,21 @@ export interface IdleWarning {
   releaseAt: number | null;
 }
 
+/** A slice of mine that ended lately, and why, for the My slices section. */
+export interface EndedSlice {
+  leaseId: string;
+  holder: string;
+  /** "released at its time limit (reached its maximum duration of 4h)". */
+  text: string;
+}
+
 export interface StreamState {
   slices: LeaseEntry[];
   warnings: Record<string, IdleWarning>;
+  /** Deadline warnings in force (lease.deadline_warning, not yet extended): the release time (epoch s) or null. */
+  deadlineWarnings: Record<string, number | null>;
+  /** The last ENDED_LIMIT slices of mine that ended, latest first. */
+  ended: EndedSlice[];
   /** Leases ever listed as mine (the most recent KNOWN_LIMIT): their ends are announced. */
   known: string[];
   /** Leases listed as queued and not granted since: their grants are announced. */
@@ -31,6 +43,9 @@ export type NoticeKind =
   | 'kernel-shutdown'
   | 'over-cap'
   | 'deadline-warning'
+  | 'deadline-extended'
+  | 'deadline-released'
+  | 'usage-released'
   | 'usage'
   | 'job-succeeded'
   | 'job-failed';
@@ -52,12 +67,20 @@ export interface Reduction {
   refreshJobs: boolean;
 }
 
-export const INITIAL_STATE: StreamState = { slices: [], warnings: {}, known: [], waited: [] };
+export const INITIAL_STATE: StreamState = {
+  slices: [],
+  warnings: {},
+  deadlineWarnings: {},
+  ended: [],
+  known: [],
+  waited: []
+};
 export const KNOWN_LIMIT = 500;
+export const ENDED_LIMIT = 3;
 
 const ENDED = new Set(['released', 'expired', 'preempted', 'cancelled', 'rejected']);
 
-function withoutWarning(warnings: Record<string, IdleWarning>, leaseId: string) {
+function withoutWarning<T>(warnings: Record<string, T>, leaseId: string): Record<string, T> {
   const { [leaseId]: _dropped, ...rest } = warnings;
   return rest;
 }
@@ -69,19 +92,52 @@ function union(ids: string[], more: string[]): string[] {
 /** The state after a fresh list of my slices: warnings of leases no longer held are dropped. */
 export function withSlices(state: StreamState, slices: LeaseEntry[]): StreamState {
   const held = new Set(slices.map(l => l.id));
-  const warnings: Record<string, IdleWarning> = {};
-  for (const [id, warning] of Object.entries(state.warnings)) {
-    if (held.has(id)) {
-      warnings[id] = warning;
-    }
-  }
   const queued = slices.filter(l => l.state === 'queued').map(l => l.id);
   return {
+    ...state,
     slices,
-    warnings,
+    warnings: onlyHeld(state.warnings, held),
+    deadlineWarnings: onlyHeld(state.deadlineWarnings, held),
     known: union(state.known, [...held]).slice(-KNOWN_LIMIT),
     waited: union(state.waited.filter(id => held.has(id)), queued)
   };
+}
+
+function onlyHeld<T>(warnings: Record<string, T>, held: ReadonlySet<string>): Record<string, T> {
+  const kept: Record<string, T> = {};
+  for (const [id, warning] of Object.entries(warnings)) {
+    if (held.has(id)) {
+      kept[id] = warning;
+    }
+  }
+  return kept;
+}
+
+/** Why an expired lease ended, from its reason: its time limit, a used-up usage quota, or idleness. */
+export function expiryCause(reason: string | undefined): 'deadline' | 'usage' | 'idle' {
+  if (reason?.includes('maximum duration')) {
+    return 'deadline';
+  }
+  return reason?.startsWith('usage quota') ? 'usage' : 'idle';
+}
+
+/** How an ended slice is listed: "released at its time limit (reached its maximum duration of 4h)". */
+export function endedText(ended: string, reason: string | undefined): string {
+  const why = reason ? ` (${reason})` : '';
+  switch (ended) {
+    case 'expired': {
+      const cause = expiryCause(reason);
+      const what =
+        cause === 'deadline' ? 'at its time limit' : cause === 'usage' ? 'over a usage quota' : 'after being idle';
+      return `released ${what}${why}`;
+    }
+    case 'preempted':
+      return `taken back (preempted)${why}`;
+    case 'rejected':
+      return `refused${why}`;
+    default:
+      return 'released';
+  }
 }
 
 function message(event: GpuEvent, fallback: string): string {
@@ -173,11 +229,25 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
     case 'deadline_warning':
       return {
         ...refresh,
+        state: { ...state, deadlineWarnings: { ...state.deadlineWarnings, [leaseId]: event.release_at ?? null } },
         notice: known
           ? {
               kind: 'deadline-warning',
               type: 'warning',
               message: message(event, 'Your GPU slice reaches its time limit soon.'),
+              leaseId
+            }
+          : null
+      };
+    case 'extended':
+      return {
+        ...refresh,
+        state: { ...state, deadlineWarnings: withoutWarning(state.deadlineWarnings, leaseId) },
+        notice: known
+          ? {
+              kind: 'deadline-extended',
+              type: 'success',
+              message: message(event, 'Your GPU slice was given more time.'),
               leaseId
             }
           : null
@@ -209,10 +279,18 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
       if (!ENDED.has(ended)) {
         return refresh;
       }
+      const listed = known && !isJob && ended !== 'cancelled';
       const next: StreamState = {
         ...state,
         slices: state.slices.filter(l => l.id !== leaseId),
         warnings: withoutWarning(state.warnings, leaseId),
+        deadlineWarnings: withoutWarning(state.deadlineWarnings, leaseId),
+        ended: listed
+          ? [
+              { leaseId, holder, text: endedText(ended, event.reason) },
+              ...state.ended.filter(e => e.leaseId !== leaseId)
+            ].slice(0, ENDED_LIMIT)
+          : state.ended,
         waited: state.waited.filter(id => id !== leaseId)
       };
       return { ...refresh, state: next, notice: known && !isJob ? endNotice(ended, event, leaseId) : null };
@@ -224,13 +302,31 @@ function endNotice(ended: string, event: GpuEvent, leaseId: string): Notice | nu
   switch (ended) {
     case 'released':
       return { kind: 'released', type: 'info', message: message(event, 'Your GPU slice was released.'), leaseId };
-    case 'expired':
+    case 'expired': {
+      const cause = expiryCause(event.reason);
+      if (cause === 'deadline') {
+        return {
+          kind: 'deadline-released',
+          type: 'warning',
+          message: message(event, 'Your GPU slice was released at its time limit.'),
+          leaseId
+        };
+      }
+      if (cause === 'usage') {
+        return {
+          kind: 'usage-released',
+          type: 'error',
+          message: message(event, 'Your GPU slice was released: a usage quota is used up.'),
+          leaseId
+        };
+      }
       return {
         kind: 'expired',
         type: 'warning',
         message: message(event, 'Your GPU slice was released after being idle.'),
         leaseId
       };
+    }
     case 'preempted':
       return {
         kind: 'preempted',

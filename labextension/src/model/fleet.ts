@@ -124,10 +124,7 @@ export function gpuMemory(gpu: Gpu): { usedMib: number; totalMib: number } {
   return { usedMib: gpu.memory_mib - (gpu.free_memory_mib ?? gpu.memory_mib), totalMib: gpu.memory_mib };
 }
 
-/** Why a GPU takes no new slices, or null: "drained", "unhealthy". */
+/** Why a GPU takes no new slices, or null: "drained" (the inventory has no per-GPU health). */
 export function gpuCondition(gpu: Gpu): string | null {
-  if (gpu.healthy === false) {
-    return 'unhealthy';
-  }
   return gpu.drained ? 'drained' : null;
 }

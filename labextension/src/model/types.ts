@@ -32,6 +32,14 @@ export interface KernelRef {
   execution_state: string;
 }
 
+/** A time-boxed lease's deadline (REST API v1's Lease.deadline): when, extensions used and left, when warned. */
+export interface Deadline {
+  at: number;
+  extensions: number;
+  extensions_left: number;
+  warned_at: number | null;
+}
+
 /** A lease as /gpualloc/api/slices gives it: the v1 lease plus its kernel and the caps in force. */
 export interface LeaseEntry {
   id: string;
@@ -46,6 +54,7 @@ export interface LeaseEntry {
   last_activity?: number | null;
   idle_warned_at?: number | null;
   idle_timeout?: number | null;
+  deadline?: Deadline | null;
   reason: string;
   position: number | null;
   kernel?: KernelRef | null;
@@ -77,7 +86,6 @@ export interface Gpu {
   memory_mib: number;
   mig_mode: 'off' | 'static' | 'dynamic';
   drained: boolean;
-  healthy?: boolean;
   memory_slices?: number;
   instances?: MigInstance[];
   free_memory_slices?: number;
@@ -91,9 +99,16 @@ export interface InventoryNode {
   gpus: Gpu[];
 }
 
+/** A node whose GPUs the backend cannot use (e.g. Kubernetes labels it cannot read), and why. */
+export interface UnusableNode {
+  name: string;
+  reason: string;
+}
+
 export interface Inventory {
   nodes: InventoryNode[];
   queue: Record<string, number>;
+  unusable_nodes?: UnusableNode[];
   user?: string;
   admin?: boolean;
 }
@@ -104,6 +119,28 @@ export interface Offer {
   spec: Record<string, unknown>;
   idle_timeout?: number | null;
   available: number;
+  /** The usage quota that refuses a request now, as a sentence; null when none does. */
+  over_usage_quota?: string | null;
+}
+
+/** Where the caller stands against one usage quota (REST API v1's UsageQuota). */
+export interface UsageQuota {
+  scope: 'user' | 'group';
+  who: string;
+  gpu_hours: number;
+  limit: number;
+  window: string;
+  resets_at: number | null;
+  /** "you have used 12.50 of 40 GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)" */
+  message: string;
+}
+
+/** The caller's usage report (/gpualloc/api/usage): GPU-hours since the start of the month and the quotas. */
+export interface UsageReport {
+  since: number;
+  until: number;
+  total: { gpu_hours: number; gib_hours: number };
+  quotas: UsageQuota[];
 }
 
 export interface Job {
