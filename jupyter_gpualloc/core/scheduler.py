@@ -26,6 +26,7 @@ import numpy as np
 
 from . import mig, names
 from .deadlines import Deadlines, ExtensionRefused
+from .indexes import MigCapacity
 from .devices.base import DeviceBackend, DeviceError
 from .model import (
     MIB_PER_GIB,
@@ -227,6 +228,7 @@ class Scheduler:
         for gs in self._gpus.values():
             if gs.is_mig:
                 self._mig_gpus.setdefault(gs.gpu.model, []).append(gs)
+        self._mig_capacity = MigCapacity(gs for gs in self._gpus.values() if gs.is_mig)
         for gs in self._gpus.values():
             self._sync_view(gs)
 
@@ -303,6 +305,7 @@ class Scheduler:
             gs = self._gpus[uuid]
             gs.instances, gs.owner, gs.created, gs.shares, gs.drained = instances, owner, created, shares, drained
             gs.cached_layout = None
+            self._mig_capacity.changed(gs)
             self._sync_view(gs)
         self._generation += 1
         for lease_id, (before, plans) in undo.leases.items():
@@ -334,6 +337,7 @@ class Scheduler:
             except DeviceError as err:
                 gs.instances[inst.uuid] = inst
                 gs.cached_layout = None
+                self._mig_capacity.changed(gs)
                 gs.created.add(inst.uuid)
                 self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
                 self._emit("device.error", now, gpu=gs.gpu.uuid, instance=inst.uuid, error=str(err))
@@ -568,6 +572,7 @@ class Scheduler:
             self._touch_gpu(gs)
             self._generation += 1
             gs.drained = drained
+            self._mig_capacity.changed(gs)
             self._sync_view(gs)
             self._drains[gpu_uuid] = drained
             self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
@@ -740,6 +745,7 @@ class Scheduler:
             gs = self._gpus[sl.gpu_uuids[0]]
             self._touch_gpu(gs)
             gs.owner.pop(sl.mig_uuid, None)
+            self._mig_capacity.changed(gs)
             self._view_release(node_index, (), self._host_demand(lease.spec))
             if sl.mig_uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC:
                 self._destroy_instance(gs, sl.mig_uuid, now)
@@ -761,6 +767,7 @@ class Scheduler:
             return
         inst = gs.instances.pop(mig_uuid)
         gs.cached_layout = None
+        self._mig_capacity.changed(gs)
         gs.created.discard(mig_uuid)
         self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
         self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
@@ -783,6 +790,7 @@ class Scheduler:
         self._touch_gpu(gs)
         gs.instances[inst.uuid] = inst
         gs.cached_layout = None
+        self._mig_capacity.changed(gs)
         gs.created.add(inst.uuid)
         self._undo.made.append((gs, inst, intent.id))
         self._instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
@@ -800,6 +808,7 @@ class Scheduler:
         sl = placement.slice
         if sl.kind is SliceKind.MIG:
             gs0.owner[sl.mig_uuid] = lease.id
+            self._mig_capacity.changed(gs0)
             self._view_allocate(placement.node_index, (), self._host_demand(lease.spec))
         else:
             for gs in placement.gpus:
@@ -938,11 +947,10 @@ class Scheduler:
         During a pass, a plan that found no room is not searched again for the same host demand
         until room is made: grants only take room and reservations only grow within a pass, so
         a pass searches the fleet once per distinct (plan, node, host demand), not per request."""
-        spec = lease.spec
         for plan in plans:
             if self._quota_block(lease, [plan]) is not None:
                 continue
-            shape = (plan, spec.node, spec.cpu_milli, spec.host_memory_mib)
+            shape = _shape(plan, lease.spec)
             if self._no_room is not None and shape in self._no_room:
                 continue
             found = self._place_mig(lease, plan, reserved) if plan.kind is SliceKind.MIG \
@@ -954,11 +962,18 @@ class Scheduler:
         return None
 
     def _mig_candidates(self, plan: _Plan, spec: SliceSpec, reserved: set[str]) -> list[_GpuState]:
-        """The plan model's MIG GPUs that may take it: O(MIG GPUs of that model)."""
+        """The plan model's MIG GPUs that may take it, in fleet order: O(MIG GPUs of that model),
+        or O(the node's GPUs) when the spec names a node."""
         host = self._host_demand(spec)
         fits: dict[int, bool] = {}  # per node: room for the host demand
         out = []
-        for gs in self._mig_gpus.get(plan.model, ()):
+        if spec.node is not None:
+            node = self.nodes[self._node_index[spec.node]] if spec.node in self._node_index else None
+            gpus = [self._gpus[g.uuid] for g in node.gpus] if node else []
+            gpus = [gs for gs in gpus if gs.is_mig and gs.gpu.model == plan.model]
+        else:
+            gpus = self._mig_gpus.get(plan.model, ())
+        for gs in gpus:
             if gs.drained or gs.gpu.uuid in reserved or (spec.node is not None and gs.gpu.node != spec.node):
                 continue
             if gs.node_index not in fits:
@@ -968,26 +983,53 @@ class Scheduler:
         return out
 
     def _place_mig(self, lease: Lease, plan: _Plan, reserved: set[str]) -> _Placement | None:
-        candidates = self._mig_candidates(plan, lease.spec, reserved)
+        """An existing free instance of the profile, else a new one where the MIG placer says.
+
+        Without a node asked for, it reads the MIG capacity index: O(GPUs holding a free
+        instance of the profile) for the first step and O(distinct layouts of the model) for
+        the second (plus, per layout, the GPUs passed over as reserved or on full nodes);
+        with a node, O(the node's GPUs)."""
+        spec = lease.spec
         pid = plan.profile.profile_id
+        host = self._host_demand(spec)
+        fits: dict[int, bool] = {}  # per node: room for the host demand
+
+        def usable(gs: _GpuState) -> bool:
+            if gs.gpu.uuid in reserved or (spec.node is not None and gs.gpu.node != spec.node):
+                return False
+            if gs.node_index not in fits:
+                fits[gs.node_index] = self.view.fits(gs.node_index, host)
+            return fits[gs.node_index]
+
+        if spec.node is not None:
+            candidates = self._mig_candidates(plan, spec, reserved)
+            with_free = [gs for gs in candidates if any(
+                i.profile_id == pid and i.uuid not in gs.owner for i in gs.instances.values())]
+            groups = [(gs.layout(), iter([gs])) for gs in candidates if gs.gpu.mig_mode is MigMode.DYNAMIC]
+        else:
+            with_free = [gs for gs in self._mig_capacity.with_free(plan.model, pid) if usable(gs)]
+            groups = self._mig_capacity.layouts(plan.model)
         # An existing free instance of the profile is used before any new one is made:
         # prefer the GPU with the fewest free slices, so emptier GPUs stay whole.
         existing = [(gs.layout().free_memory_slices, gs.gpu.uuid, gs, inst)
-                    for gs in candidates for inst in gs.instances.values()
+                    for gs in with_free for inst in gs.instances.values()
                     if inst.profile_id == pid and inst.uuid not in gs.owner]
         if existing:
             _, _, gs, inst = min(existing, key=lambda e: (e[0], e[1], e[3].start))
             return _Placement(self._mig_slice(gs, plan, inst.start, inst.uuid), plan,
                               gs.node_index, (gs,), mig_uuid=inst.uuid)
-        # The placer sees each distinct layout once, at its first GPU: it gives ties to the
-        # earliest GPU of a layout anyway, so this only spares it the fleet's repeats.
+        # The placer sees each distinct layout once, at its first usable GPU in fleet order: it
+        # gives ties to the earliest GPU of a layout anyway, so this only spares it the repeats.
         first: dict[mig.Layout, _GpuState] = {}
-        for gs in candidates:
-            if gs.gpu.mig_mode is MigMode.DYNAMIC:
-                first.setdefault(gs.layout(), gs)
+        for layout, gpus in groups:
+            if layout not in first:
+                gs = next((g for g in gpus if usable(g)), None)
+                if gs is not None:
+                    first[layout] = gs
         if not first:
             return None
-        dynamic = list(first.values())
+        dynamic = sorted(first.values(), key=lambda gs: (gs.node_index, gs.slot))
+        first = {gs.layout(): gs for gs in dynamic}
         choice = self._mig_placer.choose(list(first), plan.profile, dynamic[0].profiles)
         if choice is None:
             return None
@@ -1118,8 +1160,9 @@ class Scheduler:
         A pass is skipped when nothing it depends on changed since the last one (no lease came or
         went, nothing was granted or freed, no GPU drained, no request reached `reserve_after`,
         no usage quotas, whose use moves with time): O(1) then. Otherwise it costs
-        O(queue log queue) to order, O(the user's leases) per request for quotas, and one fleet
-        search per distinct request shape (see `_place`)."""
+        O(queue log queue) to order; O(its plans) for each request whose every plan this pass
+        already found no room for (`_nothing_fits`); for the others, O(the user's and groups'
+        leases) for quotas; and one fleet search per distinct request shape (see `_place`)."""
         if self._pass_done is not None and self._pass_done[0] == self._generation \
                 and now < self._pass_done[1] and not self.policy.usage_quotas:
             return
@@ -1134,11 +1177,16 @@ class Scheduler:
         reserved: set[str] = set()
         usage_known: dict = {}
         until = math.inf  # when the next waiting request reaches reserve_after
+        reserve_after, preemption = self.policy.reserve_after, self.policy.preemption
         for lease_id in self._queue_order():
             lease = self._leases.get(lease_id)
             if lease is None or lease.state is not LeaseState.QUEUED:
                 continue
             plans = self._plans[lease_id]
+            waited = now - lease.created_at >= reserve_after
+            if not waited and self._nothing_fits(lease, plans, preemption):
+                until = min(until, lease.created_at + reserve_after)
+                continue
             blocked = self._quota_block(lease, plans)
             used_up = None if blocked else self.usage.refusal(lease.user, lease.groups, now, usage_known)
             if used_up is not None:
@@ -1153,11 +1201,19 @@ class Scheduler:
             if blocked is not None and lease.reason != str(blocked):
                 self._touch_lease(lease)
                 lease.reason = str(blocked)
-            if now - lease.created_at >= self.policy.reserve_after:
+            if waited:
                 reserved |= self._reservation(lease, reserved)
             else:
                 until = min(until, lease.created_at + self.policy.reserve_after)
         self._pass_done = (start, until) if self._generation == start else None  # skippable if it changed nothing
+
+    def _nothing_fits(self, lease: Lease, plans: Sequence[_Plan], preemption: bool) -> bool:
+        """Whether this pass already found no room for every plan of the request (same host
+        demand) and it cannot preempt: then it is passed over in O(plans), without quota checks,
+        as its placement could only fail again. Its quota reason is refreshed once room is made."""
+        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._preemptible:
+            return False
+        return all(_shape(plan, lease.spec) in self._no_room for plan in plans)
 
     def _preempt_for(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str],
                      now: float) -> _Placement | None:
@@ -1314,6 +1370,7 @@ class Scheduler:
         for gpu_uuid in state.drained:
             if gpu_uuid in self._gpus:
                 self._gpus[gpu_uuid].drained = True
+                self._mig_capacity.changed(self._gpus[gpu_uuid])
                 self._sync_view(self._gpus[gpu_uuid])
         recorded = {r.instance.uuid: r for r in state.instances}
         for gs in self._gpus.values():
@@ -1369,6 +1426,7 @@ class Scheduler:
             if sl.mig_uuid not in gs.instances or sl.mig_uuid in gs.owner:
                 return False
             gs.owner[sl.mig_uuid] = lease.id
+            self._mig_capacity.changed(gs)
             self.view.allocate(node_index, (), self._host_demand(lease.spec))
             return True
         if any(g.is_mig or g.free_milli() < sl.milli for g in gpus):
@@ -1377,6 +1435,11 @@ class Scheduler:
             gs.shares[lease.id] = sl.milli
         self.view.allocate(node_index, tuple(g.slot for g in gpus), self._slice_demand(lease))
         return True
+
+
+def _shape(plan: _Plan, spec: SliceSpec) -> tuple:
+    """What decides whether a plan finds room: the plan, the node asked for and the host demand."""
+    return (plan, spec.node, spec.cpu_milli, spec.host_memory_mib)
 
 
 def _nominal_mib(profile: MigProfile) -> int:

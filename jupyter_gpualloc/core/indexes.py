@@ -1,0 +1,95 @@
+"""The scheduler's indexes: what lets a decision look at the few leases or GPUs it concerns.
+
+`MigCapacity` groups each model's MIG GPUs by their layout, and by the free instances they
+hold, so a MIG placement looks at one GPU per distinct layout instead of every GPU of the model.
+
+It is kept up to date by the scheduler as GPUs change; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable, Iterator, Protocol
+
+from . import mig
+from .model import MigInstance, MigMode
+
+
+class MigGpu(Protocol):
+    """What `MigCapacity` reads of a MIG GPU's state (the scheduler's per-GPU record)."""
+
+    node_index: int
+    slot: int
+    instances: dict[str, MigInstance]
+    owner: dict[str, str]
+    drained: bool
+
+    @property
+    def gpu(self): ...
+
+    def layout(self) -> mig.Layout: ...
+
+
+class MigCapacity:
+    """Each model's undrained MIG GPUs grouped by layout (dynamic GPUs only: where a new
+    instance may be made) and by the profiles of the free instances they hold.
+
+    The scheduler calls `changed(gs)` after any change to a GPU's instances, owners or drain;
+    the GPU is re-filed on the next read, O(its instances + log of its group) each. Reading is
+    then O(changed GPUs) plus what each method states."""
+
+    def __init__(self, gpus: Iterable[MigGpu]) -> None:
+        self._position: dict[int, MigGpu] = {}  # fleet order -> GPU
+        self._where: dict[int, tuple[mig.Layout | None, frozenset[int]]] = {}  # position -> its filing
+        self._layouts: dict[str, dict[mig.Layout, list[int]]] = {}  # model -> layout -> sorted positions
+        self._free: dict[tuple[str, int], set[int]] = {}  # (model, profile id) -> positions
+        self._stale: set[int] = set()
+        self._number: dict[int, int] = {}  # id(gs) -> position
+        for gs in gpus:
+            position = len(self._position)
+            self._position[position] = gs
+            self._number[id(gs)] = position
+            self._where[position] = (None, frozenset())
+            self._stale.add(position)
+
+    def changed(self, gs: MigGpu) -> None:
+        """Note that a GPU's instances, owners or drain changed: O(1)."""
+        position = self._number.get(id(gs))
+        if position is not None:
+            self._stale.add(position)
+
+    def layouts(self, model: str) -> list[tuple[mig.Layout, Iterator[MigGpu]]]:
+        """Each distinct layout of the model's undrained dynamic GPUs, with its GPUs in fleet
+        order: O(distinct layouts); each group's GPUs are read one at a time, as far as needed."""
+        self._refresh()
+        return [(layout, (self._position[p] for p in positions))
+                for layout, positions in self._layouts.get(model, {}).items()]
+
+    def with_free(self, model: str, profile_id: int) -> list[MigGpu]:
+        """The model's undrained GPUs holding an unowned instance of the profile, in fleet
+        order: O(those GPUs x log)."""
+        self._refresh()
+        return [self._position[p] for p in sorted(self._free.get((model, profile_id), ()))]
+
+    def _refresh(self) -> None:
+        for position in self._stale:
+            gs = self._position[position]
+            old_layout, old_free = self._where[position]
+            model = gs.gpu.model
+            if old_layout is not None:
+                bucket = self._layouts[model][old_layout]
+                del bucket[bisect.bisect_left(bucket, position)]
+                if not bucket:
+                    del self._layouts[model][old_layout]
+            for pid in old_free:
+                self._free[(model, pid)].discard(position)
+            layout = None if gs.drained or gs.gpu.mig_mode is not MigMode.DYNAMIC else gs.layout()
+            free = frozenset() if gs.drained else frozenset(
+                inst.profile_id for inst in gs.instances.values() if inst.uuid not in gs.owner)
+            if layout is not None:
+                bisect.insort(self._layouts.setdefault(model, {}).setdefault(layout, []), position)
+            for pid in free:
+                self._free.setdefault((model, pid), set()).add(position)
+            self._where[position] = (layout, free)
+        self._stale.clear()
+
