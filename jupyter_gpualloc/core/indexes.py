@@ -1,9 +1,12 @@
 """The scheduler's indexes: what lets a decision look at the few leases or GPUs it concerns.
 
-`MigCapacity` groups each model's MIG GPUs by their layout, and by the free instances they
-hold, so a MIG placement looks at one GPU per distinct layout instead of every GPU of the model.
+`ActiveLeases` holds the active (queued and granted) leases by id, user, group and
+preemptibility, with each user's granted GPU memory (fair share's order). `MigCapacity` groups
+each model's MIG GPUs by their layout, and by the free instances they hold, so a MIG placement
+looks at one GPU per distinct layout instead of every GPU of the model.
 
-It is kept up to date by the scheduler as GPUs change; it decides nothing.
+Both are kept up to date by the scheduler as leases come and go and as GPUs change; neither
+decides anything.
 """
 
 from __future__ import annotations
@@ -12,7 +15,60 @@ import bisect
 from typing import Iterable, Iterator, Protocol
 
 from . import mig
-from .model import MigInstance, MigMode
+from .model import Lease, LeaseState, MigInstance, MigMode, PriorityClass
+
+
+class ActiveLeases:
+    """The active leases, indexed. Every method is O(1) or O(the lease's groups) unless it says."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Lease] = {}
+        self._by_user: dict[str, dict[str, Lease]] = {}
+        self._by_group: dict[str, dict[str, Lease]] = {}
+        self.preemptible: set[str] = set()  # active preemptible batch leases
+        self.held_mib: dict[str, int] = {}  # user -> GPU memory of its granted leases
+        self._counted: dict[str, int] = {}  # granted lease id -> the memory it adds to held_mib
+
+    def add(self, lease: Lease) -> None:
+        """Hold a lease (counted in its user's memory if granted): O(its groups)."""
+        self.by_id[lease.id] = lease
+        self._by_user.setdefault(lease.user, {})[lease.id] = lease
+        for group in lease.groups:
+            self._by_group.setdefault(group, {})[lease.id] = lease
+        if lease.preemptible and lease.priority is PriorityClass.BATCH:
+            self.preemptible.add(lease.id)
+        if lease.state is LeaseState.GRANTED:
+            self.count_held(lease)
+
+    def count_held(self, lease: Lease) -> None:
+        """Add a newly granted lease's GPU memory to its user's: O(1)."""
+        self._counted[lease.id] = lease.slice.memory_mib
+        self.held_mib[lease.user] = self.held_mib.get(lease.user, 0) + lease.slice.memory_mib
+
+    def drop(self, lease_id: str) -> Lease | None:
+        """Forget a lease and its index entries (the lease, or None if it was not held): O(its groups)."""
+        lease = self.by_id.pop(lease_id, None)
+        if lease is None:
+            return None
+        for index, key in [(self._by_user, lease.user)] + [(self._by_group, g) for g in lease.groups]:
+            held = index.get(key, {})
+            held.pop(lease_id, None)
+            if not held:
+                index.pop(key, None)
+        self.preemptible.discard(lease_id)
+        if lease_id in self._counted:
+            self.held_mib[lease.user] -= self._counted.pop(lease_id)
+            if not self.held_mib[lease.user]:
+                del self.held_mib[lease.user]
+        return lease
+
+    def of_user(self, user: str) -> Iterable[Lease]:
+        """The user's active leases: O(1) to get, O(the user's leases) to walk."""
+        return self._by_user.get(user, {}).values()
+
+    def of_group(self, group: str) -> Iterable[Lease]:
+        """The group's active leases: O(1) to get, O(the group's leases) to walk."""
+        return self._by_group.get(group, {}).values()
 
 
 class MigGpu(Protocol):

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import mig, names
 from .deadlines import Deadlines, ExtensionRefused
-from .indexes import MigCapacity
+from .indexes import ActiveLeases, MigCapacity
 from .devices.base import DeviceBackend, DeviceError
 from .model import (
     MIB_PER_GIB,
@@ -170,12 +170,8 @@ class Scheduler:
         self.store = store
         self.policy = policy or SchedulerPolicy()
         self._listeners: list[Callable[[Event], None]] = list(listeners)
-        self._leases: dict[str, Lease] = {}
-        self._by_user: dict[str, dict[str, Lease]] = {}  # user -> its active leases, by id
-        self._by_group: dict[str, dict[str, Lease]] = {}
-        self._preemptible: set[str] = set()  # active preemptible batch leases
-        self._held_mib: dict[str, int] = {}  # user -> GPU memory of its granted leases (fair share)
-        self._counted: dict[str, int] = {}  # granted lease id -> the memory it adds to _held_mib
+        self._active_leases = ActiveLeases()  # by user, group and preemptibility; users' held memory
+        self._leases: dict[str, Lease] = self._active_leases.by_id
         self._generation = 0  # bumped by every change that can alter what a scheduling pass grants
         self._pass_done: tuple[int, float] | None = None  # (generation, valid until) of the last idle pass
         self._no_room: set[tuple] | None = None  # placements that failed during the current pass
@@ -372,36 +368,13 @@ class Scheduler:
 
     def _add_active(self, lease: Lease) -> None:
         """Hold an active lease, indexed by user, group and preemptibility: O(its groups)."""
-        self._leases[lease.id] = lease
-        self._by_user.setdefault(lease.user, {})[lease.id] = lease
-        for group in lease.groups:
-            self._by_group.setdefault(group, {})[lease.id] = lease
-        if lease.preemptible and lease.priority is PriorityClass.BATCH:
-            self._preemptible.add(lease.id)
-        if lease.state is LeaseState.GRANTED:
-            self._count_held(lease)
+        self._active_leases.add(lease)
         self._generation += 1
-
-    def _count_held(self, lease: Lease) -> None:
-        self._counted[lease.id] = lease.slice.memory_mib
-        self._held_mib[lease.user] = self._held_mib.get(lease.user, 0) + lease.slice.memory_mib
 
     def _drop_active(self, lease_id: str) -> None:
         """Forget an active lease and its index entries: O(its groups)."""
-        lease = self._leases.pop(lease_id, None)
-        if lease is None:
-            return
-        for index, key in [(self._by_user, lease.user)] + [(self._by_group, g) for g in lease.groups]:
-            held = index.get(key, {})
-            held.pop(lease_id, None)
-            if not held:
-                index.pop(key, None)
-        self._preemptible.discard(lease_id)
-        if lease_id in self._counted:
-            self._held_mib[lease.user] -= self._counted.pop(lease_id)
-            if not self._held_mib[lease.user]:
-                del self._held_mib[lease.user]
-        self._generation += 1
+        if self._active_leases.drop(lease_id) is not None:
+            self._generation += 1
 
     def _view_allocate(self, node_index: int, slots: tuple[int, ...], demand: Demand) -> None:
         self.view.allocate(node_index, slots, demand)
@@ -419,7 +392,7 @@ class Scheduler:
         """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait)."""
         _check_holder(holder)
         check_name(user, "user")
-        for active in self._by_user.get(user, {}).values():
+        for active in self._active_leases.of_user(user):
             if active.holder == holder:
                 raise HolderBusy(active.id)
         if lease_id is not None and (lease_id in self._leases or self._stored_lease(lease_id)):
@@ -523,7 +496,7 @@ class Scheduler:
         """
         wanted = set(holders) if holders is not None else None
         alive = []
-        for lease in self._by_user.get(user, {}).values():
+        for lease in self._active_leases.of_user(user):
             if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
                 alive.append(lease)
@@ -588,7 +561,7 @@ class Scheduler:
 
     def leases(self, user: str | None = None) -> list[Lease]:
         """Active leases (queued and granted), of one user or all, oldest first."""
-        return sorted(self._leases.values() if user is None else self._by_user.get(user, {}).values(),
+        return sorted(self._leases.values() if user is None else self._active_leases.of_user(user),
                       key=lambda l: l.seq)
 
     def position(self, lease_id: str) -> int | None:
@@ -820,7 +793,7 @@ class Scheduler:
         self._generation += 1
         lease.state = LeaseState.GRANTED
         lease.slice = sl
-        self._count_held(lease)
+        self._active_leases.count_held(lease)
         lease.granted_at = now
         self.usage.start(lease, now)
         self.deadlines.start(lease, now)
@@ -1104,7 +1077,7 @@ class Scheduler:
         """A lease's place in the queue: priority class, then (with fair share) its user's GPU
         memory in use, then age. O(1) per lease: that memory is a counter kept as leases are
         granted and end."""
-        held = self._held_mib if self.policy.fair_share else {}
+        held = self._active_leases.held_mib if self.policy.fair_share else {}
         return lambda lease: (lease.priority.rank, held.get(lease.user, 0), lease.seq)
 
     def _queue_order(self) -> list[str]:
@@ -1211,7 +1184,7 @@ class Scheduler:
         """Whether this pass already found no room for every plan of the request (same host
         demand) and it cannot preempt: then it is passed over in O(plans), without quota checks,
         as its placement could only fail again. Its quota reason is refreshed once room is made."""
-        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._preemptible:
+        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._active_leases.preemptible:
             return False
         return all(_shape(plan, lease.spec) in self._no_room for plan in plans)
 
@@ -1221,9 +1194,9 @@ class Scheduler:
 
         O(1) when no preemptible lease is active; otherwise it searches only the GPUs (and, for
         whole GPUs, the nodes) that hold one."""
-        if not self._preemptible:
+        if not self._active_leases.preemptible:
             return None
-        held = {u for i in self._preemptible if self._leases[i].state is LeaseState.GRANTED
+        held = {u for i in self._active_leases.preemptible if self._leases[i].state is LeaseState.GRANTED
                 for u in self._leases[i].slice.gpu_uuids}
         if not held:
             return None
@@ -1329,11 +1302,11 @@ class Scheduler:
         plan = min(plans, key=lambda p: p.memory_mib)
         ask = {"slices": 1, "memory_gib": plan.memory_mib / MIB_PER_GIB,
                "whole_gpus": plan.count if plan.kind is SliceKind.WHOLE else 0}
-        scopes = [("user", user, self.policy.user_quota(user), self._by_user.get(user, {}).values())]
+        scopes = [("user", user, self.policy.user_quota(user), self._active_leases.of_user(user))]
         for group in groups:
             limits = self.policy.group_quotas.get(group)
             if limits:
-                scopes.append(("group", group, limits, self._by_group.get(group, {}).values()))
+                scopes.append(("group", group, limits, self._active_leases.of_group(group)))
         for scope, who, limits, held in scopes:
             if not limits:
                 continue  # no quota here: nothing to count

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
-from jupyter_gpualloc.core.indexes import MigCapacity
+from jupyter_gpualloc.core.indexes import ActiveLeases, MigCapacity
 from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler, SchedulerError, StoreFailed
@@ -27,9 +27,17 @@ def filed(capacity: MigCapacity, model: str) -> tuple[dict, dict]:
     return layouts, {pid: uuids for pid, uuids in free.items() if uuids}
 
 
-def test_mig_capacity_stays_what_a_fresh_scan_finds(store_urls):
+def indexed(active: ActiveLeases, users: list[str], groups: list[str]) -> tuple:
+    """The lease index as plain data: each user's and group's lease ids, preemptible ids, held memory."""
+    return ({u: sorted(l.id for l in active.of_user(u)) for u in users},
+            {g: sorted(l.id for l in active.of_group(g)) for g in groups},
+            sorted(active.preemptible), active.held_mib)
+
+
+def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
     """Random grants, releases, drains, ticks and refused writes (rolled back): after each, the
-    scheduler's MIG index files every GPU as one built from scratch over the same GPUs does."""
+    scheduler's MIG index files every GPU, and its lease index every active lease, as indexes
+    built from scratch over the same GPUs and leases do."""
     backend = SimulatedBackend(fleet({"model": A100_40, "count": 3, "mig": "dynamic"},
                                      {"model": A100_40, "mig": "static", "layout": ["3g.20gb", "1g.5gb"]},
                                      nodes=3))
@@ -46,7 +54,7 @@ def test_mig_capacity_stays_what_a_fresh_scan_finds(store_urls):
             if op < 0.5:
                 priority = rng.choice([PriorityClass.INTERACTIVE, PriorityClass.BATCH])
                 s.submit(f"u{step % 5}", f"job:{step}", mig(rng.choice(PROFILES)), priority,
-                         now=now, wait=rng.random() < 0.5)
+                         now=now, wait=rng.random() < 0.5, groups=[f"g{step % 3}", "all"][:1 + step % 2])
             elif op < 0.8 and s.leases():
                 s.release(rng.choice(s.leases()).id, now=now)
             elif op < 0.9:
@@ -57,6 +65,11 @@ def test_mig_capacity_stays_what_a_fresh_scan_finds(store_urls):
             pass
         store.fail_next.clear()
         assert filed(s._mig_capacity, A100_40) == filed(MigCapacity(mig_gpus), A100_40), f"step {step}"
+        fresh = ActiveLeases()
+        for lease in s.leases():
+            fresh.add(lease)
+        users, groups = [f"u{i}" for i in range(5)], ["g0", "g1", "g2", "all"]
+        assert indexed(s._active_leases, users, groups) == indexed(fresh, users, groups), f"step {step}"
     store.close()
 
 
