@@ -11,11 +11,12 @@ Errors are typed (`QuotaExceeded`, `NoCapacity`, `NotFound`, `Unauthorized`, `Se
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlencode, urlparse
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -464,6 +465,16 @@ class SyncGpuAllocClient:
 
     def job_log(self, job_id: str) -> str:
         return self._run(self._client.job_log(job_id))
+
+    def watch_events(self, on_event: Callable[[dict], Any],
+                     query: Mapping[str, str] | None = None) -> concurrent.futures.Future:
+        """Call `on_event` (on the client's thread) with each event of the stream until it ends;
+        cancelling the returned future closes the stream."""
+        async def follow() -> None:
+            async for event in self._client.events(query):
+                on_event(event)
+
+        return asyncio.run_coroutine_threadsafe(follow(), self._loop)
 
     def follow_job_log(self, job_id: str):
         """The job's log chunks as they come (blocking iterator)."""

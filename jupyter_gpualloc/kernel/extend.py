@@ -1,21 +1,41 @@
-"""`%gpu extend`: move this kernel's time-boxed lease's deadline later; one line of text."""
+"""`%gpu extend`: move a time-boxed lease's deadline later; its words for a deadline; one line of text.
+
+The lease extended is this kernel's own, else (a kernel on its JupyterHub server's slice) the
+server's, which the spawner's progress page points to.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from .sizes import InputError, format_duration
 
-def deadline_text(deadline: dict) -> str:
-    """'until 2026-11-02 16:00 UTC, 1 extension left'."""
+
+def deadline_text(deadline: dict, now: float | None = None) -> str:
+    """'until 2026-11-02 16:00 UTC (in 3h 59m), 1 extension left' (without 'in ...' when now is None)."""
     at = datetime.fromtimestamp(deadline["at"], timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     left = deadline["extensions_left"]
-    return f"until {at}, {left} extension{'' if left == 1 else 's'} left"
+    soon = f" (in {format_duration(deadline['at'] - now)})" if now is not None else ""
+    return f"until {at}{soon}, {left} extension{'' if left == 1 else 's'} left"
+
+
+def extend_lease(client, lease_id: str) -> dict:
+    """POST /leases/<id>/extend; a refusal (409) becomes InputError('cannot extend lease ...: why')."""
+    from ..client import NoCapacity
+
+    try:
+        return client.extend(lease_id)
+    except NoCapacity as err:
+        raise InputError(f"cannot extend lease {lease_id}: {err.reason}") from None
 
 
 def extend_lines(kernel_gpu) -> list[str]:
-    """Extend the kernel's granted lease and say until when."""
+    """Extend the kernel's granted lease (or its server's) and say until when."""
     lease = kernel_gpu.current()
+    whose = ""
     if lease is None or lease["state"] != "granted":
+        lease, whose = kernel_gpu.server_lease(), "your server's "
+    if lease is None:
         return ["gpu: this kernel holds no GPU slice to extend"]
-    extended = kernel_gpu.client.extend(lease["id"])
-    return [f"gpu: lease {lease['id']} extended {deadline_text(extended['deadline'])}"]
+    extended = extend_lease(kernel_gpu.client, lease["id"])
+    return [f"gpu: {whose}lease {lease['id']} extended {deadline_text(extended['deadline'], kernel_gpu.clock())}"]

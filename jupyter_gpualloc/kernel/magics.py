@@ -25,6 +25,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .extend import extend_lines
+from .notices import LeaseNotices
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
 from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
 from .usage import usage_lines
@@ -163,6 +164,7 @@ class KernelGpu:
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
         self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
+        self.notices = LeaseNotices(lambda: self.client, lambda: self.lease_id)
         cap = cap_from_env(self.environ)
         if cap is not None:
             self.caps.install(cap)
@@ -184,9 +186,18 @@ class KernelGpu:
     def service_url(self) -> str:
         return getattr(self._client, "url", "") or self.environ.get("GPUALLOC_URL", "")
 
-    def close(self) -> None:
-        """Stop heartbeats and framework caps, and close the client."""
+    def _holding(self) -> None:
+        """This kernel holds a lease: heartbeat it, and say when the service warns about it."""
+        self.heartbeat.start()
+        self.notices.start()
+
+    def _not_holding(self) -> None:
         self.heartbeat.stop()
+        self.notices.stop()
+
+    def close(self) -> None:
+        """Stop heartbeats, notices and framework caps, and close the client."""
+        self._not_holding()
         self.caps.uninstall()
         if self._client is not None:
             self._client.close()
@@ -197,9 +208,9 @@ class KernelGpu:
         mine = [lease for lease in self.client.leases() if lease["holder"] == self.holder and lease["state"] in ACTIVE]
         if mine:
             self.lease_id = mine[-1]["id"]
-            self.heartbeat.start()
+            self._holding()
             return mine[-1]
-        self.heartbeat.stop()
+        self._not_holding()
         return None
 
     def server_lease(self) -> dict | None:
@@ -225,7 +236,7 @@ class KernelGpu:
         try:
             lease = self.client.request_lease(spec, self.holder, wait=0 if mode == "now" else None)
             self.lease_id = lease["id"]
-            self.heartbeat.start()
+            self._holding()
             if lease["state"] == "queued":
                 if mode == "queue":
                     return [f"gpu: queued at position {lease.get('position')} for a {describe_request(lease)} "
@@ -234,7 +245,7 @@ class KernelGpu:
         except KeyboardInterrupt:
             return [self._withdraw(lease)]
         if lease["state"] != "granted":
-            self.heartbeat.stop()
+            self._not_holding()
             if lease["state"] == "cancelled":  # _wait withdrew it at the timeout and said so
                 return []
             return [f"gpu: the request ended ({lease['state']}): {lease.get('reason') or 'no reason given'}"]
@@ -264,7 +275,7 @@ class KernelGpu:
         """After an interrupt: withdraw the request (found by holder if the POST was cut short)."""
         if lease is None or lease["state"] not in ACTIVE:
             lease = self.current()
-        self.heartbeat.stop()
+        self._not_holding()
         if lease is None:
             return "gpu: interrupted before the request reached the service: nothing requested"
         self.client.release(lease["id"])
@@ -303,7 +314,7 @@ class KernelGpu:
 
     def forget(self, lease: dict) -> str:
         """After a release: the server's slice (if its server holds one) or none. Returns a note, or ''."""
-        self.heartbeat.stop()
+        self._not_holding()
         note = ""
         if lease["id"] == self.applied_id:
             note = self._fall_back_to_server()
@@ -365,13 +376,24 @@ class KernelGpu:
                 if ended is not None and ended["id"] == self.applied_id:
                     self.forget(ended)
             return status_lines(None, now=self.clock(), in_effect=False, environ=self.environ, ended=ended,
-                                server=self.server_lease()), None
+                                server=self.server_lease(), quotas=self.usage_standing()), None
         if lease["state"] == "granted" and lease["id"] not in (self.applied_id, self.restart_needed_for):
             lines.append(self.take_effect(lease))
         in_effect = lease["id"] == self.applied_id
         lines += status_lines(lease, now=self.clock(), in_effect=in_effect, environ=self.environ,
-                              frameworks=self.caps.describe(), used_mib=memory_used_mib() if in_effect else None)
+                              frameworks=self.caps.describe(), used_mib=memory_used_mib() if in_effect else None,
+                              quotas=self.usage_standing())
         return lines, lease
+
+    def usage_standing(self) -> list[str]:
+        """One sentence per usage quota of the user ('you have used 12.50 of 40 GPU-hours this week
+        (resets ...)'); none when the service does not answer for usage (the status goes without it)."""
+        from ..client import GpuAllocError
+
+        try:
+            return [quota["message"] for quota in self.client.usage(since=self.clock() - 3600).get("quotas", [])]
+        except GpuAllocError:
+            return []
 
     def offers(self) -> list[str]:
         offers = self.client.offers()
@@ -498,8 +520,9 @@ class GpuMagics(Magics):
         notes = [line for line in lines if line.startswith("gpu: granted")]
         _say(notes)
         gpu = self.kernel_gpu
+        quotas = [line.removeprefix("  usage: ") for line in lines if line.startswith("  usage: ")]
         view = LeaseView(gpu.client, lease, environ=gpu.environ, in_effect=lease["id"] == gpu.applied_id,
-                         frameworks=gpu.caps.describe(), clock=gpu.clock, on_release=gpu.forget)
+                         frameworks=gpu.caps.describe(), clock=gpu.clock, on_release=gpu.forget, quotas=quotas)
         display(view)
 
 

@@ -1,4 +1,4 @@
-"""Words for a lease as the kernel shows it: its slice, cap mechanism, memory and idle countdown.
+"""Words for a lease as the kernel shows it: its slice, cap mechanism, memory, idle countdown and time limit.
 
 Pure functions of the lease JSON of REST API v1 and of `now`, shared by the plain-text status and
 the ipywidgets view.
@@ -7,9 +7,10 @@ the ipywidgets view.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..core.model import SliceSpec, SpecError
+from .extend import deadline_text
 from .sizes import format_duration, format_mib
 
 
@@ -76,6 +77,15 @@ def idle_text(lease: Mapping[str, Any], now: float) -> str | None:
     return f"warning in {format_duration(left)} (released when idle for {after} plus a grace period)"
 
 
+def time_limit_text(lease: Mapping[str, Any], now: float) -> str | None:
+    """'until 2026-12-03 14:00 UTC (in 3h 59m), 2 extensions left (%gpu extend)', or None without a deadline."""
+    deadline = lease.get("deadline")
+    if lease.get("state") != "granted" or not deadline:
+        return None
+    hint = " (%gpu extend)" if deadline["extensions_left"] else ""
+    return deadline_text(deadline, now) + hint
+
+
 def memory_text(used_mib: int | None, slice_: Mapping[str, Any]) -> str:
     """'1.5 GiB of 8 GiB' or 'not measured (no GPU context in this kernel); 8 GiB available'."""
     cap = format_mib(slice_["memory_mib"])
@@ -86,8 +96,17 @@ def memory_text(used_mib: int | None, slice_: Mapping[str, Any]) -> str:
 
 def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool,
                  environ: Mapping[str, str], frameworks: str = "", used_mib: int | None = None,
-                 ended: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None) -> list[str]:
-    """The plain-text status of this kernel's lease (or of its absence, and then of its server's slice)."""
+                 ended: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None,
+                 quotas: Sequence[str] = ()) -> list[str]:
+    """The plain-text status of this kernel's lease (or of its absence, and then of its server's
+    slice), then where the user stands against each usage quota (`quotas`: one sentence each)."""
+    return _lease_lines(lease, now=now, in_effect=in_effect, environ=environ, frameworks=frameworks,
+                        used_mib=used_mib, ended=ended, server=server) + [f"  usage: {q}" for q in quotas]
+
+
+def _lease_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool, environ: Mapping[str, str],
+                 frameworks: str, used_mib: int | None, ended: Mapping[str, Any] | None,
+                 server: Mapping[str, Any] | None) -> list[str]:
     if lease is None:
         lines = []
         if ended is not None:
@@ -97,6 +116,9 @@ def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
         if server is not None:
             lines.append(f"gpu: this kernel uses its server's {describe_slice(server['slice'])} (lease {server['id']}); "
                          f"%gpu request 10GB asks for a slice of its own")
+            limit = time_limit_text(server, now)
+            if limit:
+                lines.append(f"  time limit: {limit}")
         return lines or ["gpu: this kernel holds no GPU slice (%gpu request 10GB asks for one)"]
     if lease["state"] == "queued":
         position = lease.get("position")
@@ -113,6 +135,9 @@ def status_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     idle = idle_text(lease, now)
     if idle:
         lines.append(f"  idle: {idle}")
+    limit = time_limit_text(lease, now)
+    if limit:
+        lines.append(f"  time limit: {limit}")
     return lines
 
 

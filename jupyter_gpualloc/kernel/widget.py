@@ -1,32 +1,36 @@
-"""The ipywidgets view of this kernel's lease: slice, memory against the cap, idle countdown, buttons.
+"""The ipywidgets view of this kernel's lease: slice, memory against the cap, idle countdown, time
+limit, usage quotas, buttons.
 
 `display(LeaseView(...))` shows the widget in a notebook and its plain-text status in a terminal
-frontend (the view's mime bundle carries both). Release gives the slice back; Extend reports
-activity now, which restarts the idle countdown.
+frontend (the view's mime bundle carries both). Release gives the slice back; Keep active reports
+activity now, which restarts the idle countdown; Extend moves a time-boxed lease's deadline later
+(POST /leases/<id>/extend), and a refusal is one line in the view.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping
+from html import escape
+from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as widgets
 
 from .cuda_state import memory_used_mib
 from .sizes import format_duration
+from .extend import deadline_text, extend_lease
 from .status import cap_mechanism, describe_lease, error_line, idle_seconds_left, idle_text, memory_text, \
-    status_lines
+    status_lines, time_limit_text
 
 
 class LeaseView:
-    """One lease with Release and Extend buttons that call the service through `client`."""
+    """One lease with Release, Keep active and Extend buttons that call the service through `client`."""
 
     def __init__(self, client: Any, lease: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
                  in_effect: bool = True, frameworks: str = "",
                  memory_used: Callable[[], int | None] = memory_used_mib,
                  clock: Callable[[], float] = time.time,
-                 on_release: Callable[[dict], None] | None = None):
+                 on_release: Callable[[dict], None] | None = None, quotas: Sequence[str] = ()):
         self.client = client
         self.environ = os.environ if environ is None else environ
         self.in_effect = in_effect
@@ -34,21 +38,27 @@ class LeaseView:
         self.memory_used = memory_used
         self.clock = clock
         self.on_release = on_release
+        self.quotas = list(quotas)
         self.title = widgets.HTML()
         self.cap = widgets.Label()
         self.memory = widgets.FloatProgress(min=0.0, max=1.0, description="memory")
         self.memory_label = widgets.Label()
         self.idle = widgets.Label()
+        self.deadline = widgets.Label()
+        self.usage = widgets.HTML("<br>".join(f"usage: {escape(q)}" for q in self.quotas))
         self.message = widgets.Label()
         self.release_button = widgets.Button(description="Release", button_style="danger", icon="times",
                                              tooltip="Give the GPU slice back")
+        self.keep_button = widgets.Button(description="Keep active", icon="check",
+                                          tooltip="Count this kernel as active now: restarts the idle countdown")
         self.extend_button = widgets.Button(description="Extend", icon="clock",
-                                            tooltip="Count this kernel as active now: restarts the idle countdown")
+                                            tooltip="Move the time limit of this slice later")
         self.release_button.on_click(self._release)
+        self.keep_button.on_click(self._keep)
         self.extend_button.on_click(self._extend)
         self.widget = widgets.VBox([
-            self.title, self.cap, widgets.HBox([self.memory, self.memory_label]), self.idle,
-            widgets.HBox([self.release_button, self.extend_button]), self.message])
+            self.title, self.cap, widgets.HBox([self.memory, self.memory_label]), self.idle, self.deadline,
+            self.usage, widgets.HBox([self.release_button, self.keep_button, self.extend_button]), self.message])
         self.lease: dict = {}
         self.used_mib: int | None = None
         self.refresh(lease)
@@ -63,7 +73,10 @@ class LeaseView:
         slice_ = lease.get("slice")
         active = state in ("granted", "queued")
         self.release_button.disabled = not active
-        self.extend_button.disabled = state != "granted"
+        self.keep_button.disabled = state != "granted"
+        limit = time_limit_text(lease, now)
+        self.extend_button.disabled = not limit or not lease["deadline"]["extensions_left"]
+        self.deadline.value = f"time limit: {limit}" if limit else ""
         if state == "granted" and slice_:
             self.used_mib = self.memory_used() if self.in_effect else None
             self.cap.value = f"cap: {cap_mechanism(slice_, self.environ, self.frameworks)}"
@@ -93,7 +106,8 @@ class LeaseView:
         if self.lease["state"] not in ("granted", "queued"):
             return f"gpu: lease {self.lease['id']} {self.lease['state']}: {self.lease.get('reason', '')}"
         return "\n".join(status_lines(self.lease, now=self.clock(), in_effect=self.in_effect,
-                                      environ=self.environ, frameworks=self.frameworks, used_mib=self.used_mib))
+                                      environ=self.environ, frameworks=self.frameworks, used_mib=self.used_mib,
+                                      quotas=self.quotas))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         bundle = self.widget._repr_mimebundle_(**kwargs)
@@ -111,7 +125,7 @@ class LeaseView:
         if self.on_release is not None:
             self.on_release(lease)
 
-    def _extend(self, _button: widgets.Button) -> None:
+    def _keep(self, _button: widgets.Button) -> None:
         try:
             lease = self.client.touch(self.lease["id"], last_activity=self.clock())
         except Exception as err:  # shown in the view: a button must not raise into the comm
@@ -119,4 +133,13 @@ class LeaseView:
             return
         self.refresh(lease)
         left = self.idle_seconds_left
-        self.message.value = "extended" + (f": idle warning in {format_duration(left)}" if left else "")
+        self.message.value = "kept active" + (f": idle warning in {format_duration(left)}" if left else "")
+
+    def _extend(self, _button: widgets.Button) -> None:
+        try:
+            lease = extend_lease(self.client, self.lease["id"])
+        except Exception as err:  # shown in the view: a button must not raise into the comm
+            self.message.value = error_line(err)
+            return
+        self.refresh(lease)
+        self.message.value = f"extended {deadline_text(lease['deadline'], self.clock())}"

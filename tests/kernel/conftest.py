@@ -40,12 +40,12 @@ POLICY = 'c.SchedulerPolicy.quotas = {"carol": {"slices": 1}}\n'
 class Service:
     """One service process with its config, database and log in `workdir`."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, policy: str = POLICY):
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         config = workdir / "gpualloc_config.py"
-        config.write_text(f"c.GpuAllocService.api_tokens = {TOKENS!r}\n{POLICY}")
+        config.write_text(f"c.GpuAllocService.api_tokens = {TOKENS!r}\n{policy}")
         self.command = [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--port", str(self.port),
                         "--fleet", str(FLEET), "--db", f"sqlite:///{workdir / 'gpualloc.sqlite'}",
                         "-f", str(config), "--audit-log", ""]

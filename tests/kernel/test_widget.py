@@ -50,12 +50,13 @@ def test_over_the_cap_turns_the_bar_red(client, lease):
     assert view.memory.value == 1.0 and view.memory.bar_style == "danger"
 
 
-def test_extend_restarts_the_idle_countdown(service, client, lease):
+def test_keep_active_restarts_the_idle_countdown(service, client, lease):
     view = LeaseView(client, lease, environ={}, memory_used=lambda: None)
+    assert view.extend_button.disabled and view.deadline.value == ""  # no time limit in this policy
     time.sleep(1.1)  # let the countdown run down a little
     before = view.idle_seconds_left
-    click(view.extend_button)
-    assert re.fullmatch(r"extended: idle warning in (29m \d+s|30m)", view.message.value)
+    click(view.keep_button)
+    assert re.fullmatch(r"kept active: idle warning in (29m \d+s|30m)", view.message.value)
     assert view.idle_seconds_left > before
     assert service.call("GET", f"leases/{lease['id']}")["last_activity"] > lease["last_activity"]
 
@@ -65,7 +66,7 @@ def test_release_gives_the_slice_back_and_disables_the_buttons(service, client, 
     view = LeaseView(client, lease, environ={}, memory_used=lambda: None, on_release=forgotten.append)
     click(view.release_button)
     assert service.call("GET", f"leases/{lease['id']}")["state"] == "released"
-    assert view.release_button.disabled and view.extend_button.disabled
+    assert view.release_button.disabled and view.keep_button.disabled and view.extend_button.disabled
     assert view.message.value == "released shared 8 GiB on L4 (node0)"
     assert [ended["id"] for ended in forgotten] == [lease["id"]]
     assert view.text().startswith(f"gpu: lease {lease['id']} released")
@@ -76,7 +77,7 @@ def test_a_button_that_fails_says_so_in_the_view(service, client, lease):
     service.release_all()
     click(view.release_button)
     assert view.message.value == f"gpu: lease {lease['id']} has already ended"
-    click(view.extend_button)
+    click(view.keep_button)
     assert view.message.value == f"gpu: lease {lease['id']} has already ended"
 
 
@@ -90,13 +91,13 @@ def test_buttons_clicked_from_the_frontend_of_a_real_kernel(service, start_kerne
     kernel.run("%gpu request 4GB")
     [lease] = [held for held in service.leases() if held["holder"] == f"kernel:{kernel.kernel_id}"]
     status = kernel.run("%gpu status")
-    [extend] = widget_ids(status, "ButtonModel", description="Extend")
+    [keep] = widget_ids(status, "ButtonModel", description="Keep active")
     [release] = widget_ids(status, "ButtonModel", description="Release")
     [view_id] = [d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in status.displays]
     assert view_id in widget_ids(status, "VBoxModel")
 
     time.sleep(0.3)
-    kernel.collect(kernel.send_comm_msg(extend, {"method": "custom", "content": {"event": "click"}}))
+    kernel.collect(kernel.send_comm_msg(keep, {"method": "custom", "content": {"event": "click"}}))
     assert service.call("GET", f"leases/{lease['id']}")["last_activity"] > lease["last_activity"]
 
     clicked = kernel.collect(kernel.send_comm_msg(release, {"method": "custom", "content": {"event": "click"}}))
