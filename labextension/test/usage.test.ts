@@ -20,6 +20,8 @@ describe('usage quotas', () => {
     expect(formatHours(0)).toBe('0');
     expect(formatHours(0.254)).toBe('0.25');
     expect(formatHours(100.04)).toBe('100');
+    expect(formatHours(0.004)).toBe('< 0.01');
+    expect(formatHours(0.005)).toBe('0.01');
   });
 
   it('warns from 90% of the limit and is used up at the limit', () => {
@@ -33,7 +35,7 @@ describe('usage quotas', () => {
 
   it('shows a quota as a bar, the amount and the allocator sentence with its reset', () => {
     const view = quotaView(WEEK);
-    expect(view).toMatchObject({ title: 'My GPU-hours', percent: 31.25, state: 'ok', amount: '12.5 of 40 GPU-hours' });
+    expect(view).toMatchObject({ title: 'My quota', percent: 31.25, state: 'ok', amount: '12.5 of 40 GPU-hours' });
     expect(view.sentence).toBe(
       'You have used 12.50 of 40 GPU-hours this week (resets Mon 2026-12-07 00:00 UTC).'
     );

@@ -1,17 +1,20 @@
 """The GPUs panel in a real JupyterLab, driven by Debian's chromium through Playwright.
 
 JupyterLab runs in embedded mode on the simulated fleet of tests/server (an A100 with MIG made on
-demand, an L4 shared by memory caps) with a short idle policy. The test requests a slice for a
-notebook's kernel from the panel, sees it under My slices, in the fleet drawing and in the status
-bar, gets the idle-warning notification, runs the notebook as a GPU job from the file browser and
-sees it finish, releases the slice, and saves screenshots in the light and the dark theme under
-docs/img/.
+demand, an L4 shared by memory caps) with a short idle policy, time-boxed kernel slices and a weekly
+usage quota. The test requests a slice for a notebook's kernel from the panel, sees it under My
+slices, in the fleet drawing and in the status bar, sees its time limit and extends it from the
+deadline warning, sees the usage quota, gets the idle-warning notification, runs the notebook as a
+GPU job from the file browser and sees it finish, is refused a second extension while another
+request waits, releases the slice, sees the waiting slice released at its time limit, and saves
+screenshots in the light and the dark theme under docs/img/.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import urllib.error
@@ -34,11 +37,15 @@ CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token-123456"
 OFFERS = [
     {"name": "mig-1g.5gb", "label": "MIG 1g.5gb", "spec": {"kind": "mig", "profile": "1g.5gb"}},
-    {"name": "whole-a100", "label": "Whole A100", "spec": {"kind": "mig", "profile": "7g.40gb"}},
+    {"name": "whole-a100", "label": "Whole A100", "spec": {"kind": "mig", "profile": "7g.40gb"},
+     "max_duration": 20},
     {"name": "shared-8gb", "label": "Shared 8 GiB", "spec": {"kind": "shared", "memory_gib": 8, "model": "L4"}},
 ]
 IDLE_TIMEOUT = 6.0
 IDLE_GRACE = 300.0
+# kernels' slices last 15 minutes and are warned at once; each extension adds 10 minutes
+DEADLINES = {"max_duration": {"kernel": 900}, "deadline_warning": 895, "max_extensions": 2, "extension": 600}
+USAGE_QUOTAS = {"*": {"gpu_hours": 1, "window": "calendar_week"}}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -65,7 +72,8 @@ class JupyterLabProcess:
             "GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{workdir / 'gpualloc.sqlite'}",
                                   "process_dir": str(workdir / "gpu-processes"),
                                   "tick_interval": 0.5, "report_interval": 0.5, "job_poll_interval": 0.5},
-            "SchedulerPolicy": {"offers": OFFERS, "idle_timeout": IDLE_TIMEOUT, "idle_grace": IDLE_GRACE},
+            "SchedulerPolicy": {"offers": OFFERS, "idle_timeout": IDLE_TIMEOUT, "idle_grace": IDLE_GRACE,
+                                "usage_quotas": USAGE_QUOTAS, **DEADLINES},
         }))
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("GPUALLOC_", "JUPYTERHUB_", "JUPYTER"))}
         self.env = {**clean, "JUPYTER_CONFIG_DIR": str(config_dir), "JUPYTER_DATA_DIR": str(workdir / "data"),
@@ -224,11 +232,37 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
         timeout=30_000)
     assert "3.0 / 4.8 GiB used" in mine.inner_text()
 
-    # idle past the policy's timeout: the warning arrives as a notification with Extend, and a countdown
+    # a time-boxed slice: its time limit in its row; the deadline warning is a notification with Extend
+    limit = mine.locator(".jp-gpualloc-deadline")
+    limit.wait_for()
+    assert re.search(r"time limit: 1[45]:\d\d left · 2 extensions left", limit.inner_text()), limit.inner_text()
+    deadline_toast = page.locator(".Toastify__toast", has_text="reaches its time limit")
+    deadline_toast.wait_for(timeout=30_000)
+    assert "train.ipynb" in deadline_toast.inner_text()
+    mine.locator('.jp-gpualloc-deadline[data-warned="true"]').wait_for(timeout=30_000)
+    before = lab.call("GET", "gpualloc/api/slices")[1]["slices"][0]["deadline"]
+    assert before["warned_at"] is not None and before["extensions_left"] == 2
+    deadline_toast.get_by_role("button", name="Extend").click()
+    deadline_toast.wait_for(state="detached", timeout=30_000)
+    page.locator(".Toastify__toast", has_text="train.ipynb was extended until").wait_for(timeout=30_000)
+    mine.locator('.jp-gpualloc-deadline[data-warned="false"][data-extensions-left="1"]').wait_for(timeout=30_000)
+    after = lab.call("GET", "gpualloc/api/slices")[1]["slices"][0]["deadline"]
+    assert after["at"] == pytest.approx(before["at"] + DEADLINES["extension"]) and after["extensions_left"] == 1
+    assert "1 extension left" in limit.inner_text()
+
+    # my usage against the weekly quota: a bar, what is used of the limit and when it resets
+    quota = panel.locator(".jp-gpualloc-quota")
+    quota.wait_for(timeout=30_000)
+    assert quota.get_attribute("data-state") == "ok"
+    assert re.search(r"You have used \d+\.\d\d of 1 GPU-hours this week \(resets Mon \d{4}-\d\d-\d\d 00:00 UTC\)",
+                     quota.inner_text()), quota.inner_text()
+    assert quota.get_by_role("meter").get_attribute("aria-valuenow") is not None
+
+    # idle past the policy's timeout: the warning arrives as a notification with Keep, and a countdown
     toast = page.locator(".Toastify__toast", has_text="idle")
     toast.wait_for(timeout=(IDLE_TIMEOUT + 30) * 1000)
     assert "train.ipynb" in toast.inner_text()  # the notification names the notebook, not the kernel id
-    assert toast.get_by_role("button", name="Extend").count() == 1
+    assert toast.get_by_role("button", name="Keep").count() == 1
     countdown = panel.locator(".jp-gpualloc-countdown")
     countdown.wait_for()
     assert "released in" in countdown.inner_text()
@@ -273,11 +307,11 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     panel.get_by_role("button", name="Cancel slow.ipynb").click()
     panel.locator('.jp-gpualloc-job[data-state="cancelled"]').wait_for(timeout=60_000)
 
-    # Extend clears the warning; Release ends the lease
+    # Keep clears the idle warning; Release ends the lease
     # one idle-warning notification per slice: a warning that was cleared closed its notification
     page.wait_for_function("() => [...document.querySelectorAll('.Toastify__toast')]"
                            ".filter(t => t.textContent.includes('idle')).length === 1", timeout=10_000)
-    page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Extend").click()
+    page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Keep").click()
     countdown.wait_for(state="detached", timeout=30_000)
     # every control of the panel is reachable from the keyboard and has a name; Release by keyboard
     unlabelled = panel.evaluate("""el => [...el.querySelectorAll('button, select, [tabindex]')]
@@ -296,6 +330,10 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     queued.wait_for(timeout=30_000)
     assert "slow.ipynb" in queued.inner_text() and "position 1 in the queue" in queued.inner_text()
     assert queued.get_by_role("button", name="Cancel the request for slow.ipynb").count() == 1
+    # while a request waits, a slice is not extended: the refusal is a notification in plain words
+    panel.get_by_role("button", name="Extend the time limit of train.ipynb").click()
+    page.locator(".Toastify__toast", has_text="Not extended: others are waiting for GPUs").wait_for(timeout=30_000)
+    assert lab.call("GET", "gpualloc/api/slices")[1]["slices"][0]["deadline"]["extensions_left"] == 1
 
     # Release train.ipynb's slice from the keyboard (its kernel has let go of the GPU memory first:
     # a MIG instance with a process on it cannot be destroyed): the waiting request gets the GPU
@@ -312,3 +350,12 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     assert panel.locator('.jp-gpualloc-block[data-owner="mine"]').get_attribute("data-size") == "8"
     [held] = lab.call("GET", "gpualloc/api/slices")[1]["slices"]
     assert held["state"] == "granted" and held["slice"]["profile"] == "7g.40gb"
+    assert held["deadline"]["at"] == pytest.approx(held["granted_at"] + 20)  # the offer's own max_duration
+
+    # the whole A100 is time-boxed to 20 s by its offer: released at its limit, told and listed
+    page.locator(".Toastify__toast", has_text="reached its maximum duration of 20s").wait_for(timeout=60_000)
+    mine.wait_for(state="detached", timeout=30_000)
+    ended = panel.locator(".jp-gpualloc-ended li", has_text="slow.ipynb")
+    assert "released at its time limit" in ended.inner_text()
+    assert "train.ipynb: released" in panel.locator(".jp-gpualloc-ended").inner_text()
+    assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []

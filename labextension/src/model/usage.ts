@@ -9,7 +9,7 @@ export type QuotaState = 'ok' | 'warning' | 'exceeded';
 
 export interface QuotaView {
   key: string;
-  /** "My GPU-hours" or "Group students". */
+  /** "My quota" or "Group students". */
   title: string;
   /** How full the bar is, 0 to 100. */
   percent: number;
@@ -20,8 +20,11 @@ export interface QuotaView {
   sentence: string;
 }
 
-/** 12.5 -> "12.5", 0.25 -> "0.25", 40 -> "40": two significant decimals below 10 hours, one above. */
+/** 12.5 -> "12.5", 0.25 -> "0.25", 40 -> "40", 0.004 -> "< 0.01": two decimals below 10 hours, one above. */
 export function formatHours(hours: number): string {
+  if (hours > 0 && hours < 0.005) {
+    return '< 0.01';
+  }
   const text = hours < 10 ? hours.toFixed(2) : hours.toFixed(1);
   return text.replace(/\.?0+$/, '') || '0';
 }
@@ -39,7 +42,7 @@ export function quotaView(quota: UsageQuota, warnFraction = USAGE_WARN_FRACTION)
   const sentence = quota.message.charAt(0).toUpperCase() + quota.message.slice(1);
   return {
     key: `${quota.scope}:${quota.who}:${quota.window}`,
-    title: quota.scope === 'user' ? 'My GPU-hours' : `Group ${quota.who}`,
+    title: quota.scope === 'user' ? 'My quota' : `Group ${quota.who}`,
     percent,
     state: quotaState(quota.gpu_hours, quota.limit, warnFraction),
     amount: `${formatHours(quota.gpu_hours)} of ${formatHours(quota.limit)} GPU-hours`,
