@@ -2,8 +2,13 @@
 
 The fleet comes from a fleet file (see core/fleet.py). MIG instances follow the driver's geometry
 (mig.legal_starts), get new UUIDs each time they are created and driver-like GI ids. Like a real
-GPU's, the MIG layout outlives the process that changed it when a `state_file` is given (the
-layout is kept there as JSON); without one, created instances live in memory only.
+GPU's, the MIG layout outlives the process that changed it when a `state_file` is given; without
+one, created instances live in memory only. The state file is a JSON snapshot plus an append-only
+journal beside it (`<state_file>.journal`, one JSON line per instance change, numbered): a change
+costs one append, and the journal is folded into a new snapshot (written aside, then renamed)
+every `COMPACT_AFTER` changes and at start. A process killed mid-append leaves a torn last line,
+which is not a change (its caller never heard of it) and is dropped; one killed between a new
+snapshot and the journal's truncation leaves records the snapshot already holds, skipped by number.
 
 Per-process GPU memory is simulated with files, so the watchdog can be tested with real
 processes: each process writes `<pid>.json` (`{"gpu_uuid": ..., "mig_uuid": ..., "used_mib": N}`)
@@ -32,6 +37,9 @@ from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
 from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess, GpuUtilization
 
 
+COMPACT_AFTER = 1000
+
+
 class SimulatedBackend(DeviceBackend):
     """GPUs described by a fleet file, behaving like the real driver."""
 
@@ -49,26 +57,80 @@ class SimulatedBackend(DeviceBackend):
         self.process_dir = Path(process_dir) if process_dir is not None else None
         self.state_file = Path(state_file) if state_file is not None else None
         self._lock = threading.Lock()
-        if self.state_file is not None and self.state_file.exists():
+        self._seq = 0  # number of the last instance change recorded in the state file
+        self._journaled = 0  # changes in the journal since the last snapshot
+        self._journal_fd: int | None = None
+        if self.state_file is not None:
             self._load_state()
 
-    def _load_state(self) -> None:
-        """Take the MIG layouts (and UUID counters) a previous process left in the state file."""
-        state = json.loads(self.state_file.read_text(encoding="utf-8"))
-        for gpu_uuid, entry in state.items():
-            gpu = self._gpus.get(gpu_uuid)
-            if gpu is not None and gpu.mig_mode is not MigMode.OFF:
-                gpu.instances = [MigInstance(**i) for i in entry["instances"]]
-                self._created[gpu_uuid] = entry["created"]
+    @property
+    def journal_file(self) -> Path | None:
+        return None if self.state_file is None else self.state_file.with_name(self.state_file.name + ".journal")
 
-    def _save_state(self) -> None:
-        if self.state_file is None:
+    def _load_state(self) -> None:
+        """Take the MIG layouts (and UUID counters) a previous process left: the snapshot, then the
+        journal's newer changes up to its first incomplete line; then fold them into a new snapshot."""
+        if self.state_file.exists():
+            state = json.loads(self.state_file.read_text(encoding="utf-8"))
+            self._seq = state.pop("seq", 0)
+            for gpu_uuid, entry in (state["gpus"] if "gpus" in state else state).items():  # or a pre-journal file
+                gpu = self._gpus.get(gpu_uuid)
+                if gpu is not None and gpu.mig_mode is not MigMode.OFF:
+                    gpu.instances = [MigInstance(**i) for i in entry["instances"]]
+                    self._created[gpu_uuid] = entry["created"]
+        if self.journal_file.exists():
+            for line in self.journal_file.read_bytes().split(b"\n")[:-1]:  # the last piece is torn or empty
+                try:
+                    change = json.loads(line)
+                except ValueError:
+                    break
+                if change["seq"] > self._seq:
+                    self._replay(change)
+                    self._seq = change["seq"]
+        self._snapshot()
+
+    def _replay(self, change: dict) -> None:
+        gpu = self._gpus.get(change["gpu"])
+        if gpu is None or gpu.mig_mode is MigMode.OFF:
             return
-        state = {u: {"instances": [vars(i) for i in g.instances], "created": self._created[u]}
-                 for u, g in self._gpus.items() if g.mig_mode is not MigMode.OFF}
+        if change["op"] == "create":
+            gpu.instances.append(MigInstance(**change["instance"]))
+            self._created[gpu.uuid] = change["created"]
+        else:
+            gpu.instances = [i for i in gpu.instances if i.uuid != change["uuid"]]
+
+    def _snapshot(self) -> None:
+        """Write every MIG GPU's layout aside, rename it over the state file, empty the journal."""
+        state = {"seq": self._seq, "gpus": {
+            u: {"instances": [vars(i) for i in g.instances], "created": self._created[u]}
+            for u, g in self._gpus.items() if g.mig_mode is not MigMode.OFF}}
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, self.state_file)
+        os.ftruncate(self._journal(), 0)
+        self._journaled = 0
+
+    def _journal(self) -> int:
+        if self._journal_fd is None:
+            self._journal_fd = os.open(self.journal_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self._journal_fd
+
+    def _record(self, change: dict) -> None:
+        """Append one instance change to the journal (a snapshot every COMPACT_AFTER of them)."""
+        if self.state_file is None:
+            return
+        self._seq += 1
+        data = (json.dumps({"seq": self._seq, **change}) + "\n").encode()
+        while data:
+            data = data[os.write(self._journal(), data):]
+        self._journaled += 1
+        if self._journaled >= COMPACT_AFTER:
+            self._snapshot()
+
+    def close(self) -> None:
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
 
     @property
     def can_change_mig(self) -> bool:
@@ -109,7 +171,7 @@ class SimulatedBackend(DeviceBackend):
                 start=start, size=profile.memory_slices,
                 gi_id=smallest_free_id({i.gi_id for i in gpu.instances}), ci_id=0)
             gpu.instances.append(instance)
-            self._save_state()
+            self._record({"op": "create", "gpu": gpu_uuid, "instance": vars(instance), "created": counter + 1})
             return copy.copy(instance)
 
     def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
@@ -123,7 +185,7 @@ class SimulatedBackend(DeviceBackend):
                         raise DeviceError(f"In use by another client: MIG instance {mig_uuid} is used "
                                           f"by process(es) {', '.join(map(str, users))}")
                     del gpu.instances[n]
-                    self._save_state()
+                    self._record({"op": "destroy", "gpu": gpu_uuid, "uuid": mig_uuid})
                     return
         raise DeviceError(f"GPU {gpu_uuid} has no MIG instance {mig_uuid}")
 

@@ -228,3 +228,104 @@ def test_utilization_per_process_from_its_report_or_its_gpus_pattern(tmp_path):
         for child in children:
             child.communicate("done\n", timeout=20)
     assert (l4, None) not in {(u.gpu_uuid, u.mig_uuid) for u in backend.utilization(now=0)}
+
+
+# A loop of MIG changes on one GPU with a state file, printing each layout once its change returned.
+CHURN = """
+import json, sys
+from jupyter_gpualloc.core.devices import simulated
+simulated.COMPACT_AFTER = int(sys.argv[3])
+backend = simulated.SimulatedBackend(json.loads(sys.argv[1]), state_file=sys.argv[2])
+for layout in churn(backend):
+    print(json.dumps(layout), flush=True)
+"""
+ONE_A100 = {"nodes": [{"name": "n", "cpu_milli": 8000, "memory_mib": 32768, "gpus": [
+    {"model": "A100-SXM4-40GB", "mig": "dynamic"}]}]}
+
+
+def churn(backend, steps=None):
+    """Create and destroy 1g.5gb instances in a fixed order; yields the layout after each change."""
+    gpu = backend.discover()[0].gpus[0].uuid
+    held, k = {}, 0
+    while steps is None or k < steps:
+        start = (k * 3) % 7
+        if start in held:
+            backend.destroy_mig_instance(gpu, held.pop(start))
+        else:
+            held[start] = backend.create_mig_instance(gpu, 19, start).uuid
+        k += 1
+        yield sorted(held.items())
+
+
+def layout(backend):
+    return [[i.start, i.uuid] for i in sorted(backend.discover()[0].gpus[0].instances, key=lambda i: i.start)]
+
+
+@pytest.mark.parametrize("compact_after", [1000, 3])
+def test_sigkill_at_any_moment_loses_no_acknowledged_mig_change(tmp_path, compact_after):
+    import inspect
+    import random
+    import signal
+    import textwrap
+    import threading
+    import time
+
+    source = textwrap.dedent(inspect.getsource(churn))
+    rng = random.Random(compact_after)
+    for attempt in range(6):
+        state = tmp_path / f"mig{attempt}.json"
+        child = subprocess.Popen([sys.executable, "-c", source + CHURN, json.dumps(ONE_A100), str(state),
+                                  str(compact_after)], stdout=subprocess.PIPE, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(child.stdout))  # the child never waits on us
+        reader.start()
+        while not lines and child.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=20)
+        reader.join(timeout=20)
+        acknowledged = len(lines)
+        expected = [[]] + [[list(x) for x in step] for step in churn(SimulatedBackend(ONE_A100), acknowledged + 1)]
+        assert json.loads(lines[-1]) == expected[acknowledged]
+        found = layout(SimulatedBackend(ONE_A100, state_file=state))
+        assert found in (expected[acknowledged], expected[acknowledged + 1]), (attempt, acknowledged)
+        # and the state goes on from there: one more change, then a restart, shows it
+        again = SimulatedBackend(ONE_A100, state_file=state)
+        gpu = again.discover()[0].gpus[0].uuid
+        if found:
+            again.destroy_mig_instance(gpu, found[0][1])
+            after = found[1:]
+        else:
+            after = [[0, again.create_mig_instance(gpu, 19, 0).uuid]]
+        assert layout(SimulatedBackend(ONE_A100, state_file=state)) == after
+
+
+def test_a_torn_journal_line_is_no_change_and_a_replayed_snapshot_record_is_skipped(tmp_path):
+    state = tmp_path / "mig.json"
+    backend = SimulatedBackend(ONE_A100, state_file=state)
+    gpu = uuids(backend)[0]
+    first = backend.create_mig_instance(gpu, 19, 0)
+    journal = backend.journal_file.read_bytes()
+    assert journal.count(b"\n") == 1 and json.loads(state.read_text())["seq"] == 0
+    with backend.journal_file.open("ab") as f:
+        f.write(b'{"seq": 2, "op": "create", "gpu": "' + gpu.encode() + b'", "inst')  # killed mid-append
+    restarted = SimulatedBackend(ONE_A100, state_file=state)
+    assert layout(restarted) == [[0, first.uuid]]
+    assert restarted.journal_file.read_bytes() == b"" and json.loads(state.read_text())["seq"] == 1
+    second = restarted.create_mig_instance(gpu, 19, 1)  # appended after the dropped tail, not onto it
+    # killed after a new snapshot but before the journal was emptied: its records are in the snapshot
+    restarted._snapshot()
+    restarted.journal_file.write_bytes(journal)
+    assert layout(SimulatedBackend(ONE_A100, state_file=state)) == [[0, first.uuid], [1, second.uuid]]
+
+
+def test_a_state_file_written_before_the_journal_is_read(tmp_path):
+    backend = SimulatedBackend(ONE_A100)
+    gpu = uuids(backend)[0]
+    made = backend.create_mig_instance(gpu, 19, 2)
+    state = tmp_path / "mig.json"
+    state.write_text(json.dumps({gpu: {"instances": [vars(made)], "created": 1}}))
+    loaded = SimulatedBackend(ONE_A100, state_file=state)
+    assert layout(loaded) == [[2, made.uuid]]
+    assert loaded.create_mig_instance(gpu, 19, 3).uuid != made.uuid  # the UUID counter carried over
