@@ -2,13 +2,16 @@
 
 The GPU choice is one field, `gpu`, beside whatever the spawner's own form offers (e.g.
 KubeSpawner's `profile`): `render_form` lists the service's offers (with how many are free now,
-and those the user's quota can never allow greyed out) as radio buttons; `gpu_from_form` reads
+how long a time-boxed one lasts, and those the user's quota can never allow, or a used-up usage
+quota refuses now, greyed out) as radio buttons, under where the user stands against their usage
+quotas; `gpu_from_form` reads
 the submitted field; `chosen_name` and `choose_offer` check `user_options["gpu"]` however it
 arrived (form or REST API). Nothing here talks to JupyterHub or the service.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from html import escape
 from typing import Any, Iterable, Mapping
 
@@ -25,10 +28,41 @@ def no_gpu_offer(label: str = "No GPU") -> dict[str, Any]:
     return {"name": NO_GPU, "label": label, "spec": None, "idle_timeout": None, "available": None}
 
 
-def availability(offer: Mapping[str, Any]) -> str:
-    """'over your quota: ...', '3 free now', 'none free now: you will wait in the queue', or ''."""
+def hours_text(seconds: float) -> str:
+    """14400 -> '4 h', 5400 -> '1 h 30 min', 600 -> '10 min'."""
+    hours, minutes = divmod(int(round(seconds / 60)), 60)
+    return " ".join(part for part in (f"{hours} h" if hours else "", f"{minutes} min" if minutes else "")
+                    if part) or f"{seconds:g} s"
+
+
+def clock_text(at: float, now: float) -> str:
+    """A moment for people: '14:00 UTC' on now's UTC day, else 'Fri 02:00 UTC' (or the date, further off)."""
+    moment, today = datetime.fromtimestamp(at, timezone.utc), datetime.fromtimestamp(now, timezone.utc)
+    if moment.date() == today.date():
+        return moment.strftime("%H:%M UTC")
+    return moment.strftime("%a %H:%M UTC" if abs(at - now) < 6 * 86400 else "%Y-%m-%d %H:%M UTC")
+
+
+def time_box(offer: Mapping[str, Any]) -> str:
+    """'up to 4 h, extendable 2x', 'up to 4 h, not extendable', or '' for an offer without a time limit."""
+    limit = offer.get("max_duration")
+    if not limit:
+        return ""
+    extensions = offer.get("max_extensions") or 0
+    return f"up to {hours_text(limit)}, " + (f"extendable {extensions}x" if extensions else "not extendable")
+
+
+def refusal(offer: Mapping[str, Any]) -> str:
+    """Why the user cannot choose this offer now ('' when they can)."""
     if offer.get("over_quota"):
         return f"over your quota: {offer['over_quota']}"
+    if offer.get("over_usage_quota"):
+        return f"usage quota used up: {offer['over_usage_quota']}"
+    return ""
+
+
+def availability(offer: Mapping[str, Any]) -> str:
+    """'3 free now', 'none free now: you will wait in the queue', or '' (no count: No GPU)."""
     free = offer.get("available")
     if free is None:
         return ""
@@ -37,22 +71,28 @@ def availability(offer: Mapping[str, Any]) -> str:
     return f"{free} free now"
 
 
+def offer_note(offer: Mapping[str, Any]) -> str:
+    """What the form says after an offer's label: why it is refused, else what is free and its time limit."""
+    return refusal(offer) or "; ".join(part for part in (availability(offer), time_box(offer)) if part)
+
+
 def render_form(offers: Iterable[Mapping[str, Any]], selected: str | None = None, *,
-                message: str = "") -> str:
+                message: str = "", standing: Iterable[str] = ()) -> str:
     """The HTML snippet JupyterHub puts inside its spawn form: one radio button per offer.
 
-    Offers the user's quota can never allow are shown disabled, with the limit.
+    Offers the user's quota can never allow, or a used-up usage quota refuses now, are shown
+    disabled with the reason; `standing` (one sentence per usage quota) is shown above them.
     """
     offers = list(offers)
-    choosable = [o["name"] for o in offers if not o.get("over_quota")]
+    choosable = [o["name"] for o in offers if not refusal(o)]
     if selected not in choosable:
         selected = choosable[0] if choosable else None
     rows = []
     for i, offer in enumerate(offers):
         ident = f"gpualloc-offer-{i}"
         checked = " checked" if offer["name"] == selected else ""
-        disabled = " disabled" if offer.get("over_quota") else ""
-        note = availability(offer)
+        disabled = " disabled" if refusal(offer) else ""
+        note = offer_note(offer)
         note_html = f' <small class="text-muted">({escape(note)})</small>' if note else ""
         rows.append(
             f'<div class="form-check">'
@@ -62,7 +102,8 @@ def render_form(offers: Iterable[Mapping[str, Any]], selected: str | None = None
             f'{escape(offer["label"])}{note_html}</label>'
             f'</div>')
     intro = f'<p class="text-muted">{escape(message)}</p>' if message else ""
-    return (f'<fieldset class="gpualloc-offers mb-3"><legend>GPU for this server</legend>{intro}'
+    usage = "".join(f'<p class="gpualloc-usage small">GPU usage: {escape(line)}</p>' for line in standing)
+    return (f'<fieldset class="gpualloc-offers mb-3"><legend>GPU for this server</legend>{intro}{usage}'
             + "".join(rows) + "</fieldset>")
 
 

@@ -72,6 +72,10 @@ class ServiceLink:
     async def offers(self) -> list[dict]:
         return await self.client.offers()
 
+    async def usage_quotas(self) -> list[dict]:
+        """Where the user stands against each of their usage quotas (GET /usage's `quotas`)."""
+        return (await self.client.usage())["quotas"]
+
     async def submit(self, spec: Mapping[str, Any], holder: str, *, idle_timeout: float | None = None,
                      wait: float | None = None) -> dict:
         """An interactive lease for `holder`: granted, or queued (wait None) / long-polled (wait N)."""

@@ -9,8 +9,10 @@
   starts.
 - *No GPU* never contacts the service: a hub whose allocator is down, not configured, or not
   granted to a user keeps starting servers without a GPU (the form says why).
+- The form also says where the user stands against their usage quotas and how long a time-boxed
+  offer lasts; offers a used-up usage quota refuses are greyed out with the sentence.
 - `start()` submits a `server` lease and waits while it is queued, reporting the queue position
-  through `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's
+  (and, once granted, the slice's deadline) through `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's
   quota, it withdraws the lease and raises SpawnException(reason="capacity", 503).
 - The server's env gets the slice (see env.slice_env) and the service URL; the lease id is kept
   in the spawner's state, heartbeats keep the lease alive while the server runs (and resume
@@ -55,7 +57,21 @@ QUOTA_ADVICE = {
     "slices": "Stop another server or kernel that holds a GPU slice.",
     "memory_gib": "Stop another server or kernel that holds a GPU slice, or choose a smaller one.",
     "whole_gpus": "Stop another server or kernel that holds a whole GPU, or choose a slice.",
+    "gpu_hours": "Until then, choose No GPU.",
 }
+
+
+def deadline_message(lease: dict, now: float) -> str:
+    """'GPU slice held until 14:00 UTC (4 h); extend with %gpu extend or the sidebar' for a
+    time-boxed lease; '' for one without a deadline."""
+    deadline = lease.get("deadline")
+    if not deadline:
+        return ""
+    held = deadline["at"] - (lease.get("granted_at") or now)
+    text = f"GPU slice held until {form.clock_text(deadline['at'], now)} ({form.hours_text(held)})"
+    if deadline.get("extensions_left"):
+        return f"{text}; extend with %gpu extend or the sidebar"
+    return f"{text}; it cannot be extended"
 
 
 class AllocatorNotConfigured(Exception):
@@ -216,6 +232,7 @@ class GPUSpawnerMixin(Spawner):
         message = ""
         only_no_gpu = [form.no_gpu_offer(self.gpu_no_gpu_label)] if self.gpu_no_gpu_offer else []
         until = "only servers without a GPU can start" if self.gpu_no_gpu_offer else "no server can start"
+        standing: list[str] = []
         try:
             offers = await self.gpu_offers()
         except AllocatorNotConfigured:
@@ -227,7 +244,20 @@ class GPUSpawnerMixin(Spawner):
             self.log.warning("GPU offers for %s: %s", self._log_name, err,
                              exc_info=not isinstance(err, ServiceUnavailable))
             offers, message = only_no_gpu, f"The GPU allocator is not answering right now: {until}."
-        return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message)
+        else:
+            standing = await self.gpu_usage_standing()
+        return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message,
+                                            standing=standing)
+
+    async def gpu_usage_standing(self) -> list[str]:
+        """One sentence per usage quota of the user ('you have used 12.50 of 40 GPU-hours this week
+        (resets ...)'); none when the service does not say (logged: the form works without them)."""
+        try:
+            return [quota["message"] for quota in await self.gpu_link().usage_quotas()]
+        except Exception as err:  # the offers came; a missing usage line must not break the form
+            self.log.warning("GPU usage quotas for %s: %s", self._log_name, err,
+                             exc_info=not isinstance(err, (GpuAllocError, PermissionError)))
+            return []
 
     @default("options_from_form")
     def _gpu_options_from_form_default(self):
@@ -278,6 +308,9 @@ class GPUSpawnerMixin(Spawner):
         if offer.get("over_quota"):
             raise spawn_error(f"Your quota never allows {offer['label']}: {offer['over_quota']}. "
                               "Choose a smaller one, or ask an administrator for a larger quota.", "quota", 403)
+        if offer.get("over_usage_quota"):
+            raise spawn_error(f"You cannot have {offer['label']} now: {offer['over_usage_quota']}. "
+                              f"{QUOTA_ADVICE['gpu_hours']}", "quota", 403)
         return offer
 
     # ------------------------------------------------------------ progress
@@ -406,6 +439,11 @@ class GPUSpawnerMixin(Spawner):
             where = slice_.get("mig_uuid") or ", ".join(slice_["gpu_uuids"])
             self._gpu_progress(f"granted a {what} after {waited:.0f} s ({where} on {slice_['node']})", 40)
             self._gpu_granted = f"on your {what}"
+            now = time.time()
+            held = deadline_message(lease, now)
+            if held:
+                self._gpu_progress(held, 45)
+                self._gpu_granted += f", held until {form.clock_text(lease['deadline']['at'], now)}"
             return lease
         except BaseException:
             await self.release_slice("withdrawn: the server did not start")

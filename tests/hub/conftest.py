@@ -49,14 +49,14 @@ class DemoHub:
     """One JupyterHub process running the demo config (or `command`), with its proxy, service and servers."""
 
     def __init__(self, workdir: Path, *, start_timeout: int = 60, command: list[str] | None = None,
-                 extra_config: str = ""):
+                 extra_config: str = "", service_config: str = ""):
         self.workdir = Path(workdir)
         self.command = command or [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(CONFIG)]
         self.port, self.hub_port = free_port(), free_port()
         self.proxy_api_port, self.service_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_token = secrets.token_hex(16)
-        (self.workdir / "service_extra.py").write_text(SERVICE_CONFIG)
+        (self.workdir / "service_extra.py").write_text(SERVICE_CONFIG + service_config)
         (self.workdir / "hub_extra.py").write_text(EXTRA_CONFIG.format(
             name=ADMIN_SERVICE, token=self.admin_token, start_timeout=start_timeout) + extra_config)
         self.proc: subprocess.Popen | None = None

@@ -115,3 +115,28 @@ def test_user_options_must_name_an_offer():
     for message, options in {"must be the name of a GPU offer": {"gpu": 3}, "must be an object": ["gpu"]}.items():
         with pytest.raises(form.OptionsError, match=message):
             form.chosen_name(options)
+
+
+def test_form_shows_the_time_limit_and_the_usage_standing():
+    offers = [form.no_gpu_offer(), OFFERS[1] | {"max_duration": 14400, "max_extensions": 2},
+              OFFERS[2] | {"max_duration": 5400, "max_extensions": 0}]
+    html = form.render_form(offers, standing=["you have used 12.50 of 40 GPU-hours this week"])
+    assert '<p class="gpualloc-usage small">GPU usage: you have used 12.50 of 40 GPU-hours this week</p>' in html
+    assert "(4 free now; up to 4 h, extendable 2x)" in html
+    assert "(none free now: you will wait in the queue; up to 1 h 30 min, not extendable)" in html
+
+
+def test_form_greys_out_every_gpu_offer_a_used_up_usage_quota_refuses():
+    used_up = "you have used 40.00 of 40 GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)"
+    offers = [form.no_gpu_offer()] + [o | {"over_usage_quota": used_up} for o in OFFERS[1:3]]
+    html = form.render_form(offers, "mig-1g.10gb")
+    assert html.count(" disabled>") == 2 and 'value="none" checked' in html
+    assert f"(usage quota used up: {used_up})" in html
+
+
+def test_moments_and_durations_read_plainly():
+    monday_noon = 1796644800.0  # 2026-12-07 12:00 UTC, a Monday
+    assert form.clock_text(monday_noon + 7200, monday_noon) == "14:00 UTC"
+    assert form.clock_text(monday_noon + 14 * 3600, monday_noon) == "Tue 02:00 UTC"
+    assert form.clock_text(monday_noon + 30 * 86400, monday_noon) == "2027-01-06 12:00 UTC"
+    assert [form.hours_text(s) for s in (14400, 5400, 600)] == ["4 h", "1 h 30 min", "10 min"]

@@ -1,0 +1,72 @@
+"""The spawn form's usage standing and time limits, and the progress page's deadline, on the demo
+config's real JupyterHub with a policy of time-boxed servers and usage quotas."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import Browser, DemoHub
+
+POLICY = """
+c.SchedulerPolicy.max_duration = {"server": 14400}
+c.SchedulerPolicy.max_extensions = 2
+c.SchedulerPolicy.usage_quotas = {"*": {"gpu_hours": 40, "window": "calendar_week"},
+                                  "erin": {"gpu_hours": 0, "window": "calendar_week"}}
+"""
+# the spawn request answers at once, so the progress page is read while the server starts
+HUB = """
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+"""
+RESETS = r"\(resets Mon \d{4}-\d\d-\d\d 00:00 UTC\)"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    hub = DemoHub(tmp_path_factory.mktemp("time-and-usage-hub"), service_config=POLICY, extra_config=HUB).start()
+    try:
+        yield hub
+    finally:
+        hub.stop()
+        hub.kill_servers()
+
+
+def test_the_form_shows_where_the_user_stands_and_how_long_each_offer_lasts(hub):
+    alice = Browser(hub, "alice")
+    alice.login()
+    html = alice.spawn_form()
+    assert re.search(rf'<p class="gpualloc-usage small">GPU usage: you have used 0\.00 of 40 GPU-hours this week '
+                     rf'{RESETS}</p>', html), html
+    assert ('MIG 1g.10gb on A100 80GB <small class="text-muted">(14 free now; up to 4 h, extendable 2x)</small>'
+            in html)
+    assert 'value="mig-1g.10gb" checked' not in html and 'value="none" checked' in html
+
+
+def test_offers_a_used_up_usage_quota_refuses_are_greyed_out_with_the_sentence(hub):
+    erin = Browser(hub, "erin")
+    erin.login()
+    html = erin.spawn_form()
+    sentence = rf"you have used 0\.00 of 0 GPU-hours this week {RESETS}"
+    assert re.search(rf"GPU usage: {sentence}</p>", html), html
+    greyed = re.findall(r'value="([^"]+)" disabled>', html)
+    assert "none" not in greyed and {"mig-1g.10gb", "whole-h100", "shared-8gb-l4"} <= set(greyed)
+    assert re.search(rf'Whole H100 <small class="text-muted">\(usage quota used up: {sentence}\)</small>', html)
+    reply = hub.api("POST", "/users/erin/server", {"user_options": {"gpu": "whole-h100"}}, token=hub.token("erin"))
+    assert reply.status_code == 202, reply.text  # refused while starting: the progress page says why
+    failed = hub.progress("erin", until="Spawn failed")[-1]
+    assert failed["failed"] and re.fullmatch(
+        rf"Spawn failed: You cannot have Whole H100 now: {sentence}\. Until then, choose No GPU\.", failed["message"])
+
+
+def test_the_progress_page_shows_the_slices_deadline(hub):
+    reply = hub.api("POST", "/users/alice/server", {"user_options": {"gpu": "mig-1g.10gb"}}, token=hub.token("alice"))
+    assert reply.status_code == 202, reply.text
+    events = hub.progress("alice", until="GPU slice held until")
+    assert re.fullmatch(r"GPU slice held until (\w{3} )?\d\d:\d\d UTC \(4 h\); extend with %gpu extend or the sidebar",
+                        events[-1]["message"]), events
+    server = hub.wait_ready("alice")
+    lease = next(l for l in hub.leases() if l["id"] == server["state"]["gpu_lease_id"])
+    assert lease["deadline"]["at"] - lease["granted_at"] == 14400 and lease["deadline"]["extensions_left"] == 2
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    hub.wait_stopped("alice")
