@@ -12,7 +12,11 @@ GPUs), an in-memory SQLite store (the store's cost per call is constant; this me
 - MIG `submit`+`release` of a 1g.10gb slice on G dynamic-MIG GPUs holding 500 leases;
 - `tick()` with Q queued shared requests on G full GPUs (each GPU held whole): the first pass
   after filling, a second one with nothing changed, and one `submit` while that queue waits
-  (the queue is filled with the scheduling pass suppressed, so that filling stays linear).
+  (the queue is filled with the scheduling pass suppressed, so that filling stays linear);
+- memory holding --memory-leases shared leases on --memory-gpus GPUs, with a SQLite file store
+  (an in-memory database would count the database in the process): resident memory (RSS)
+  before the fleet, with the fleet and with the leases, then tracemalloc's largest sources of
+  what 10 % more leases add (traced apart, as tracing itself takes memory).
 
 Prints a markdown table (and writes it to --out when given).
 """
@@ -20,8 +24,11 @@ Prints a markdown table (and writes it to --out when given).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import tempfile
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -29,8 +36,9 @@ from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import Gpu, MigMode, Node, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import Scheduler
-from jupyter_gpualloc.core.store import Store
+from jupyter_gpualloc.core.store import Store, sqlite_url
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 GPUS_PER_NODE = 4
 USERS = 1000
 MIG_LEASES = 500  # 1g.10gb slices: 100 GPUs hold 700
@@ -47,9 +55,9 @@ def fleet(gpus: int, mig: bool = False) -> list[Node]:
     return nodes
 
 
-def scheduler(gpus: int, mig: bool = False) -> Scheduler:
+def scheduler(gpus: int, mig: bool = False, store_url: str = "sqlite://") -> Scheduler:
     policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0)
-    return Scheduler(SimulatedBackend(fleet(gpus, mig)), Store("sqlite://"), policy)
+    return Scheduler(SimulatedBackend(fleet(gpus, mig)), Store(store_url), policy)
 
 
 def pct(times: list[float]) -> tuple[float, float]:
@@ -130,6 +138,44 @@ def tick_cell(gpus: int, queued: int, budget: float) -> dict | None:
     return {"first": first, "second": second, "submit": submit}
 
 
+def rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def memory_cell(gpus: int, leases: int, top: int = 8) -> dict:
+    """RSS at each step, and the lines that allocated most of what 10 % more leases hold."""
+    spec = SliceSpec.from_json({"kind": "shared", "memory_gib": 1})
+    gc.collect()
+    before = rss_mib()
+    with tempfile.TemporaryDirectory() as tmp:
+        s = scheduler(gpus, store_url=sqlite_url(os.path.join(tmp, "bench.sqlite")))
+        gc.collect()
+        with_fleet = rss_mib()
+        took = fill(s, leases, spec, float("inf"))
+        gc.collect()
+        with_leases = rss_mib()
+        tracemalloc.start()
+        more = leases // 10
+        fill(s, more, spec, float("inf"), start=leases)
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        s.store.close()
+    stats = snapshot.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]).statistics("lineno")
+    lines = []
+    for st in stats[:top]:
+        frame = st.traceback[0]
+        name = frame.filename
+        where = os.path.relpath(name, ROOT) if name.startswith(ROOT) else os.path.basename(name)
+        lines.append((f"{where}:{frame.lineno}", st.size / 2**20, st.count))
+    return {"before": before, "fleet": with_fleet, "leases": with_leases, "fill": took, "held": leases,
+            "more": more, "traced": sum(st.size for st in stats) / 2**20, "top": lines}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small cells only (a minute or so)")
@@ -137,18 +183,27 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=200, help="timed operations of each kind per cell")
     parser.add_argument("--max-queue-x-fleet", type=float, default=float("inf"),
                         help="skip tick cells whose queued x GPUs is larger (a slow core needs minutes there)")
+    parser.add_argument("--memory-gpus", type=int, default=10_000, help="GPUs of the memory cell")
+    parser.add_argument("--memory-leases", type=int, default=50_000, help="leases held in the memory cell")
+    parser.add_argument("--only", choices=["leases", "mig", "tick", "memory"], action="append",
+                        help="run only these sections (repeatable; default all)")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
     if args.quick:
         lease_cells = [(100, 1000), (1000, 1000)]
         mig_gpus = [100, 1000]
         tick_cells = [(100, 1000)]
+        args.memory_gpus, args.memory_leases = min(args.memory_gpus, 1000), min(args.memory_leases, 5000)
     else:
         lease_cells = [(100, 1000), (1000, 1000), (1000, 10_000), (10_000, 1000), (10_000, 10_000),
                        (10_000, 50_000)]
         mig_gpus = [100, 1000, 10_000]
         tick_cells = [(100, 1000), (100, 10_000), (1000, 1000), (1000, 10_000), (10_000, 1000),
                       (10_000, 10_000)]
+    sections = set(args.only or ["leases", "mig", "tick", "memory"])
+    lease_cells = lease_cells if "leases" in sections else []
+    mig_gpus = mig_gpus if "mig" in sections else []
+    tick_cells = tick_cells if "tick" in sections else []
     lines = ["| GPUs | active leases | fill s | submit p50 / p99 ms | release p50 / p99 ms | touch p50 / p99 ms |",
              "|---:|---:|---:|---:|---:|---:|"]
     for gpus, leases in lease_cells:
@@ -180,6 +235,20 @@ def main() -> None:
         else:
             lines.append(f"| {gpus:,} | {queued:,} | {r['first']:.4f} | {r['second']:.4f} | {r['submit']:.4f} |")
         print(lines[-1], flush=True)
+    if "memory" in sections:
+        r = memory_cell(args.memory_gpus, args.memory_leases)
+        top = [f"| `{where}` | {mib:.1f} | {count:,} |" for where, mib, count in r["top"]]
+        lines += ["", f"Memory: {r['held']:,} shared leases on {args.memory_gpus:,} GPUs, SQLite file store "
+                  f"(filled in {r['fill']:.1f} s)", "",
+                  "| RSS before the fleet | with the fleet | with the leases | per lease | "
+                  f"traced for {r['more']:,} more, per lease |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| {r['before']:.0f} MiB | {r['fleet']:.0f} MiB | {r['leases']:.0f} MiB | "
+                  f"{(r['leases'] - r['fleet']) * 1024 / r['held']:.2f} KiB | "
+                  f"{r['traced'] * 1024 / r['more']:.2f} KiB |",
+                  "", f"| tracemalloc top: what {r['more']:,} more leases hold, by line | MiB | blocks |",
+                  "|---|---:|---:|", *top]
+        print("\n".join(lines[-8 - len(top):]), flush=True)
     lines += ["", f"load average {os.getloadavg()[0]:.1f} at the end"]
     table = "\n".join(lines)
     print()
