@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -240,10 +240,16 @@ class Slice:
         return self.mig_uuid if self.mig_uuid else ",".join(self.gpu_uuids)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None}
-        out["kind"] = self.kind.value
-        out["gpu_uuids"] = list(self.gpu_uuids)
-        out["visible_devices"] = self.visible_devices
+        """The fields that are set, in declaration order, and visible_devices (no dataclasses.asdict:
+        it deep-copies every field, and this runs for every lease in every answer)."""
+        out: dict[str, Any] = {"kind": self.kind.value, "node": self.node, "gpu_uuids": list(self.gpu_uuids),
+                               "memory_mib": self.memory_mib}
+        for name in ("profile", "start", "mig_uuid"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        out.update(milli=self.milli, model=self.model, gpu_memory_mib=self.gpu_memory_mib,
+                   visible_devices=self.visible_devices)
         return out
 
     @classmethod

@@ -151,6 +151,16 @@ class _Undo:
 
 
 @dataclass
+class _Staged:
+    """A change committed into the store's waiting group: what commit_group() undoes if the group fails."""
+
+    undo: _Undo
+    dirty: dict[str, Lease]
+    intents: list[str]
+    now: float
+
+
+@dataclass
 class _Placement:
     slice: Slice
     plan: _Plan
@@ -184,6 +194,9 @@ class Scheduler:
         self._drains: dict[str, bool] = {}
         self._intents: list[str] = []  # MIG intents written since the last commit, which drops them
         self._undo = _Undo(self._seq)
+        self._staged: list[_Staged] = []  # changes committed into the store's waiting group (store.hold())
+        self._staged_events: list[Event] = []
+        self._group_callbacks: list[Callable[[StoreFailed | None], None]] = []
         self._load_fleet()
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
@@ -254,32 +267,66 @@ class Scheduler:
         self._pending_events.append(Event(type_, now, lease.id if lease else None,
                                           lease.user if lease else None, data))
 
-    def _commit(self) -> None:
+    def _commit(self, now: float = 0.0) -> None:
         """Write every change since the last commit in one transaction, then announce its events.
 
-        StoreFailed when the store refuses; `_atomic` then undoes the changes."""
+        StoreFailed when the store refuses; `_atomic` then undoes the changes. While the store
+        holds writes for a group commit, the change waits in the group: commit_group() writes it,
+        then announces it, or undoes it."""
         if self._dirty or self._instance_changes or self._drains or self._intents:
             try:
                 self.store.save(list(self._dirty.values()), self._instance_changes, self._seq,
                                 drains=self._drains, intents_done=self._intents)
             except StoreError as err:
                 raise StoreFailed(f"the store refused the change ({err.kind}); nothing of it took effect") from err
+        events, self._pending_events = self._pending_events, []
+        if self.store.holding:
+            self._staged.append(_Staged(self._undo, dict(self._dirty), list(self._intents), now))
+            self._staged_events += events
+            events = []
         self._dirty.clear()
         self._instance_changes.clear()
         self._drains.clear()
         self._intents.clear()
         self._undo = _Undo(self._seq)
-        events, self._pending_events = self._pending_events, []
+        if self._staged and not self.store.holding:  # written above, with the group before it
+            self.commit_group()
         for event in events:
             for listener in list(self._listeners):
                 listener(event)
+
+    def after_group(self, callback: Callable[[StoreFailed | None], None]) -> None:
+        """Call `callback(None)` once the waiting group is written, or `callback(StoreFailed)` once it is undone."""
+        self._group_callbacks.append(callback)
+
+    def commit_group(self) -> None:
+        """Write the changes waiting in the store's group in one transaction and announce them; if
+        the store refuses, undo every one of them, newest first, and raise StoreFailed."""
+        staged, self._staged = self._staged, []
+        events, self._staged_events = self._staged_events, []
+        callbacks, self._group_callbacks = self._group_callbacks, []
+        try:
+            self.store.commit_group()
+        except StoreError as err:
+            failed = StoreFailed(f"the store refused the change ({err.kind}); nothing of it took effect")
+            for change in reversed(staged):
+                self._undo, self._dirty, self._intents = change.undo, change.dirty, change.intents
+                self._rollback(change.now)
+            for callback in callbacks:
+                callback(failed)
+            raise failed from err
+        for event in events:
+            for listener in list(self._listeners):
+                listener(event)
+        for callback in callbacks:
+            callback(None)
 
     @contextmanager
     def _atomic(self, now: float) -> Iterator[None]:
         """One change: stored in one transaction at the end, or undone entirely if anything fails."""
         try:
             yield
-            self._commit()
+            self._commit(now)
         except BaseException:
             self._rollback(now)
             raise
@@ -493,7 +540,8 @@ class Scheduler:
     def heartbeat(self, user: str, holders: Iterable[str] | None = None, *, now: float) -> list[Lease]:
         """Mark the user's holders alive (all of the user's leases when holders is None).
 
-        Heartbeats live in memory only: after a restart every holder gets a full TTL again.
+        Heartbeats live in memory only: after a restart every holder gets a full TTL again. The
+        accrual is stored; while the store is out of order it waits in memory and the lease lives on.
         """
         wanted = set(holders) if holders is not None else None
         alive = []
@@ -501,7 +549,7 @@ class Scheduler:
             if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
                 alive.append(lease)
-        self.usage.accrue(alive, now)
+        self.usage.accrue(alive, now, keep_if_refused=True)
         return alive
 
     def tick(self, now: float) -> list[Event]:
@@ -733,7 +781,9 @@ class Scheduler:
     def _destroy_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> None:
         """Destroy an instance the core made once the store says nobody holds it: commit first,
         so a crash or a refusal leaves an unowned instance of the core's, which recovery destroys."""
-        self._commit()
+        self._commit(now)
+        if self.store.holding:  # durable before the device changes, with the group it waits in
+            self.commit_group()
         try:
             self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
         except DeviceError as err:

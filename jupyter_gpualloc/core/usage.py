@@ -4,8 +4,10 @@ A lease accrues from its grant to its end at its share of GPUs: a MIG slice coun
 slices over its GPU's, a shared slice its memory cap over its GPU's memory, whole GPUs their
 count. It also accrues GiB-hours of the GPU memory it holds. Accrual is written to the store
 whenever the holder shows it is alive (touch, heartbeat) and when the lease ends, so a crash
-loses nothing before the last sign of life; after a restart a recovered lease accrues again
-from the moment the new process starts.
+loses nothing before the last sign of life whose accrual was stored; after a restart a recovered
+lease accrues again from the moment the new process starts. While the store is out of order a
+heartbeat keeps its accrual in memory (the first heartbeat the store takes again writes it), so a
+crash during an outage loses the accrual since the last heartbeat before it.
 
 `usage_quotas` limit GPU-hours over a window, rolling ("7d", "24h") or calendar ("calendar_day",
 "calendar_week" from Monday 00:00 UTC, "calendar_month"), per user or per group. The scheduler
@@ -24,7 +26,7 @@ from typing import Iterable, Sequence
 
 from . import mig
 from .model import MIB_PER_GIB, Lease, LeaseState, SliceKind, SliceSpec
-from .store import Store, UsageSegment
+from .store import Store, StoreError, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
 REPORT_DIMENSIONS = ("user", "group", "model", "kind", "offer", "holder_kind", "day")
@@ -260,10 +262,21 @@ class UsageLedger:
             self._running.pop(lease_id, None)
             self._gpu.pop(lease_id, None)
 
-    def accrue(self, leases: Iterable[Lease], now: float) -> None:
-        """Store the accrual of these leases up to now (those not being accrued are skipped)."""
+    def accrue(self, leases: Iterable[Lease], now: float, *, keep_if_refused: bool = False) -> None:
+        """Store the accrual of these leases up to now (those not being accrued are skipped).
+
+        If the store refuses, nothing is marked stored: StoreError, or with `keep_if_refused` the
+        accrual stays in memory and the next accrual the store takes writes it."""
+        running = [acc for acc in (self._running.get(lease.id) for lease in leases) if acc is not None]
+        marks = [(acc, acc.segment_start, acc.stored_to) for acc in running]
         segments = [seg for lease in leases for seg in self._advance(lease.id, now)]
-        self._save(segments, now)
+        try:
+            self._save(segments, now)
+        except StoreError:
+            for acc, segment_start, stored_to in marks:
+                acc.segment_start, acc.stored_to = segment_start, stored_to
+            if not keep_if_refused:
+                raise
 
     def stop(self, lease: Lease, now: float) -> None:
         """Store a lease's final accrual up to its end and stop accruing it."""

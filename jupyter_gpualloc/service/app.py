@@ -9,6 +9,7 @@ with JupyterHub. Standalone it listens on its own port and accepts the bearer to
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import re
@@ -104,6 +105,35 @@ class OAuthCallbackHandler(HubOAuthCallbackHandler):
         self.hub_auth = self.settings["hub_auth"]
 
 
+class ServiceApplication(web.Application):
+    """The API's tornado application; it reads a proxy's forwarded-address headers itself.
+
+    Behind JupyterHub's proxy the caller's address and scheme come from X-Real-Ip /
+    X-Forwarded-For and X-Forwarded-Proto / X-Scheme, as tornado's `xheaders` reads them, but the
+    address is checked with `ipaddress` rather than `getaddrinfo` on every request.
+    """
+
+    def find_handler(self, request, **kwargs):
+        apply_forwarded_headers(request)
+        return super().find_handler(request, **kwargs)
+
+
+def apply_forwarded_headers(request) -> None:
+    """Take the client address and scheme from the headers a proxy sets, when they are valid."""
+    headers = request.headers
+    forwarded = headers.get("X-Real-Ip") or headers.get("X-Forwarded-For", "").rsplit(",", 1)[-1].strip()
+    if forwarded:
+        try:
+            request.remote_ip = str(ipaddress.ip_address(forwarded))
+        except ValueError:
+            pass
+    scheme = headers.get("X-Scheme") or headers.get("X-Forwarded-Proto")
+    if scheme:
+        scheme = scheme.rsplit(",", 1)[-1].strip()
+        if scheme in ("http", "https"):
+            request.protocol = scheme
+
+
 def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | None = None,
              cookie_secret: bytes | None = None) -> web.Application:
     """The tornado application serving API v1 under `<base_url>api/v1/`."""
@@ -125,7 +155,7 @@ def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | No
         "cookie_secret": cookie_secret or secrets.token_bytes(32),
         "default_handler_class": h.NotFoundHandler, "default_handler_args": {"ctx": ctx},
     }
-    return web.Application(handlers, **settings)
+    return ServiceApplication(handlers, **settings)
 
 
 class GpuAllocService(Application):
@@ -298,7 +328,7 @@ class GpuAllocService(Application):
 
     async def serve(self) -> None:
         """Listen, tick periodically, and stop cleanly on SIGTERM or SIGINT."""
-        server = HTTPServer(self.web_app, xheaders=True)
+        server = HTTPServer(self.web_app)  # forwarded headers: ServiceApplication
         server.listen(self.port, self.ip)
         ticker = PeriodicCallback(self.tick, self.tick_interval * 1000)
         ticker.start()

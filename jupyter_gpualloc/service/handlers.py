@@ -26,6 +26,7 @@ from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, Sto
 from ..core.store import StoreError
 from .auth import Forbidden, Identity
 from .events import EventBroker
+from .group_commit import GroupCommit
 from .metrics import CONTENT_TYPE, ServiceMetrics
 from .openapi import MAX_EPOCH, openapi_document
 from .validation import InputError, RequestValidator, parse_json
@@ -52,6 +53,11 @@ class ServiceContext:
     keepalive_interval: float = 15.0
     clock: Callable[[], float] = time.time
     jobs: Any = None  # core.jobs.Jobs: the job records over the same scheduler
+    group: GroupCommit | None = None  # lease changes of one IOLoop turn in one transaction
+
+    def __post_init__(self) -> None:
+        if self.group is None:
+            self.group = GroupCommit(self.scheduler)
 
 
 class ApiError(web.HTTPError):
@@ -286,12 +292,14 @@ class LeasesHandler(ApiHandler):
         body = self.json_body()
         spec = SliceSpec.from_json(body["spec"])
         wait = body.get("wait")
-        try:
+        def submit() -> Lease:
             with self.ctx.metrics.timed("submit"):
-                lease = self.scheduler.submit(
+                return self.scheduler.submit(
                     self.identity.user, body["holder"], spec, PriorityClass(body.get("priority", "interactive")),
                     now=self.ctx.clock(), groups=self.identity.groups, preemptible=body.get("preemptible"),
                     wait=wait != 0, idle_timeout=body.get("idle_timeout"))
+        try:
+            lease = await self.ctx.group.change(submit)
         except SpecError as err:
             raise ApiError(400, str(err), field=field_as_asked(err.field, body["spec"])) from None
         if lease.state is LeaseState.QUEUED and wait:
@@ -314,18 +322,19 @@ class LeaseHandler(ApiHandler):
     def get(self, lease_id: str) -> None:
         self.write_json(self.lease_json(self.visible_lease(lease_id)))
 
-    def delete(self, lease_id: str) -> None:
+    async def delete(self, lease_id: str) -> None:
         lease = self.visible_lease(lease_id)
         if not lease.state.active:
             raise ApiError(404, f"lease {lease_id} has already ended", state=lease.state.value)
-        with self.ctx.metrics.timed("release"):
-            lease = self.scheduler.release(lease_id, now=self.ctx.clock(),
-                                           reason=f"released by {self.identity.user}")
+        def release() -> Lease:
+            with self.ctx.metrics.timed("release"):
+                return self.scheduler.release(lease_id, now=self.ctx.clock(), reason=f"released by {self.identity.user}")
+        lease = await self.ctx.group.change(release)
         self.write_json(self.lease_json(lease))
 
 
 class TouchHandler(ApiHandler):
-    def post(self, lease_id: str) -> None:
+    async def post(self, lease_id: str) -> None:
         lease = self.visible_lease(lease_id)
         body = self.json_body()
         now = self.ctx.clock()
@@ -335,8 +344,10 @@ class TouchHandler(ApiHandler):
             last_activity = now
         if not lease.state.active:
             raise ApiError(404, f"lease {lease_id} has already ended", state=lease.state.value)
-        with self.ctx.metrics.timed("touch"):
-            lease = self.scheduler.touch(lease_id, now=now, last_activity=last_activity, busy=busy)
+        def touch() -> Lease:
+            with self.ctx.metrics.timed("touch"):
+                return self.scheduler.touch(lease_id, now=now, last_activity=last_activity, busy=busy)
+        lease = await self.ctx.group.change(touch)
         self.write_json(self.lease_json(lease))
 
 

@@ -218,7 +218,7 @@ COMMON_ERRORS = {
 STORE_OPERATIONS = {
     ("/leases", "post"), ("/leases/{lease_id}", "get"), ("/leases/{lease_id}", "delete"),
     ("/leases/{lease_id}/touch", "post"), ("/leases/{lease_id}/extend", "post"),
-    ("/leases/{lease_id}/utilization", "post"), ("/heartbeat", "post"), ("/gpus/{gpu_uuid}/drain", "post"),
+    ("/leases/{lease_id}/utilization", "post"), ("/gpus/{gpu_uuid}/drain", "post"),
     ("/gpus/{gpu_uuid}/drain", "delete"), ("/metrics", "get"), ("/usage", "get"), ("/usage/efficiency", "get"),
     ("/jobs", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "delete"),
     ("/jobs/{job_id}/log", "get"), ("/jobs/{job_id}/rerun", "post"), ("/jobs/{job_id}/start", "post"),
@@ -271,6 +271,8 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "/heartbeat": {
         "post": {"summary": "Mark the caller's holders alive (all of their leases without holders).",
+                 "description": "Answered from memory: a store outage does not end a lease that heartbeats "
+                                "(its usage accrual is written once the store is back).",
                  "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Heartbeat")}}},
                  "responses": {"200": _json(_ref("LeaseList"), "The leases kept alive."),
                                "400": _error("Bad input."), "401": AUTH_ERRORS["401"]}},

@@ -1,0 +1,93 @@
+"""Group commit: changes made while the store holds writes are written in one transaction, announced
+only then, and all undone (devices included) when the store refuses the group."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event
+
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+from jupyter_gpualloc.core.model import LeaseState
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
+
+from .test_store_failures import FLEET, MIG_3G, POLICY, SHARED, FlakyStore, device_instances, picture, restart
+
+
+@pytest.fixture
+def setup(store_urls):
+    url = store_urls.fresh()
+    backend = SimulatedBackend(FLEET)
+    store = FlakyStore(url)
+    s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
+    commits = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    yield url, backend, store, s, commits
+    store.close()
+
+
+def test_held_changes_are_written_in_one_transaction_and_announced_after_it(setup):
+    url, backend, store, s, commits = setup
+    s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    seen, outcomes = [], []
+    s.subscribe(seen.append)
+    commits.clear()
+    with store.hold():
+        s.submit("bob", "kernel:b", SHARED, now=2, lease_id="B")
+        s.touch("A", now=3, last_activity=3)
+        s.release("A", now=4)
+    s.after_group(outcomes.append)
+    assert commits == [] and seen == [] and outcomes == []
+    assert store.load_lease("B") is None  # not written yet: nothing is answered or announced before it is
+
+    s.commit_group()
+    assert len(commits) == 1 and outcomes == [None]
+    assert [e.type for e in seen] == ["lease.granted", "lease.released"]
+    again = restart(url, backend)
+    assert picture(again) == picture(s)
+    assert again.lease("A").state is LeaseState.RELEASED
+    again.store.close()
+
+
+def test_a_refused_group_undoes_every_change_in_it_devices_included(setup):
+    url, backend, store, s, commits = setup
+    s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    before, instances = picture(s), device_instances(backend)
+    seen, outcomes = [], []
+    s.subscribe(seen.append)
+    with store.hold():
+        s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")  # makes a MIG instance on the device
+        s.submit("carol", "kernel:c", SHARED, now=3, lease_id="C")
+        s.release("A", now=4)
+    s.after_group(outcomes.append)
+    assert device_instances(backend) != instances
+
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.commit_group()
+    assert len(outcomes) == 1 and isinstance(outcomes[0], StoreFailed)
+    assert picture(s) == before and device_instances(backend) == instances
+    assert seen == []
+    assert s.lease("A").state is LeaseState.GRANTED
+
+    s.submit("dave", "kernel:d", SHARED, now=5, lease_id="D")  # the core goes on from the stored state
+    again = restart(url, backend)
+    assert picture(again) == picture(s)
+    for refused in ("B", "C"):
+        with pytest.raises(NotFound):
+            again.lease(refused)
+    again.store.close()
+
+
+def test_a_write_outside_the_group_takes_the_waiting_group_with_it(setup):
+    url, backend, store, s, commits = setup
+    outcomes = []
+    with store.hold():
+        s.submit("bob", "kernel:b", SHARED, now=2, lease_id="B")
+    s.after_group(outcomes.append)
+    commits.clear()
+    s.submit("carol", "kernel:c", SHARED, now=3, lease_id="C")  # not held: written now, after bob's
+    assert len(commits) == 1 and outcomes == [None]
+    again = restart(url, backend)
+    assert {l.id for l in again.leases()} == {"B", "C"}
+    again.store.close()
