@@ -11,12 +11,19 @@ from datetime import datetime, timezone
 from .sizes import InputError, format_duration
 
 
+def moment_text(at: float, now: float | None = None) -> str:
+    """'2026-11-02 16:00 UTC (in 3h 59m)' (without 'in ...' when now is None)."""
+    soon = f" (in {format_duration(at - now)})" if now is not None else ""
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") + soon
+
+
+def extensions_text(left: int) -> str:
+    return f"{left} extension{'' if left == 1 else 's'} left"
+
+
 def deadline_text(deadline: dict, now: float | None = None) -> str:
     """'until 2026-11-02 16:00 UTC (in 3h 59m), 1 extension left' (without 'in ...' when now is None)."""
-    at = datetime.fromtimestamp(deadline["at"], timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    left = deadline["extensions_left"]
-    soon = f" (in {format_duration(deadline['at'] - now)})" if now is not None else ""
-    return f"until {at}{soon}, {left} extension{'' if left == 1 else 's'} left"
+    return f"until {moment_text(deadline['at'], now)}, {extensions_text(deadline['extensions_left'])}"
 
 
 def extend_lease(client, lease_id: str) -> dict:

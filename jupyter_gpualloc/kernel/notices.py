@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any, Callable, Mapping
 
-from .extend import deadline_text
+from .extend import extensions_text, moment_text
 from .sizes import format_duration
 
 RETRY_SECONDS = 5.0
@@ -26,9 +26,9 @@ def notice_line(event: Mapping[str, Any]) -> str | None:
     kind, data, lease_id = event.get("type"), event.get("data") or {}, event.get("lease_id")
     if kind == "lease.deadline_warning":
         left = data.get("extensions_left", 0)
-        deadline = {"at": data["deadline"], "extensions_left": left}
-        advice = "%gpu extend moves it later" if left else "save your work: it cannot be extended"
-        return f"gpu: lease {lease_id} reaches its time limit {deadline_text(deadline, event['time'])}: {advice}"
+        advice = f"{extensions_text(left)}: %gpu extend moves it later" if left else \
+            "it cannot be extended: save your work"
+        return f"gpu: lease {lease_id} reaches its time limit at {moment_text(data['deadline'], event['time'])}; {advice}"
     if kind == "lease.idle_warning":
         grace = format_duration(data["release_at"] - event["time"]) if data.get("release_at") else "soon"
         return f"gpu: lease {lease_id} is idle: it is released in {grace} unless this kernel is used"

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from jupyter_gpualloc.client import SyncGpuAllocClient
+from jupyter_gpualloc.kernel.notices import LeaseNotices, notice_line
 from jupyter_gpualloc.kernel.widget import LeaseView
 from tests.kernel.conftest import ALICE, BOB, POLICY, Service
 
@@ -89,7 +90,8 @@ def test_a_warned_lease_prints_one_line_and_its_end_another(service, start_kerne
     warned = wait_for_stderr(kernel, r"reaches its time limit", 8)
     lines = warned.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(
-        rf"gpu: lease \w+ reaches its time limit {UNTIL}, 1 extension left: %gpu extend moves it later", lines[0])
+        r"gpu: lease \w+ reaches its time limit at \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in 2\ds\); 1 extension left: "
+        r"%gpu extend moves it later", lines[0]), lines
     ended = wait_for_stderr(kernel, r"expired", 32)
     assert re.search(r"^gpu: lease \w+ expired: reached its maximum duration of 30s$", ended, re.M), ended
     assert kernel.run("%gpu status").stdout.startswith("gpu: no GPU slice; lease ")
@@ -106,3 +108,26 @@ def test_a_usage_quota_warning_reaches_the_kernel(service, start_kernel):
     refused = kernel.run("%gpu request --whole")
     assert re.fullmatch(r"gpu: you have used 0\.00 of 0\.001 GPU-hours this week \(resets .* UTC\)\n",
                         refused.stderr), refused
+
+
+def test_only_what_the_user_must_act_on_becomes_a_notice():
+    def event(kind: str, **data) -> dict:
+        return {"type": kind, "time": 1796644800.0, "lease_id": "L1", "user": "alice", "data": data}
+
+    assert notice_line(event("lease.idle_warning", idle_s=1800, release_at=1796645100.0)) == \
+        "gpu: lease L1 is idle: it is released in 5m unless this kernel is used"
+    assert notice_line(event("lease.deadline_warning", deadline=1796645700.0, extensions_left=0)) == \
+        "gpu: lease L1 reaches its time limit at 2026-12-07 12:15 UTC (in 15m); it cannot be extended: save your work"
+    assert notice_line(event("lease.preempted", reason="preempted for an interactive request")) == \
+        "gpu: lease L1 preempted: preempted for an interactive request"
+    for quiet in ("lease.granted", "lease.released", "lease.extended", "lease.idle_cleared"):
+        assert notice_line(event(quiet)) is None
+
+
+def test_notices_follow_only_the_lease_the_kernel_holds():
+    shown: list[str] = []
+    notices = LeaseNotices(lambda: None, lambda: "L1", show=shown.append)
+    expired = {"type": "lease.expired", "time": 0.0, "data": {"reason": "idle for 1900 s"}}
+    for lease_id in ("L2", None, "L1"):
+        notices._on_event({**expired, "lease_id": lease_id})
+    assert shown == ["gpu: lease L1 expired: idle for 1900 s"]
