@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+import requests
 
 from .conftest import Browser, DemoHub
+from .test_demo_hub import run_cell
 
 POLICY = """
 c.SchedulerPolicy.max_duration = {"server": 14400}
@@ -68,5 +70,27 @@ def test_the_progress_page_shows_the_slices_deadline(hub):
     server = hub.wait_ready("alice")
     lease = next(l for l in hub.leases() if l["id"] == server["state"]["gpu_lease_id"])
     assert lease["deadline"]["at"] - lease["granted_at"] == 14400 and lease["deadline"]["extensions_left"] == 2
+
+
+def test_a_kernel_on_the_servers_slice_sees_its_time_limit_and_extends_it(hub):
+    """What the progress page promises: %gpu extend in a notebook extends the server's slice."""
+    headers = {"Authorization": f"token {hub.token('alice')}"}
+    reply = requests.post(hub.url + "/user/alice/api/kernels", json={"name": "python3"}, timeout=60, headers=headers)
+    assert reply.status_code == 201, reply.text
+    kernel_id = reply.json()["id"]
+    try:
+        status = run_cell(hub, "alice", kernel_id, "%gpu status")
+        assert re.search(r"^gpu: this kernel uses its server's MIG 1g\.10gb on A100-SXM4-80GB \(local\) \(lease (\w+)\)",
+                         status, re.M), status
+        assert re.search(r"^  time limit: until \S+ \d\d:\d\d UTC \(in (3h 59m \d+s|4h)\), 2 extensions left "
+                         r"\(%gpu extend\)$", status, re.M), status
+        assert re.search(rf"^  usage: you have used \d+\.\d\d of 40 GPU-hours this week {RESETS}$", status, re.M), status
+        server = next(l for l in hub.leases() if l["user"] == "alice" and l["holder"] == "server")
+        extended = run_cell(hub, "alice", kernel_id, "%gpu extend")
+        assert re.fullmatch(rf"gpu: your server's lease {server['id']} extended until .* UTC \(in .*\), "
+                            r"1 extension left\n", extended), extended
+        assert next(l for l in hub.leases() if l["id"] == server["id"])["deadline"]["extensions"] == 1
+    finally:
+        requests.delete(hub.url + f"/user/alice/api/kernels/{kernel_id}", timeout=60, headers=headers)
     assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
     hub.wait_stopped("alice")
