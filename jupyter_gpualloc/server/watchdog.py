@@ -118,7 +118,8 @@ def slice_utilization(slice_: Mapping[str, Any], pids: set[int], samples: Iterab
 
 
 class Watchdog(LoggingConfigurable):
-    """Reads GPU processes from the device backend and warns, then acts, on kernels breaking their caps."""
+    """Reads GPU processes from the device backend: warns, then acts, on kernels breaking their caps, and
+    reports each lease's GPU utilisation to the scheduler."""
 
     enabled = Bool(True, help="Whether the watchdog runs.").tag(config=True)
     interval = Float(5.0, help="Seconds between two reads of every GPU process's memory.").tag(config=True)
