@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -206,7 +207,11 @@ class StoreError(Exception):
 class Store:
     """A database of the core's state; `url` is any SQLAlchemy URL (sqlite:///PATH by default)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL"):
+        """`sqlite_synchronous`: NORMAL (WAL synced at checkpoints) or FULL (at every commit); see
+        docs/reliability.md for what a power loss can take with NORMAL."""
+        if sqlite_synchronous not in ("NORMAL", "FULL"):
+            raise ValueError("sqlite_synchronous must be NORMAL or FULL")
         self.url = url
         is_sqlite = url.startswith("sqlite")
         # pool_pre_ping: a server restart or a dropped connection costs a reconnect, not an error.
@@ -214,7 +219,7 @@ class Store:
                                     pool_pre_ping=not is_sqlite)
         self._insert = sqlite_insert if is_sqlite else pg_insert
         if is_sqlite:
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous))
         metadata.create_all(self.engine)
         upsert = self._insert(leases)
         self._upsert_leases = upsert.on_conflict_do_update(
@@ -265,8 +270,18 @@ class Store:
         fails; the group is dropped either way (its changes are the caller's to undo)."""
         group, self._group = self._group, _Group()
         if group:
-            with self._transaction() as conn:
-                group.write(conn, self)
+            try:
+                with self._transaction() as conn:
+                    group.write(conn, self)
+            except StoreError:
+                for undo in reversed(group.refused):
+                    undo()
+                raise
+
+    def if_refused(self, undo: Callable[[], None]) -> None:
+        """While held: call `undo` if the waiting group is refused (what the write it follows changed in memory)."""
+        if self._held:
+            self._group.refused.append(undo)
 
     def _apply(self, write: Callable[[Connection], None], lease_rows: Sequence[dict] = (),
                seq: int | None = None) -> None:
@@ -452,6 +467,7 @@ class _Group:
         self.leases: dict[str, dict] = {}
         self.writes: list[Callable[[Connection], None]] = []
         self.seq: int | None = None
+        self.refused: list[Callable[[], None]] = []  # see Store.if_refused
 
     def __bool__(self) -> bool:
         return bool(self.leases or self.writes or self.seq is not None)
@@ -459,6 +475,7 @@ class _Group:
     def copy(self) -> "_Group":
         other = _Group()
         other.leases, other.writes, other.seq = dict(self.leases), list(self.writes), self.seq
+        other.refused = list(self.refused)
         return other
 
     def add(self, write: Callable[[Connection], None], lease_rows: Sequence[dict], seq: int | None) -> None:
@@ -476,12 +493,13 @@ class _Group:
             conn.execute(store._upsert_meta_row, {"key": "seq", "value": str(self.seq)})
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    """WAL, and synchronous=FULL: each commit syncs the WAL, so an answered change survives a power
-    loss too (docs/reliability.md); group commit makes that one fsync per IOLoop turn, not per request."""
+def _sqlite_pragmas(synchronous: str, dbapi_conn, _record) -> None:
+    """WAL; synchronous NORMAL: a commit survives the process's death (SIGKILL) and the file stays
+    consistent, but a power loss can take the commits since the last checkpoint; FULL: each commit
+    syncs the WAL (one fsync per group commit). docs/reliability.md has the analysis."""
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute(f"PRAGMA synchronous={synchronous}")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
 

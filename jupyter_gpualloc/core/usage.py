@@ -265,18 +265,24 @@ class UsageLedger:
     def accrue(self, leases: Iterable[Lease], now: float, *, keep_if_refused: bool = False) -> None:
         """Store the accrual of these leases up to now (those not being accrued are skipped).
 
-        If the store refuses, nothing is marked stored: StoreError, or with `keep_if_refused` the
-        accrual stays in memory and the next accrual the store takes writes it."""
+        If the store refuses (now, or the group commit the write waits in), nothing is marked
+        stored: StoreError, or with `keep_if_refused` the accrual stays in memory and the next
+        accrual the store takes writes it."""
         running = [acc for acc in (self._running.get(lease.id) for lease in leases) if acc is not None]
         marks = [(acc, acc.segment_start, acc.stored_to) for acc in running]
+
+        def unmark() -> None:
+            for acc, segment_start, stored_to in marks:
+                acc.segment_start, acc.stored_to = segment_start, stored_to
         segments = [seg for lease in leases for seg in self._advance(lease.id, now)]
         try:
             self._save(segments, now)
         except StoreError:
-            for acc, segment_start, stored_to in marks:
-                acc.segment_start, acc.stored_to = segment_start, stored_to
+            unmark()
             if not keep_if_refused:
                 raise
+        if segments:
+            self.store.if_refused(unmark)
 
     def stop(self, lease: Lease, now: float) -> None:
         """Store a lease's final accrual up to its end and stop accruing it."""

@@ -24,9 +24,10 @@ class GroupCommit:
         self.scheduler = scheduler
         self._scheduled = False
 
-    async def change(self, call: Callable[[], T]) -> T:
+    async def change(self, call: Callable[[], T], *, outlives_refusal: bool = False) -> T:
         """`call()` (one core change) with its writes in the group; returns once the group is
-        durable, raises StoreFailed (the change undone) if the store refused it."""
+        durable, raises StoreFailed (the change undone) if the store refused it, unless the change
+        `outlives_refusal` (a heartbeat: alive in memory, its accrual written later)."""
         with self.scheduler.store.hold():
             result = call()
         loop = asyncio.get_running_loop()
@@ -39,7 +40,11 @@ class GroupCommit:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._commit)
-        await durable
+        try:
+            await durable
+        except StoreFailed:
+            if not outlives_refusal:
+                raise
         return result
 
     def _commit(self) -> None:

@@ -352,8 +352,11 @@ class TouchHandler(ApiHandler):
 
 
 class HeartbeatHandler(ApiHandler):
-    def post(self) -> None:
-        leases = self.scheduler.heartbeat(self.identity.user, self.json_body().get("holders"), now=self.ctx.clock())
+    async def post(self) -> None:
+        """Alive in memory at once; the accrual joins the group commit, and waits in memory if the store refuses it."""
+        holders, now = self.json_body().get("holders"), self.ctx.clock()
+        leases = await self.ctx.group.change(lambda: self.scheduler.heartbeat(self.identity.user, holders, now=now),
+                                             outlives_refusal=True)
         self.write_json({"leases": [self.lease_json(l) for l in leases]})
 
 

@@ -10,6 +10,7 @@ from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import LeaseState
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
+from jupyter_gpualloc.core.store import Store, sqlite_url
 
 from .test_store_failures import FLEET, MIG_3G, POLICY, SHARED, FlakyStore, device_instances, picture, restart
 
@@ -91,3 +92,31 @@ def test_a_write_outside_the_group_takes_the_waiting_group_with_it(setup):
     again = restart(url, backend)
     assert {l.id for l in again.leases()} == {"B", "C"}
     again.store.close()
+
+
+def test_a_refused_group_leaves_a_heartbeats_accrual_to_the_next_heartbeat(setup):
+    url, backend, store, s, commits = setup
+    midnight = 86400.0 * 20000
+    s.submit("alice", "kernel:a", SHARED, now=midnight - 50, lease_id="A")
+    with store.hold():
+        s.heartbeat("alice", now=midnight + 50)  # accrual over two UTC days, waiting in the group
+        s.submit("bob", "kernel:b", SHARED, now=midnight + 50, lease_id="B")
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.commit_group()
+    assert store.load_usage(0, float("inf"), "alice") == []
+
+    s.heartbeat("alice", now=midnight + 100)
+    stored = store.load_usage(0, float("inf"), "alice")
+    assert [(seg.start, seg.end) for seg in stored] == [(midnight - 50, midnight), (midnight, midnight + 100)]
+
+
+@pytest.mark.parametrize("level, value", [("NORMAL", 1), ("FULL", 2)])
+def test_sqlite_commits_are_synced_as_configured(tmp_path, level, value):
+    store = Store(sqlite_url(tmp_path / "s.sqlite"), sqlite_synchronous=level)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == value
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    store.close()
+    with pytest.raises(ValueError):
+        Store(sqlite_url(tmp_path / "t.sqlite"), sqlite_synchronous="OFF")
