@@ -129,6 +129,22 @@ def describe(error: ValidationError) -> str:
     return f"does not match the document ({keyword})"
 
 
+def inline_refs(schema: Any, components: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:
+    """The schema with each local `$ref` replaced by what it names (a cycle keeps its `$ref`):
+    jsonschema resolves a `$ref` through its registry on every check, a third of a small body's cost."""
+    if isinstance(schema, list):
+        return [inline_refs(item, components, seen) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/") and ref not in seen and len(schema) == 1:
+        target: Any = {"components": components}
+        for part in ref[2:].split("/"):
+            target = target[part]
+        return inline_refs(target, components, (*seen, ref))
+    return {key: inline_refs(value, components, seen) for key, value in schema.items()}
+
+
 class RequestValidator:
     """The request schemas of an OpenAPI document, compiled once, checked per operation."""
 
@@ -143,7 +159,7 @@ class RequestValidator:
                 key = (path, method.upper())
                 content = operation.get("requestBody", {}).get("content", {}).get("application/json")
                 if content is not None:
-                    schema = {**content["schema"], "components": components}
+                    schema = {**inline_refs(content["schema"], components), "components": components}
                     self._bodies[key] = (Draft202012Validator(schema), _IntegersOnly(schema))
                 parameters = operations.get("parameters", []) + operation.get("parameters", [])
                 self._queries[key] = {
