@@ -25,7 +25,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 from sqlalchemy.exc import SQLAlchemyError
-from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from ..core.devices import BACKENDS, make_backend
@@ -203,6 +203,12 @@ class GpuAllocService(Application):
         help="""SQLAlchemy URL of the state database. Default: sqlite:///gpualloc.sqlite in the
         current directory (a JupyterHub managed service runs in its own working directory).""",
     ).tag(config=True)
+    sqlite_synchronous = CaselessStrEnum(
+        ["NORMAL", "FULL"], "NORMAL", help="""SQLite only: when a commit reaches the disk. NORMAL (WAL
+        synced at checkpoints): an answered change survives the service's crash, but a power loss
+        or kernel panic can take the changes since the last checkpoint (docs/reliability.md). FULL:
+        every commit is synced (one fsync per group of changes), so a power loss takes nothing answered.""",
+    ).tag(config=True)
     auth = Unicode(
         "", help="""How callers authenticate: 'hub' (JupyterHub tokens and OAuth cookies) or 'tokens'
         (the api_tokens map). Default: hub when $JUPYTERHUB_API_TOKEN is set, else tokens.""",
@@ -294,7 +300,7 @@ class GpuAllocService(Application):
         if backend_name == "simulated":
             options = {"fleet": self.fleet or None, "state_file": self.simulated_state or self._state_beside_db()}
         self.device_backend = make_backend(backend_name, **options)
-        self.store = Store(self.db_url)
+        self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper())
         self.policy = SchedulerPolicy(parent=self)
         self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log)
         self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
