@@ -1,15 +1,21 @@
 """GPU-aware idleness end to end: the real watchdog samples the simulated backend's per-process
 utilisation and reports it through the REST API; under idle_signal = "gpu" a kernel busy on CPU
-work whose GPU stays idle loses its slice, while one keeping its GPU busy keeps it."""
+work whose GPU stays idle loses its slice, while one keeping its GPU busy keeps it; and the watchdog
+over the NVML backend (pynvml against the fake C library) reports what belongs to this server."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
+from jupyter_client.multikernelmanager import MultiKernelManager
 
+from jupyter_gpualloc.client import NotFound
 from jupyter_gpualloc.core.devices.base import GpuUtilization
-from jupyter_gpualloc.server.watchdog import slice_utilization
+from jupyter_gpualloc.core.devices.nvml import NvmlBackend
+from jupyter_gpualloc.server.watchdog import Watchdog, slice_utilization
+from tests.core.devices.fake_nvml import gpu_host, install
 from tests.server.conftest import MIG_KERNEL, extension_config, wait_for
 from tests.server.test_kernels import lease_of
 from tests.server.test_watchdog import run_in_kernel
@@ -81,3 +87,33 @@ def test_slice_utilization_counts_the_holders_processes_on_its_devices():
     assert slice_utilization(whole, {1, 2, 9}, samples) == 95.0  # capped at 100 on GPU-a, 90 on GPU-c
     assert slice_utilization({"kind": "shared", "gpu_uuids": ["GPU-c"]}, {1}, samples) is None  # not attributable
     assert slice_utilization({"kind": "mig", "gpu_uuids": ["GPU-b"], "mig_uuid": "MIG-2"}, {1}, samples) is None
+
+
+async def test_the_watchdog_reports_nvml_samples_of_the_servers_own_processes(monkeypatch, caplog):
+    fake = install(monkeypatch, gpu_host())
+    backend = NvmlBackend(node_name="host")
+    a100, l4 = fake.gpus
+    l4.utilization_samples = [(os.getpid(), 1_000, 40), (os.getpid(), 2_000, 60), (999_999, 2_000, 99)]
+    two_g = a100.instances[0].compute_instances[0]
+    leases = [{"id": "whole-l4", "state": "granted", "slice": {"kind": "whole", "gpu_uuids": [l4.uuid]}},
+              {"id": "mig", "state": "granted", "slice": {"kind": "mig", "gpu_uuids": [a100.uuid], "mig_uuid": two_g}}]
+    sent: list[tuple[str, float]] = []
+
+    async def send(lease_id: str, sm_percent: float) -> None:
+        if lease_id == "gone":
+            raise NotFound("no such lease", 404)
+        sent.append((lease_id, sm_percent))
+
+    watchdog = Watchdog(backend, MultiKernelManager(), lambda kernel_id: None, None,
+                        server_leases=lambda: leases, send_utilization=send)
+    a100.gpm, a100.instances[0].sm_percent = True, 30.0
+    await watchdog.report(now=0.0)
+    # another user's process (999999) is not this server's; the MIG instance has its first GPM sample only
+    assert sent == [("whole-l4", 50.0)]
+    leases.append({"id": "gone", "state": "granted", "slice": {"kind": "whole", "gpu_uuids": [l4.uuid]}})
+    await watchdog.report(now=5.0)  # no new process sample: the L4 is idle; a lease just ended is skipped
+    assert sent[1:] == [("whole-l4", 0.0), ("mig", 30.0)]
+    l4.lost = True
+    await watchdog.report(now=15.0)
+    assert len(sent) == 3 and "cannot sample GPU utilisation: GPU index 1 is lost" in caplog.text
+    backend.close()
