@@ -12,8 +12,11 @@ from .sizes import InputError, format_duration
 
 
 def moment_text(at: float, now: float | None = None) -> str:
-    """'2026-11-02 16:00 UTC (in 3h 59m)' (without 'in ...' when now is None)."""
-    soon = f" (in {format_duration(at - now)})" if now is not None else ""
+    """'2026-11-02 16:00 UTC (in 3h 59m)' (without 'in ...' when now is None; whole minutes past an hour)."""
+    left = None if now is None else at - now
+    if left is not None and left >= 3600:
+        left = round(left / 60) * 60
+    soon = f" (in {format_duration(left)})" if left is not None else ""
     return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") + soon
 
 
