@@ -437,7 +437,11 @@ class Scheduler:
                priority: PriorityClass = PriorityClass.INTERACTIVE, *, now: float,
                groups: Sequence[str] = (), preemptible: bool | None = None, wait: bool = True,
                lease_id: str | None = None, idle_timeout: float | None = None) -> Lease:
-        """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait)."""
+        """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait).
+
+        O(the user's and its groups' leases) for the holder and quota checks, O(1) for its plans
+        (after the first lease of the spec), one placement (see `_place`) and the store's write;
+        a request that waits adds O(queue) for its position and a scheduling pass (`_schedule`)."""
         _check_holder(holder)
         check_name(user, "user")
         for active in self._active_leases.of_user(user):
@@ -482,7 +486,8 @@ class Scheduler:
         return lease
 
     def release(self, lease_id: str, *, now: float, reason: str = "released by holder") -> Lease:
-        """Give a slice back (or withdraw a queued request)."""
+        """Give a slice back (or withdraw a queued request): O(the lease's groups) and the store's
+        write, then a scheduling pass (`_schedule`), O(1) when the queue is empty."""
         lease = self._active(lease_id)
         with self._atomic(now):
             if lease.state is LeaseState.QUEUED:
@@ -553,7 +558,10 @@ class Scheduler:
         return alive
 
     def tick(self, now: float) -> list[Event]:
-        """End dead and idle leases, grant what the queue can now have; returns the events."""
+        """End dead and idle leases, grant what the queue can now have; returns the events.
+
+        O(active leases) for heartbeats, idle time, usage and time limits, then a scheduling
+        pass (`_schedule`)."""
         ttl = self.policy.heartbeat_ttl
         announced: list[Event] = []
         unsubscribe = self.subscribe(announced.append)  # a tick may commit more than once
