@@ -197,6 +197,7 @@ class Scheduler:
         self._staged: list[_Staged] = []  # changes committed into the store's waiting group (store.hold())
         self._staged_events: list[Event] = []
         self._group_callbacks: list[Callable[[StoreFailed | None], None]] = []
+        self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
         self._load_fleet()
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
@@ -526,8 +527,17 @@ class Scheduler:
 
     def touch(self, lease_id: str, *, now: float, last_activity: float | None = None,
               busy: bool | None = None) -> Lease:
-        """Record the holder's activity (and whether it is busy); clears an idle warning."""
+        """Record the holder's activity (and whether it is busy); clears an idle warning.
+
+        A touch that only moves the activity and the heartbeat (no busy change, no warning to
+        clear) stays in memory until write_activity(): a restart goes on from the last written one."""
         lease = self._active(lease_id)
+        if (busy is None or busy == lease.busy) and lease.idle_warned_at is None:
+            if last_activity is not None:
+                lease.last_activity = max(lease.last_activity or 0.0, min(last_activity, now))
+            lease.heartbeat_at = now
+            self._activity_unwritten.add(lease.id)
+            return lease
         with self._atomic(now):
             self._touch_lease(lease)
             if last_activity is not None:
@@ -541,6 +551,21 @@ class Scheduler:
                 self._emit("lease.idle_cleared", now, lease)
             self.usage.accrue([lease], now)
         return lease
+
+    def write_activity(self, now: float) -> None:
+        """Store the activity touches kept in memory, with those leases' accrual, as one change: O(those
+        leases). If the store refuses, they stay unwritten (in memory) for the next call."""
+        due = [self._leases[i] for i in self._activity_unwritten if i in self._leases]
+        self._activity_unwritten.clear()
+        if not due:
+            return
+        try:
+            with self._atomic(now):
+                for lease in due:
+                    self._touch_lease(lease)
+                self.usage.accrue(due, now)
+        except (StoreFailed, StoreError):
+            self._activity_unwritten.update(lease.id for lease in due)
 
     def heartbeat(self, user: str, holders: Iterable[str] | None = None, *, now: float) -> list[Lease]:
         """Mark the user's holders alive (all of the user's leases when holders is None).
@@ -561,7 +586,8 @@ class Scheduler:
         """End dead and idle leases, grant what the queue can now have; returns the events.
 
         O(active leases) for heartbeats, idle time, usage and time limits, then a scheduling
-        pass (`_schedule`)."""
+        pass (`_schedule`). Writes the activity touches kept in memory first (write_activity)."""
+        self.write_activity(now)
         ttl = self.policy.heartbeat_ttl
         announced: list[Event] = []
         unsubscribe = self.subscribe(announced.append)  # a tick may commit more than once

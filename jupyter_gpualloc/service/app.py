@@ -228,6 +228,10 @@ class GpuAllocService(Application):
     tick_interval = Float(
         5.0, help="Seconds between scheduler ticks (expire idle and dead leases, grant from the queue).",
     ).tag(config=True)
+    activity_interval = Float(
+        1.0, help="""Seconds between writes of the activity that touches report (a touch that only moves
+        a lease's last activity is kept in memory until then; a restart goes on from the last one written).""",
+    ).tag(config=True)
     max_wait = Float(60.0, help="The longest a POST /leases long-poll (`wait`) is held, in seconds.").tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
@@ -332,12 +336,17 @@ class GpuAllocService(Application):
             self.scheduler.tick(now)
             self.jobs.tick(now)
 
+    def write_activity(self) -> None:
+        self.scheduler.write_activity(time.time())
+
     async def serve(self) -> None:
         """Listen, tick periodically, and stop cleanly on SIGTERM or SIGINT."""
         server = HTTPServer(self.web_app)  # forwarded headers: ServiceApplication
         server.listen(self.port, self.ip)
         ticker = PeriodicCallback(self.tick, self.tick_interval * 1000)
         ticker.start()
+        activity = PeriodicCallback(self.write_activity, self.activity_interval * 1000)
+        activity.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -347,6 +356,8 @@ class GpuAllocService(Application):
                       self.ip, self.port, join_url(self.base_url, API_PATH) + "/")
         await stop.wait()
         ticker.stop()
+        activity.stop()
+        self.write_activity()
         server.stop()
         self.broker.close()
         self.store.close()

@@ -120,3 +120,26 @@ def test_sqlite_commits_are_synced_as_configured(tmp_path, level, value):
     store.close()
     with pytest.raises(ValueError):
         Store(sqlite_url(tmp_path / "t.sqlite"), sqlite_synchronous="OFF")
+
+
+def test_a_touch_that_only_moves_activity_is_written_by_write_activity(setup):
+    url, backend, store, s, commits = setup
+    s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    commits.clear()
+    for t in (10, 20, 30):
+        s.touch("A", now=t, last_activity=t)
+    assert commits == [] and s.lease("A").last_activity == 30
+    assert store.load_lease("A").last_activity == 1  # what a restart would go on from
+
+    store.fail_next.add("save")
+    s.write_activity(now=31)  # refused: kept for the next call
+    assert store.load_lease("A").last_activity == 1 and s.lease("A").last_activity == 30
+    s.write_activity(now=32)
+    assert store.load_lease("A").last_activity == 30
+    assert [(seg.start, seg.end) for seg in store.load_usage(0, 100, "alice")] == [(1, 32)]
+    commits.clear()
+    s.write_activity(now=33)
+    assert commits == []  # nothing new to write
+
+    s.touch("A", now=40, busy=True)  # more than activity: written at once
+    assert store.load_lease("A").busy
