@@ -23,7 +23,7 @@ from traitlets import Bool, Float, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..client import GpuAllocError
-from ..core.devices.base import DeviceBackend, DeviceError, GpuProcess, GpuUtilization
+from ..core.devices.base import DeviceBackend, DeviceError, GpuProcess, slice_utilization
 from .events import GpuAllocEvents
 
 ACTIONS = ("report", "interrupt", "shutdown")
@@ -97,24 +97,6 @@ def classify(process: GpuProcess, slices: Iterable[Mapping[str, Any]]) -> tuple[
                     and process.used_mib > int(slice_["memory_mib"]))
             return ("over_cap" if over else None), slice_
     return "unleased_gpu", None
-
-
-def slice_utilization(slice_: Mapping[str, Any], pids: set[int], samples: Iterable[GpuUtilization]) -> float | None:
-    """SM utilisation (percent) that processes `pids` make of a slice: on each of its devices their
-    total (or, where the driver attributes none per process, the device's own figure unless the slice
-    shares the GPU), averaged over its GPUs; None when none of its devices was sampled."""
-    if slice_.get("mig_uuid"):
-        devices = [u for u in samples if u.mig_uuid == slice_["mig_uuid"]]
-    else:
-        gpus = set(slice_.get("gpu_uuids") or ())
-        devices = [u for u in samples if u.mig_uuid is None and u.gpu_uuid in gpus]
-    values = []
-    for device in devices:
-        if device.processes is not None:
-            values.append(min(100.0, sum(v for pid, v in device.processes.items() if pid in pids)))
-        elif device.sm_percent is not None and slice_.get("kind") != "shared":
-            values.append(device.sm_percent)
-    return sum(values) / len(values) if values else None
 
 
 class Watchdog(LoggingConfigurable):

@@ -12,9 +12,9 @@ import pytest
 from jupyter_client.multikernelmanager import MultiKernelManager
 
 from jupyter_gpualloc.client import NotFound
-from jupyter_gpualloc.core.devices.base import GpuUtilization
+from jupyter_gpualloc.core.devices.base import GpuUtilization, slice_utilization
 from jupyter_gpualloc.core.devices.nvml import NvmlBackend
-from jupyter_gpualloc.server.watchdog import Watchdog, slice_utilization
+from jupyter_gpualloc.server.watchdog import Watchdog
 from tests.core.devices.fake_nvml import gpu_host, install
 from tests.server.conftest import MIG_KERNEL, extension_config, wait_for
 from tests.server.test_kernels import lease_of
@@ -67,8 +67,13 @@ async def test_a_kernel_busy_on_cpu_but_idle_on_its_gpu_loses_its_slice(gpualloc
         assert busy in km and km.get_kernel(busy).execution_state == "busy"
         assert scheduler.lease(busy_lease).state.value == "granted"
         assert ("lease.expired", busy_lease) not in types
-        rows = {r["lease_id"]: r for r in scheduler.usage.efficiency(0, 2e9, time.time())}
-        assert rows[busy_lease]["busy_gpu_hours"] > 0 and rows[idle_lease]["busy_gpu_hours"] == 0
+
+        def busy_hours(lease_id: str) -> float | None:
+            rows = {r["lease_id"]: r for r in scheduler.usage.efficiency(0, 2e9, time.time())}
+            return rows[lease_id]["busy_gpu_hours"] if lease_id in rows else None
+
+        await wait_for(lambda: (busy_hours(busy_lease) or 0) > 0)  # from its second sample on
+        assert busy_hours(idle_lease) == 0
     finally:
         idle_client.stop_channels()
         busy_client.stop_channels()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 from ..model import MigInstance, MigProfile, Node
 
@@ -52,6 +52,25 @@ class GpuUtilization:
     mig_uuid: str | None = None
     sm_percent: float | None = None
     processes: Mapping[int, float] | None = None
+
+
+def slice_utilization(slice_: Mapping[str, Any], pids: set[int], samples: Iterable[GpuUtilization]) -> float | None:
+    """SM utilisation (percent) that processes `pids` make of a slice (as REST API v1 writes it): on
+    each of its devices their total (or, where the driver attributes none per process, the device's
+    own figure unless the slice shares the GPU), averaged over its GPUs; None when none of its
+    devices was sampled."""
+    if slice_.get("mig_uuid"):
+        devices = [u for u in samples if u.mig_uuid == slice_["mig_uuid"]]
+    else:
+        gpus = set(slice_.get("gpu_uuids") or ())
+        devices = [u for u in samples if u.mig_uuid is None and u.gpu_uuid in gpus]
+    values = []
+    for device in devices:
+        if device.processes is not None:
+            values.append(min(100.0, sum(v for pid, v in device.processes.items() if pid in pids)))
+        elif device.sm_percent is not None and slice_.get("kind") != "shared":
+            values.append(device.sm_percent)
+    return sum(values) / len(values) if values else None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ snapshot and the journal's truncation leaves records the snapshot already holds,
 Per-process GPU memory is simulated with files, so the watchdog can be tested with real
 processes: each process writes `<pid>.json` (`{"gpu_uuid": ..., "mig_uuid": ..., "used_mib": N}`)
 into `process_dir` (see `report_process_memory`); files of processes that have exited are removed.
+A simulation that runs its own notebooks (the trace replay) declares them with `run_process`
+instead, without files or live PIDs.
 
 SM utilisation is attributed per process, like the driver does on GPUs without MIG: a process's
 file may say its own `sm_percent`, else the fleet file's `utilization` pattern of its GPU at the
@@ -60,6 +62,7 @@ class SimulatedBackend(DeviceBackend):
         self._seq = 0  # number of the last instance change recorded in the state file
         self._journaled = 0  # changes in the journal since the last snapshot
         self._journal_fd: int | None = None
+        self._own: dict[int, tuple[GpuProcess, float | None]] = {}  # run_process: pid -> (process, SM %)
         if self.state_file is not None:
             self._load_state()
 
@@ -212,11 +215,22 @@ class SimulatedBackend(DeviceBackend):
             devices.setdefault(device, {})[process.pid] = own if own is not None else pattern.at(now)
         return [GpuUtilization(gpu, mig, processes=pids) for (gpu, mig), pids in devices.items()]
 
+    def run_process(self, pid: int, gpu_uuid: str, used_mib: int, *, mig_uuid: str | None = None,
+                    sm_percent: float | None = None) -> None:
+        """Declare (or change) a process the simulation itself runs on a GPU: it is reported like
+        those of `process_dir` until `end_process(pid)`."""
+        self._gpu(gpu_uuid)
+        self._own[pid] = (GpuProcess(pid=pid, gpu_uuid=gpu_uuid, used_mib=used_mib, mig_uuid=mig_uuid), sm_percent)
+
+    def end_process(self, pid: int) -> None:
+        self._own.pop(pid, None)
+
     def _reports(self) -> list[tuple[GpuProcess, float | None]]:
-        """(process, the SM utilisation it states or None) of each live process that reported."""
+        """(process, the SM utilisation it states or None) of each process the simulation runs and
+        each live one that reported in `process_dir`."""
+        processes = list(self._own.values())
         if self.process_dir is None or not self.process_dir.is_dir():
-            return []
-        processes = []
+            return processes
         for path in sorted(self.process_dir.glob("*.json")):
             if not path.stem.isdigit():
                 continue
