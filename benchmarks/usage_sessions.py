@@ -9,8 +9,10 @@ stated in the report: a session is 1 + Geometric(1/2) consecutive rows of the sa
 (mean 2 bursts); it asks for its whole GPUs at its first row's submit time; after each burst the
 user keeps working without the GPU for an Exponential(mean 15 min) gap, and after the last one
 leaves the notebook open and idle for an Exponential(mean 45 min) linger, then closes it. The
-user's activity (touches) continues through gaps and stops in the linger; the GPU reports 90% SM
-utilisation during bursts and 0% otherwise. A lease lost to idleness or a deadline is asked for
+user's activity (touches) continues through gaps and stops in the linger. Each session runs a
+notebook process on each of its GPUs in the simulated backend, at 90% SM utilisation during bursts
+and 0% otherwise; its lease is sampled from the backend as the watchdog does (slice_utilization)
+at each burst's start and end and every poll. A lease lost to idleness or a deadline is asked for
 again at the next burst, which waits in the queue like any request.
 
 Four policies, each in the same run over the same sessions: idle release on activity (30 min +
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from jupyter_gpualloc.core.deadlines import ExtensionRefused
+from jupyter_gpualloc.core.devices.base import slice_utilization
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import LeaseState, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
@@ -44,6 +47,7 @@ DOCS = HERE.parent / "docs" / "benchmarks"
 TRACE = HERE.parent.parent / "shared" / "data" / "notebookos-sensei-june2021" / "sensei_june_60sec.csv"
 MINUTE = 60.0
 POLL = 10 * MINUTE  # how often a session's holder touches its lease and its GPU is sampled
+BUSY_SM = 90.0  # SM utilisation of a notebook's process during a burst (0 otherwise)
 BASE = {"heartbeat_ttl": 0, "idle_timeout": 30 * MINUTE, "idle_grace": 5 * MINUTE, "preemption": False}
 POLICIES = {
     "activity idle release": {},
@@ -113,8 +117,8 @@ class Replay:
     def __init__(self, sessions: list[Session], nodes: int, policy: dict, end: float):
         self.sessions = [Session(s.id, s.start, s.gpus, list(s.bursts), list(s.gaps)) for s in sessions]
         self.end = end
-        self.scheduler = Scheduler(SimulatedBackend(fleet(nodes)), Store("sqlite://"),
-                                   SchedulerPolicy(**BASE, **policy), now=0.0)
+        self.backend = SimulatedBackend(fleet(nodes))
+        self.scheduler = Scheduler(self.backend, Store("sqlite://"), SchedulerPolicy(**BASE, **policy), now=0.0)
         self.by_lease: dict[str, Session] = {}
         self.events: list[tuple[float, int, str, int]] = []
         self.counter = itertools.count()
@@ -152,6 +156,9 @@ class Replay:
             getattr(self, "_" + what)(self.sessions[sid])
         self.now = self.end
         self.scheduler.tick(self.end)
+        for s in self.sessions:  # the replay ends: every lease's accrual is stored up to the end
+            if s.lease_id is not None:
+                self.scheduler.release(s.lease_id, now=self.end)
         return self.result(time.perf_counter() - started)
 
     # ------------------------------------------------------------ session events
@@ -176,7 +183,8 @@ class Replay:
         s.phase = "burst"
         s.remaining = s.remaining or s.bursts[s.burst]
         s.running_until = self.now + s.remaining
-        self.scheduler.sample_gpu(s.lease_id, now=self.now, sm_percent=0.0)
+        self._gpu_work(s, BUSY_SM)
+        self._sample(s)
         self.scheduler.touch(s.lease_id, now=self.now, last_activity=self.now, busy=True)
         self.at(s.running_until, "burst_end", s)
         self.at(self.now + POLL, "poll", s)
@@ -186,7 +194,8 @@ class Replay:
             return
         s.busy_gpu_seconds += s.remaining * s.gpus
         s.remaining, s.running_until = 0.0, None
-        self.scheduler.sample_gpu(s.lease_id, now=self.now, sm_percent=90.0)
+        self._sample(s)  # busy until now
+        self._gpu_work(s, 0.0)
         self.scheduler.touch(s.lease_id, now=self.now, last_activity=self.now, busy=False)
         last = s.burst == len(s.bursts) - 1
         s.phase = "linger" if last else "gap"
@@ -204,16 +213,36 @@ class Replay:
     def _close(self, s: Session) -> None:
         if s.lease_id is not None:
             self.scheduler.release(s.lease_id, now=self.now)
+        self._gpu_work(s, None)
         s.phase, s.lease_id = "done", None
 
     def _poll(self, s: Session) -> None:
         if s.lease_id is None or s.phase in ("done", "waiting"):
             return
         in_burst = s.phase == "burst"
-        self.scheduler.sample_gpu(s.lease_id, now=self.now, sm_percent=90.0 if in_burst else 0.0)
+        self._sample(s)
         if s.phase != "linger":
             self.scheduler.touch(s.lease_id, now=self.now, last_activity=self.now, busy=in_burst)
         self.at(self.now + POLL, "poll", s)
+
+    def _gpu_work(self, s: Session, sm_percent: float | None) -> None:
+        """The session's notebook process on each GPU of its lease, keeping `sm_percent` of its SMs
+        busy (None: the process ended), as the simulated backend reports it."""
+        gpus = self.scheduler.lease(s.lease_id).slice.gpu_uuids if sm_percent is not None else []
+        for n in range(8):
+            pid = s.id * 8 + n + 1
+            if n < len(gpus):
+                self.backend.run_process(pid, gpus[n], 1024, sm_percent=sm_percent)
+            else:
+                self.backend.end_process(pid)
+
+    def _sample(self, s: Session) -> None:
+        """What a watchdog would report: the session's processes' share of its slice, from the backend."""
+        lease = self.scheduler.lease(s.lease_id)
+        pids = {s.id * 8 + n + 1 for n in range(len(lease.slice.gpu_uuids))}
+        value = slice_utilization(lease.slice.to_json(), pids, self.backend.utilization(self.now))
+        if value is not None:
+            self.scheduler.sample_gpu(s.lease_id, now=self.now, sm_percent=value)
 
     def _extend(self, s: Session) -> None:
         if s.lease_id is not None and s.phase == "burst":
@@ -224,6 +253,7 @@ class Replay:
 
     def _lost(self, s: Session) -> None:
         """The lease ended by policy: a running burst stops and resumes when a new lease is granted."""
+        self._gpu_work(s, None)
         if s.phase == "burst":
             done = self.now - (s.running_until - s.remaining)
             s.busy_gpu_seconds += done * s.gpus
@@ -258,8 +288,9 @@ def write_report(path: Path, sessions: list[Session], args, results: dict[str, d
         "Sessions are modelled (the trace has none): 1 + Geometric(1/2) consecutive bursts of one GPU "
         "count, Exponential(mean 15 min) working gaps between bursts with the user active and the GPU "
         "idle, and an Exponential(mean 45 min) idle linger after the last burst before the notebook is "
-        "closed. The GPU reports 90% utilisation in bursts and 0% otherwise; activity is touched every "
-        "10 minutes. A burst whose lease was released asks again and waits in the queue.", "",
+        "closed. The notebook's processes keep 90% of their GPUs' SMs busy in bursts and 0% otherwise, as "
+        "the simulated backend reports them; the lease is sampled at each burst's start and end and, with "
+        "activity, every 10 minutes. A burst whose lease was released asks again and waits in the queue.", "",
         "| policy | GPU-hours held | GPU-hours busy | busy / held | requests | waited | "
         "wait p50 (min) | wait p95 (min) | wait mean (min) | still waiting at the end | run time (s) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -276,10 +307,10 @@ def write_report(path: Path, sessions: list[Session], args, results: dict[str, d
         f"- {name}: {r['held'] / base['held'] - 1:+.0%} GPU-hours held and "
         f"{r['waits'].mean() - base['waits'].mean():+.1f} min mean wait against {base_name}."
         for name, r in list(results.items())[1:]]
-    lines += ["", "GPU-hours held come from the core's usage ledger; busy ones from the replay (GPUs × "
-                  "burst time actually run). Waits are per request, from the moment a session needed "
-                  "its GPUs to the grant; requests still waiting at the end are left out of the "
-                  "percentiles.", ""]
+    lines += ["", "GPU-hours held come from the core's usage ledger (leases still open at the end are "
+                  "released then); busy ones from the replay (GPUs × burst time actually run). Waits are "
+                  "per request, from the moment a session needed its GPUs to the grant; requests still "
+                  "waiting at the end are left out of the percentiles.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
 

@@ -30,6 +30,16 @@ def test_activity_holds_through_the_gap_and_gpu_idleness_releases_in_it():
     assert freed["busy"] == pytest.approx(1200 / 3600) and freed["requests"] == 2
 
 
+def test_a_burst_that_starts_after_the_idle_warning_keeps_its_gpu():
+    # idle on the GPU from 600 s: warned at 2400 s (tick), released at 2700 s unless the GPU is busy again;
+    # the second burst starts at 600 + 1860 = 2460 s, and its start is sampled from the backend at 90%
+    sessions = [bench.Session(0, 0.0, 1, [600.0, 600.0], [1860.0, 60.0])]
+    replay = bench.Replay(sessions, 1, bench.POLICIES["GPU-aware idle release"], 6 * 3600.0)
+    result = replay.run()
+    assert result["requests"] == 1 and result["held"] == pytest.approx((2460 + 600 + 60) / 3600)
+    assert replay.backend.process_memory() == []  # the closed notebook's process ended with it
+
+
 def test_a_missing_trace_skips_with_a_message(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["usage_sessions.py", "--trace", str(tmp_path / "none.csv"),
                                       "--out", str(tmp_path / "out.md")])
