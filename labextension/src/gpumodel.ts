@@ -87,9 +87,9 @@ export class GpuModel {
     }
   }
 
+  /** Fetch the fleet, offers and my slices, and my usage; each is shown as soon as it arrives. */
   async refresh(): Promise<void> {
     await Promise.all([this.refreshLeases(), this.refreshUsage()]);
-    this._changed.emit();
   }
 
   private async refreshUsage(): Promise<void> {
@@ -98,6 +98,7 @@ export class GpuModel {
     } catch {
       this.usage = null;
     }
+    this._changed.emit();
   }
 
   private async refreshLeases(): Promise<void> {
@@ -115,6 +116,7 @@ export class GpuModel {
     } catch (err) {
       this.unreachable = `The GPU allocator cannot be reached: ${(err as Error).message}`;
     }
+    this._changed.emit();
   }
 
   async refreshJobs(): Promise<void> {
@@ -194,10 +196,12 @@ export class GpuModel {
     }
   }
 
-  /** Keep on an idle warning; Extend on a deadline warning while the slice has extensions left. */
+  /** Keep active on an idle warning; Extend on a deadline warning while the slice has extensions left. */
   private noticeActions(kind: Notice['kind'], leaseId: string): Notification.IAction[] {
     if (kind === 'idle-warning') {
-      return [{ label: 'Keep', caption: 'I am still using this GPU slice', callback: () => void this.keep(leaseId) }];
+      return [
+        { label: 'Keep active', caption: 'I am still using this GPU slice', callback: () => void this.keep(leaseId) }
+      ];
     }
     const deadline = this.slices.find(l => l.id === leaseId)?.deadline;
     if (kind === 'deadline-warning' && deadline && deadline.extensions_left > 0) {

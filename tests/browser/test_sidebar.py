@@ -258,11 +258,11 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
                      quota.inner_text()), quota.inner_text()
     assert quota.get_by_role("meter").get_attribute("aria-valuenow") is not None
 
-    # idle past the policy's timeout: the warning arrives as a notification with Keep, and a countdown
+    # idle past the policy's timeout: the warning arrives as a notification with Keep active, and a countdown
     toast = page.locator(".Toastify__toast", has_text="idle")
     toast.wait_for(timeout=(IDLE_TIMEOUT + 30) * 1000)
     assert "train.ipynb" in toast.inner_text()  # the notification names the notebook, not the kernel id
-    assert toast.get_by_role("button", name="Keep").count() == 1
+    assert toast.get_by_role("button", name="Keep active").count() == 1
     countdown = panel.locator(".jp-gpualloc-countdown")
     countdown.wait_for()
     assert "released in" in countdown.inner_text()
@@ -307,11 +307,11 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     panel.get_by_role("button", name="Cancel slow.ipynb").click()
     panel.locator('.jp-gpualloc-job[data-state="cancelled"]').wait_for(timeout=60_000)
 
-    # Keep clears the idle warning; Release ends the lease
+    # Keep active clears the idle warning; Release ends the lease
     # one idle-warning notification per slice: a warning that was cleared closed its notification
     page.wait_for_function("() => [...document.querySelectorAll('.Toastify__toast')]"
                            ".filter(t => t.textContent.includes('idle')).length === 1", timeout=10_000)
-    page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Keep").click()
+    page.locator(".Toastify__toast", has_text="idle").get_by_role("button", name="Keep active").click()
     countdown.wait_for(state="detached", timeout=30_000)
     # every control of the panel is reachable from the keyboard and has a name; Release by keyboard
     unlabelled = panel.evaluate("""el => [...el.querySelectorAll('button, select, [tabindex]')]
@@ -347,15 +347,19 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 7g.40gb')",
         timeout=30_000)
-    assert panel.locator('.jp-gpualloc-block[data-owner="mine"]').get_attribute("data-size") == "8"
+    panel.locator('.jp-gpualloc-block[data-owner="mine"][data-size="8"]').wait_for(timeout=30_000)  # next fetch
     [held] = lab.call("GET", "gpualloc/api/slices")[1]["slices"]
     assert held["state"] == "granted" and held["slice"]["profile"] == "7g.40gb"
     assert held["deadline"]["at"] == pytest.approx(held["granted_at"] + 20)  # the offer's own max_duration
 
     # the whole A100 is time-boxed to 20 s by its offer: released at its limit, told and listed
-    page.locator(".Toastify__toast", has_text="reached its maximum duration of 20s").wait_for(timeout=60_000)
+    page.locator(".Toastify__toast", has_text="slow.ipynb was expired: reached its maximum duration of 20s")\
+        .wait_for(timeout=60_000)
     mine.wait_for(state="detached", timeout=30_000)
     ended = panel.locator(".jp-gpualloc-ended li", has_text="slow.ipynb")
     assert "released at its time limit" in ended.inner_text()
     assert "train.ipynb: released" in panel.locator(".jp-gpualloc-ended").inner_text()
     assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []
+    # its kernel is shut down with it (waited for: a server stopped mid-shutdown can hang in jupyter_client)
+    shutdown = page.locator(".Toastify__toast", has_text="was shut down: its GPU lease expired (reached its maximum")
+    shutdown.wait_for(timeout=60_000)

@@ -106,7 +106,7 @@ function SliceItem(props: {
         </Action>
         {warning && (
           <Action label={`Keep the slice of ${where}: it is in use`} warn onClick={() => actions.keep(lease)}>
-            Keep
+            Keep active
           </Action>
         )}
         {deadline && deadline.extensions_left > 0 && (
@@ -115,7 +115,7 @@ function SliceItem(props: {
             warn={props.deadlineWarned || deadline.warned_at !== null}
             onClick={() => actions.extendDeadline(lease)}
           >
-            Extend time
+            Extend
           </Action>
         )}
         {kernelId && notebook && (
