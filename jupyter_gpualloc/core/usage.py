@@ -333,12 +333,13 @@ class UsageLedger:
                 self._recent.setdefault(owner, {})[(seg.lease_id, seg.start)] = seg
 
     def segments(self, since: float, until: float, now: float, user: str | None = None) -> list[UsageSegment]:
-        """Stored segments overlapping [since, until) plus running leases' accrual not stored yet."""
-        found = self.store.load_usage(since, until, user)
-        for acc in self._running.values():
-            if user is None or acc.template.user == user:
-                found.extend(s for s in self._pending(acc, now) if s.end > since and s.start < until)
-        return found
+        """Stored segments overlapping [since, until) plus running leases' accrual up to now (whose
+        current segment replaces the part of it already stored)."""
+        pending = [s for acc in self._running.values() if user is None or acc.template.user == user
+                   for s in self._pending(acc, now) if s.end > since and s.start < until]
+        replaced = {(s.lease_id, s.start) for s in pending}
+        stored = self.store.load_usage(since, until, user)
+        return [s for s in stored if (s.lease_id, s.start) not in replaced] + pending
 
     # ------------------------------------------------- GPU-aware idleness
     def sample(self, lease: Lease, sm_percent: float, now: float) -> bool:
@@ -436,8 +437,8 @@ class UsageLedger:
         for user, groups, model, kind, gpu_seconds in self.store.usage_totals():
             add(user, json.loads(groups), model, kind, gpu_seconds)
         for acc in self._running.values():
-            for seg in self._pending(acc, now):
-                add(seg.user, seg.groups, seg.model, seg.kind, seg.seconds * seg.gpus)
+            for seg in self._pending(acc, now):  # only what is not stored yet
+                add(seg.user, seg.groups, seg.model, seg.kind, (seg.end - max(seg.start, acc.stored_to)) * seg.gpus)
         return out
 
     # ------------------------------------------------------------- quotas
@@ -467,11 +468,11 @@ class UsageLedger:
 
     def _matching(self, who: str, per: str, now: float) -> list[UsageSegment]:
         """The user's or group's stored segments within the horizon, and its running leases' accrual since."""
-        segs = list(self._recent.get((per, who), {}).values())
+        segs = dict(self._recent.get((per, who), {}))
         for acc in self._running.values():
             if (acc.template.user == who) if per == "user" else (who in acc.template.groups):
-                segs.extend(self._pending(acc, now))
-        return segs
+                segs.update(((seg.lease_id, seg.start), seg) for seg in self._pending(acc, now))
+        return list(segs.values())
 
     def _used(self, who: str, per: str, since: float, until: float, now: float) -> float:
         total = 0.0
