@@ -12,8 +12,9 @@
 - The form also says where the user stands against their usage quotas and how long a time-boxed
   offer lasts; offers a used-up usage quota refuses are greyed out with the sentence.
 - `start()` submits a `server` lease and waits while it is queued, reporting the queue position
-  (and, once granted, the slice's deadline) through `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's
-  quota, it withdraws the lease and raises SpawnException(reason="capacity", 503).
+  (and, once granted, the slice's deadline) through `progress()`; past `start_timeout` (less
+  `gpu_start_reserve`), or beyond the user's quota, it withdraws the lease and raises
+  SpawnException(reason="capacity", 503).
 - The server's env gets the slice (see env.slice_env) and the service URL; the lease id is kept
   in the spawner's state, heartbeats keep the lease alive while the server runs (and resume
   after a hub restart), and `stop()` or a `poll()` that finds the server dead release it.

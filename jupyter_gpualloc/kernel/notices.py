@@ -28,7 +28,8 @@ def notice_line(event: Mapping[str, Any]) -> str | None:
         left = data.get("extensions_left", 0)
         advice = f"{extensions_text(left)}: %gpu extend moves it later" if left else \
             "it cannot be extended: save your work"
-        return f"gpu: lease {lease_id} reaches its time limit at {moment_text(data['deadline'], event['time'])}; {advice}"
+        when = moment_text(data["deadline"], event["time"])
+        return f"gpu: lease {lease_id} reaches its time limit at {when}; {advice}"
     if kind == "lease.idle_warning":
         grace = format_duration(data["release_at"] - event["time"]) if data.get("release_at") else "soon"
         return f"gpu: lease {lease_id} is idle: it is released in {grace} unless this kernel is used"

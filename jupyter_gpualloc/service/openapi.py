@@ -491,8 +491,8 @@ OPERATIONS["/usage"] = {
 SCHEMAS["Offers"]["properties"]["offers"]["items"]["properties"]["max_duration"] = {
     **NULLABLE_NUMBER, "description": "Seconds a server's lease on this offer may last; null: no limit."}
 SCHEMAS["Offers"]["properties"]["offers"]["items"]["properties"].update({
-    "max_extensions": {"type": ["integer", "null"],
-                       "description": "How often a lease on this offer may be extended; null when it has no max_duration."},
+    "max_extensions": {"type": ["integer", "null"], "description": "How often a lease on this offer may be "
+                                                                   "extended; null when it has no max_duration."},
     "over_usage_quota": {"type": ["string", "null"],
                          "description": "The usage quota that refuses a request now: 'you have used 40.00 of 40 "
                                         "GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)'."},

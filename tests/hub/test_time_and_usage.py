@@ -80,11 +80,12 @@ def test_a_kernel_on_the_servers_slice_sees_its_time_limit_and_extends_it(hub):
     kernel_id = reply.json()["id"]
     try:
         status = run_cell(hub, "alice", kernel_id, "%gpu status")
-        assert re.search(r"^gpu: this kernel uses its server's MIG 1g\.10gb on A100-SXM4-80GB \(local\) \(lease (\w+)\)",
-                         status, re.M), status
+        uses = r"^gpu: this kernel uses its server's MIG 1g\.10gb on A100-SXM4-80GB \(local\) \(lease \w+\)"
+        assert re.search(uses, status, re.M), status
         assert re.search(r"^  time limit: until \S+ \d\d:\d\d UTC \(in (3h 59m|4h)\), 2 extensions left "
                          r"\(%gpu extend\)$", status, re.M), status
-        assert re.search(rf"^  usage: you have used \d+\.\d\d of 40 GPU-hours this week {RESETS}$", status, re.M), status
+        usage = rf"^  usage: you have used \d+\.\d\d of 40 GPU-hours this week {RESETS}$"
+        assert re.search(usage, status, re.M), status
         server = next(l for l in hub.leases() if l["user"] == "alice" and l["holder"] == "server")
         extended = run_cell(hub, "alice", kernel_id, "%gpu extend")
         assert re.fullmatch(rf"gpu: your server's lease {server['id']} extended until .* UTC \(in .*\), "
