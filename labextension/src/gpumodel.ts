@@ -10,6 +10,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { GpuApi } from './api';
 import { extensionRefusal } from './model/deadline';
 import { ApiError, plainError } from './model/errors';
+import { namedAfterNotebook } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
@@ -180,7 +181,7 @@ export class GpuModel {
     const leaseId = notice.leaseId;
     const kernelId = event.kernel_id;
     const notebook = kernelId ? this.notebookOf(kernelId) : null;
-    const text = kernelId && notebook ? notice.message.replace(`kernel ${kernelId}`, notebook) : notice.message;
+    const text = kernelId && notebook ? namedAfterNotebook(notice.message, kernelId, notebook) : notice.message;
     const toasts = { 'idle-warning': this._warningToasts, 'deadline-warning': this._deadlineToasts }[
       notice.kind as string
     ];

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { formatCountdown, formatDuration, secondsLeft } from '../src/model/countdown';
-import { statusText } from '../src/model/format';
+import { namedAfterNotebook, statusText } from '../src/model/format';
 import { LeaseEntry } from '../src/model/types';
 
 describe('idle countdown', () => {
@@ -52,5 +52,17 @@ describe('status-bar text', () => {
     expect(statusText([granted])).toBe('GPU 1g.10gb · 9.5 GiB');
     expect(statusText([{ ...granted, used_mib: 3174 }])).toBe('GPU 1g.10gb · 3.1/9.5 GiB');
     expect(statusText([granted, { ...granted, id: 'b' }])).toBe('GPU 1g.10gb · 9.5 GiB +1');
+  });
+});
+
+describe('notices about a kernel', () => {
+  it('name its notebook instead of the kernel id', () => {
+    expect(namedAfterNotebook('The GPU slice of kernel k-1 was extended.', 'k-1', 'a.ipynb')).toBe(
+      'The GPU slice of a.ipynb was extended.'
+    );
+    expect(namedAfterNotebook('Kernel k-1 was shut down: its GPU lease expired.', 'k-1', 'a.ipynb')).toBe(
+      'The kernel of a.ipynb was shut down: its GPU lease expired.'
+    );
+    expect(namedAfterNotebook('Kernel k-2 was shut down.', 'k-1', 'a.ipynb')).toBe('Kernel k-2 was shut down.');
   });
 });

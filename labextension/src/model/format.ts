@@ -78,3 +78,9 @@ export function statusText(slices: LeaseEntry[]): string {
   const more = granted.length > 1 ? ` +${granted.length - 1}` : '';
   return `GPU ${sliceName(slice)} · ${memory}${more}`;
 }
+
+/** A notice about a kernel, naming its notebook: "kernel <id>" -> "train.ipynb",
+ * "Kernel <id>" -> "The kernel of train.ipynb". */
+export function namedAfterNotebook(message: string, kernelId: string, notebook: string): string {
+  return message.replace(`Kernel ${kernelId}`, `The kernel of ${notebook}`).replace(`kernel ${kernelId}`, notebook);
+}
