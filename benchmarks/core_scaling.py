@@ -204,8 +204,10 @@ def main() -> None:
     lease_cells = lease_cells if "leases" in sections else []
     mig_gpus = mig_gpus if "mig" in sections else []
     tick_cells = tick_cells if "tick" in sections else []
-    lines = ["| GPUs | active leases | fill s | submit p50 / p99 ms | release p50 / p99 ms | touch p50 / p99 ms |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines: list[str] = []
+    if lease_cells:
+        lines += ["", "| GPUs | active leases | fill s | submit p50 / p99 ms | release p50 / p99 ms | "
+                  "touch p50 / p99 ms |", "|---:|---:|---:|---:|---:|---:|"]
     for gpus, leases in lease_cells:
         r = leases_cell(gpus, leases, args.ops, args.fill_budget)
         if r is None:
@@ -214,7 +216,9 @@ def main() -> None:
             lines.append(f"| {gpus:,} | {leases:,} | {r['fill']:.1f} | " + " | ".join(
                 f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in ("submit", "release", "touch")) + " |")
         print(lines[-1], flush=True)
-    lines += ["", "| MIG GPUs (dynamic) | active leases | fill s | submit+release p50 / p99 ms |", "|---:|---:|---:|---:|"]
+    if mig_gpus:
+        lines += ["", "| MIG GPUs (dynamic) | active leases | fill s | submit+release p50 / p99 ms |",
+                  "|---:|---:|---:|---:|"]
     for gpus in mig_gpus:
         r = mig_cell(gpus, MIG_LEASES, args.ops, args.fill_budget)
         if r is None:
@@ -223,8 +227,9 @@ def main() -> None:
             lines.append(f"| {gpus:,} | {MIG_LEASES:,} | {r['fill']:.1f} | "
                          f"{r['submit_release'][0]:.3f} / {r['submit_release'][1]:.3f} |")
         print(lines[-1], flush=True)
-    lines += ["", "| GPUs (all held) | queued | tick, first pass s | tick, nothing changed s | submit while queued s |",
-              "|---:|---:|---:|---:|---:|"]
+    if tick_cells:
+        lines += ["", "| GPUs (all held) | queued | tick, first pass s | tick, nothing changed s | "
+                  "submit while queued s |", "|---:|---:|---:|---:|---:|"]
     for gpus, queued in tick_cells:
         if gpus * queued > args.max_queue_x_fleet:
             lines.append(f"| {gpus:,} | {queued:,} | skipped | | |")
@@ -250,7 +255,7 @@ def main() -> None:
                   "|---|---:|---:|", *top]
         print("\n".join(lines[-8 - len(top):]), flush=True)
     lines += ["", f"load average {os.getloadavg()[0]:.1f} at the end"]
-    table = "\n".join(lines)
+    table = "\n".join(lines[1:])
     print()
     print(table)
     if args.out:
