@@ -26,7 +26,7 @@ BENCHMARKS = [
     ("decision_latency.py", "latency.md", []),
     ("mig_packing.py", "mig.md", []),
     ("core_memory.py", "memory.md", []),
-    ("service_latency.py", "service.md", []),
+    ("service_latency.py", "service_latency.md", []),
     ("usage_sessions.py", "usage.md", []),
     ("jobs.py", "jobs.md", []),
 ]

@@ -10,7 +10,7 @@ allocate/release cycles of a MIG 1g.10gb slice:
   (no HTTP), as the baseline.
 
 Latency is measured at the client from request sent to answer read (perf_counter). Run
-``python benchmarks/service_latency.py`` (about 20 s on 2 cores); it writes docs/benchmarks/service.md.
+``python benchmarks/service_latency.py`` (about 20 s on 2 cores); it writes docs/benchmarks/service_latency.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from jupyter_gpualloc.core.store import Store, sqlite_url  # noqa: E402
 
 FLEET = ROOT / "examples" / "fleets" / "demo.yaml"
 SPEC = {"kind": "mig", "profile": "1g.10gb"}
-OUT = ROOT / "docs" / "benchmarks" / "service.md"
+OUT = ROOT / "docs" / "benchmarks" / "service_latency.md"
 
 
 def free_port() -> int:

@@ -406,7 +406,12 @@ def cell(step: Step | None) -> str:
     done = "" if step.meets_knee else f"{step.done:,.0f} req/s done, "
     p99 = f"{step.p99_ms / 1000:.1f} s" if step.p99_ms >= 1000 else f"{step.p99_ms:.1f} ms"
     errors = f", {step.errors} errors" if step.errors else ""
-    return f"{done}p99 {p99}, {step.cores:.2f} cores{errors}"
+    return f"{done}p99 {p99}, {step.cores:.2f} cores ({cpu_per_request(step):.2f} ms CPU/req){errors}"
+
+
+def cpu_per_request(step: Step) -> float:
+    """The server's CPU milliseconds per answered request: what it costs, however busy the machine."""
+    return step.cores / step.done * 1000 if step.done else float("inf")
 
 
 def table(steps: list[Step], before: list[Step]) -> str:
@@ -428,6 +433,12 @@ def table(steps: list[Step], before: list[Step]) -> str:
                              f"| {cell(old)} | {cell(now)} | {ratio} |")
         lines.append("")
         for mix in ("alloc", "touch"):
+            cost = {name: min((cpu_per_request(s) for s in pool if s.server == name and s.mix == mix),
+                              default=float("inf")) for name, pool in (("hello", steps), (server, steps))}
+            old = min((cpu_per_request(s) for s in before if s.server == server and s.mix == mix), default=float("inf"))
+            lines.append(f"CPU per request ({mix}, lowest of the sweep): hello {cost['hello']:.2f} ms, before "
+                         f"{old:.2f} ms, after {cost[server]:.2f} ms: one dedicated core would take about "
+                         f"{1000 / cost[server]:,.0f} req/s ({cost[server] / cost['hello']:.1f}x hello's cost).  ")
             lines.append(f"Knee ({mix}): hello {knee(steps, 'hello', mix):,.0f} req/s, before "
                          f"{knee(before, server, mix):,.0f} req/s, after {knee(steps, server, mix):,.0f} req/s.  ")
         lines.append("")
@@ -445,8 +456,13 @@ def main() -> None:
     parser.add_argument("--client-core", type=int, default=1)
     parser.add_argument("--json", help="write the raw figures here")
     parser.add_argument("--before", help="raw figures of an earlier run (--json), shown as 'before'")
+    parser.add_argument("--render", action="store_true", help="only print the table of --json (and --before)")
     parser.add_argument("--profile", help="py-spy: record the SQLite service under the alloc mix at this rate")
     args = parser.parse_args()
+    if args.render:
+        load = lambda path: [Step(**s) for s in json.loads(Path(path).read_text())] if path else []  # noqa: E731
+        print(table(load(args.json), load(args.before)))
+        return
     os.sched_setaffinity(0, {args.client_core})
     mixes = args.mixes.split(",")
     wanted = args.servers.split(",")
@@ -492,7 +508,8 @@ def profile(server: Server, mix: str, rate: int, seconds: float, setup: dict) ->
     """py-spy's top frames (own time) of the service while it takes `rate` requests/s of `mix`."""
     out = Path(f"/tmp/gpualloc-pyspy-{mix}-{rate}.txt")
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(server.proc.pid),
-                            "--format", "raw", "--output", str(out), "--duration", str(int(seconds)), "--rate", "200"],
+                            "--format", "raw", "--output", str(out), "--duration", str(int(seconds)), "--rate", "200",
+                            "--idle"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     step = measure(server, mix, rate, seconds, setup)
     spy.wait()
