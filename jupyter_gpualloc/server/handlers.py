@@ -68,6 +68,13 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
                 raise web.HTTPError(400, f"{name} must be a string")
         return data
 
+    def lease_id(self) -> str:
+        """The body's `lease_id`; 400 when it is missing or empty."""
+        lease_id = self.body().get("lease_id")
+        if not isinstance(lease_id, str) or not lease_id:
+            raise web.HTTPError(400, "lease_id is required")
+        return lease_id
+
     async def service(self, coro):
         """Await a client call; the service's error becomes this request's (status and message)."""
         try:
@@ -205,10 +212,7 @@ class ReleaseHandler(SidebarHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        lease_id = self.body().get("lease_id")
-        if not isinstance(lease_id, str) or not lease_id:
-            raise web.HTTPError(400, "lease_id is required")
-        lease = await self.service(self.ext.client.release(lease_id))
+        lease = await self.service(self.ext.client.release(self.lease_id()))
         kernel_id = kernel_of(lease["holder"])
         if kernel_id is not None:
             self.ext.monitor.detach(kernel_id)
@@ -221,10 +225,7 @@ class ExtendHandler(SidebarHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        lease_id = self.body().get("lease_id")
-        if not isinstance(lease_id, str) or not lease_id:
-            raise web.HTTPError(400, "lease_id is required")
-        lease = await self.service(self.ext.client.touch(lease_id, last_activity=time.time()))
+        lease = await self.service(self.ext.client.touch(self.lease_id(), last_activity=time.time()))
         self.finish(json.dumps(self.lease_entry(lease)))
 
 
@@ -234,10 +235,7 @@ class DeadlineExtendHandler(SidebarHandler):
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        lease_id = self.body().get("lease_id")
-        if not isinstance(lease_id, str) or not lease_id:
-            raise web.HTTPError(400, "lease_id is required")
-        lease = await self.service(self.ext.client.extend(lease_id))
+        lease = await self.service(self.ext.client.extend(self.lease_id()))
         self.finish(json.dumps(self.lease_entry(lease)))
 
 
