@@ -31,6 +31,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from core_memory import rss_mib  # this folder is on sys.path when run as a script
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import Gpu, MigMode, Node, PriorityClass, SliceSpec
@@ -136,14 +137,6 @@ def tick_cell(gpus: int, queued: int, budget: float) -> dict | None:
     if lease.state.value != "queued":
         raise RuntimeError("the late request should wait")
     return {"first": first, "second": second, "submit": submit}
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def memory_cell(gpus: int, leases: int, top: int = 8) -> dict:
