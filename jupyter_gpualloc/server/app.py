@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import inspect
 import os
 import sys
 import time
@@ -39,6 +40,10 @@ from .provisioner import KernelLink, install_link
 from .watchdog import Watchdog, cap_mechanisms
 
 PROVISIONER_ENTRY_POINT = "jupyter_gpualloc.server.provisioner:GpuAllocProvisioner"
+# Server stop: seconds it waits for periodic work in flight (each call to the service has its own timeout)
+# and for its kernels' shutdowns (a stubborn kernel is killed after KernelManager.shutdown_wait_time)
+IN_FLIGHT_WAIT = 5.0
+KERNELS_STOP_WAIT = 15.0
 
 
 class GpuAllocExtension(ExtensionApp):
@@ -118,6 +123,7 @@ class GpuAllocExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         self._tasks: list[asyncio.Task] = []
         self._callbacks: list[PeriodicCallback] = []
+        self._in_flight: set[asyncio.Future] = set()  # periodic callbacks' runs not finished yet
         self.runner: JobRunner | None = None
         self._default_provisioner: str | None = None
         self.events = GpuAllocEvents(self.serverapp.event_logger)
@@ -234,7 +240,18 @@ class GpuAllocExtension(ExtensionApp):
             self._tasks.append(asyncio.ensure_future(self._install_kernelspecs()))
 
     def _every(self, seconds: float, callback) -> None:
-        pc = PeriodicCallback(callback, seconds * 1000)
+        """Run `callback` (sync or async) every `seconds`; its runs in flight are awaited at stop."""
+
+        def run():
+            result = callback()
+            if not inspect.isawaitable(result):
+                return None
+            future = asyncio.ensure_future(result)
+            self._in_flight.add(future)
+            future.add_done_callback(self._in_flight.discard)
+            return future
+
+        pc = PeriodicCallback(run, seconds * 1000)
         pc.start()
         self._callbacks.append(pc)
 
@@ -290,19 +307,23 @@ class GpuAllocExtension(ExtensionApp):
         self.log.info("gpualloc: installed kernelspecs %s", ", ".join(names))
 
     async def stop_extension(self) -> None:
-        """Stop the periodic work, shut the kernels down (releasing their slices), then close."""
+        """Stop the periodic work, shut the kernels down (releasing their slices), then close.
+
+        Nothing in flight is cut midway: periodic runs are awaited (bounded), and kernel shutdowns
+        (those the monitor began for ended leases included) each happen once, awaited (bounded).
+        """
         for pc in self._callbacks:
             pc.stop()
-        for task in self._tasks:
+        for task in self._tasks:  # the event relay and the kernelspec install; kernel shutdowns are shielded
             task.cancel()
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), timeout=IN_FLIGHT_WAIT)
         if self.runner is not None:
             await self.runner.close()
-        km = self.serverapp.kernel_manager
-        for kernel_id in km.list_kernel_ids():
-            try:
-                await km.shutdown_kernel(kernel_id)
-            except Exception as err:  # e.g. a kernel whose start failed: nothing to release
-                self.log.warning("gpualloc: cannot shut down kernel %s: %s", kernel_id, err)
+        if self.client is not None:
+            left = await self.monitor.shut_down_all(KERNELS_STOP_WAIT)
+            if left:
+                self.log.warning("gpualloc: kernels %s are still shutting down", ", ".join(left))
         install_link(None)
         if self._default_provisioner is not None:
             KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner

@@ -5,10 +5,15 @@ monitor only tells it, every `report_interval`, each GPU kernel's last activity,
 is running and how many clients are connected, and heartbeats every kernel's holder so a crashed
 server loses its slices after the heartbeat TTL. When the scheduler ends a kernel's lease
 (idle expiry, preemption), the monitor shuts that kernel down and emits `kernel.gpu_shutdown`.
+
+Every kernel shutdown the extension starts goes through `shut_down`: one task per kernel, never
+cancelled with the caller (a shutdown cut midway leaves jupyter_client's kernel half stopped, and
+shutting it down again then fails), and awaited, bounded, when the server stops.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Mapping
 
@@ -29,6 +34,7 @@ class KernelActivityMonitor:
         self.log = log or logging.getLogger(__name__)
         self.leases: dict[str, dict] = {}  # kernel id -> its granted lease (JSON of REST API v1)
         self.extra_holders: set[str] = set()  # other holders this server keeps alive (e.g. "server")
+        self.shutdowns: dict[str, asyncio.Task] = {}  # kernel id -> its shutdown in progress
 
     def attach(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
         self.leases[kernel_id] = dict(lease)
@@ -83,7 +89,38 @@ class KernelActivityMonitor:
         reason = lease.get("reason", "")
         self.log.warning("shutting down kernel %s: its GPU lease %s %s (%s)", kernel_id, lease["id"],
                          lease["state"], reason)
-        await self.kernel_manager.shutdown_kernel(kernel_id)
-        self.events.emit("kernel.gpu_shutdown", kernel_id=kernel_id, lease_id=lease["id"],
-                         holder=f"kernel:{kernel_id}", state=lease["state"], reason=reason, action="shutdown",
-                         message=f"Kernel {kernel_id} was shut down: its GPU lease {lease['state']} ({reason}).")
+        if await self.shut_down(kernel_id):
+            self.events.emit("kernel.gpu_shutdown", kernel_id=kernel_id, lease_id=lease["id"],
+                             holder=f"kernel:{kernel_id}", state=lease["state"], reason=reason, action="shutdown",
+                             message=f"Kernel {kernel_id} was shut down: its GPU lease {lease['state']} ({reason}).")
+
+    async def shut_down(self, kernel_id: str) -> bool:
+        """Shut a kernel down once (joining a shutdown already in progress); whether it went without error.
+
+        The shutdown runs in its own task, shielded: cancelling the caller leaves it running to its end.
+        """
+        return await asyncio.shield(self._start_shutdown(kernel_id))
+
+    def _start_shutdown(self, kernel_id: str) -> asyncio.Task:
+        task = self.shutdowns.get(kernel_id)
+        if task is None:
+            task = self.shutdowns[kernel_id] = asyncio.ensure_future(self._shut_down(kernel_id))
+            task.add_done_callback(lambda _: self.shutdowns.pop(kernel_id, None))
+        return task
+
+    async def _shut_down(self, kernel_id: str) -> bool:
+        try:
+            await self.kernel_manager.shutdown_kernel(kernel_id)
+        except Exception as err:  # e.g. a kernel whose start failed: there is nothing left to stop
+            self.log.warning("gpualloc: cannot shut down kernel %s: %s", kernel_id, err)
+            return False
+        return True
+
+    async def shut_down_all(self, timeout: float) -> list[str]:
+        """Server stop: shut every kernel down (joining those already stopping), waiting at most `timeout`
+        seconds; returns the kernels still stopping then (jupyter_server's own cleanup awaits those)."""
+        for kernel_id in self.kernel_manager.list_kernel_ids():
+            self._start_shutdown(kernel_id)
+        if self.shutdowns:
+            await asyncio.wait(list(self.shutdowns.values()), timeout=timeout)
+        return sorted(k for k, task in self.shutdowns.items() if not task.done())

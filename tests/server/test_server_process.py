@@ -87,7 +87,8 @@ def servers():
     made: list[JupyterServerProcess] = []
     yield made
     for server in made:
-        kernels = [] if server.proc is None else psutil.Process(server.proc.pid).children(recursive=True)
+        running = server.proc is not None and server.proc.poll() is None
+        kernels = psutil.Process(server.proc.pid).children(recursive=True) if running else []
         server.stop()
         for kernel in kernels:
             if kernel.is_running():
@@ -151,3 +152,51 @@ def test_killed_server_loses_its_kernels_slices_within_the_heartbeat_ttl(tmp_pat
                 process.kill()
     finally:
         service.kill()
+
+
+# a cell that keeps its kernel alive through the shutdown request and the interrupt before it, until killed
+STUBBORN_CELL = """
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    try:
+        time.sleep(0.1)
+    except BaseException:
+        pass
+"""
+
+
+def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_promptly(tmp_path, servers):
+    from jupyter_client import BlockingKernelClient
+
+    config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                    "tick_interval": 0.2, "report_interval": 0.3},
+              "SchedulerPolicy": {"offers": OFFERS, "max_duration": {"kernel": 4}},
+              "KernelManager": {"shutdown_wait_time": 5.0}}
+    server = JupyterServerProcess(tmp_path, config)
+    servers.append(server.start())
+    status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+    assert status == 201, kernel
+    client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{kernel['id']}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=30)
+        client.execute(STUBBORN_CELL)
+        deadline = time.monotonic() + 20
+        while f"shutting down kernel {kernel['id']}" not in server.log_tail():
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.05)
+    finally:
+        client.stop_channels()
+    time.sleep(0.5)  # well inside the kernel's shutdown: it ignores the request, the interrupt and SIGTERM
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    try:
+        server.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        server.stop(signal.SIGKILL)
+        pytest.fail(f"the server did not exit within 20 s of SIGTERM:\n{server.log_tail()}")
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "Traceback" not in log and "InvalidStateError" not in log, log[-4000:]
+    assert f"cannot shut down kernel {kernel['id']}" not in log
