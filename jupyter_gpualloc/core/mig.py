@@ -400,6 +400,16 @@ class _LayoutGraph:
         used = np.array([bin(layout.occupied).count("1") for layout in self.layouts])
         self.levels = [np.flatnonzero(used == n) for n in range(roots[0].geometry.memory_slices, -1, -1)]
         self.gains = np.array([p.compute_slices for p in table], dtype=float)
+        # Per non-empty level, what values() reads, laid out once: the successors start-major
+        # ([start, layout, profile], contiguous, so their max is an elementwise maximum), with no
+        # successor (-1) reading the last entry of the value array, which values() keeps at -inf;
+        # and which profiles fit at all.
+        self._steps = []
+        for level in self.levels:
+            if level.size:
+                targets = self.succ[level]
+                fits = targets[:, :, 0] >= 0
+                self._steps.append((level, np.ascontiguousarray(targets.transpose(2, 0, 1)), fits, ~fits))
 
     def _add(self, layout: Layout) -> int:
         if layout not in self.index:
@@ -410,19 +420,19 @@ class _LayoutGraph:
     def values(self, shares: np.ndarray, discount: float) -> np.ndarray:
         """Per layout: the compute slices a GPU in it expects to take from the requests to come,
         if it faced them alone. Each request draws a profile by `shares`; one that fits goes where
-        it leaves the most value; the n-th request from now counts `discount`**n."""
-        value = np.zeros(len(self.layouts))
-        for level in self.levels:
-            if not level.size:
-                continue
-            targets = self.succ[level]                       # [layout, profile, start]
-            fits = targets[:, :, 0] >= 0
-            after = np.where(targets >= 0, value[targets], -np.inf).max(axis=2)
-            after[~fits] = 0.0
+        it leaves the most value; the n-th request from now counts `discount`**n.
+
+        O(layouts x profiles x starts) elementwise, in one pass per level of occupied slices."""
+        n = len(self.layouts)
+        value = np.zeros(n + 1)
+        value[n] = -np.inf  # where a missing successor (-1) reads
+        for level, targets, fits, unfit in self._steps:
+            after = value[targets].max(axis=0)              # [layout, profile]: best start
+            after[unfit] = 0.0
             placed = (fits * shares * (self.gains + discount * after)).sum(axis=1)
-            stays = (shares * ~fits).sum(axis=1)             # requests that do not fit leave it as is
+            stays = (shares * unfit).sum(axis=1)             # requests that do not fit leave it as is
             value[level] = placed / (1.0 - discount * stays)
-        return value
+        return value[:n]
 
 
 @lru_cache(maxsize=64)
@@ -449,6 +459,15 @@ class DefaultPlacer(MigPlacer):
 
     def __init__(self) -> None:
         self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
+        self._tables: tuple[dict[int, MigProfile], tuple[MigProfile, ...], Layout] | None = None
+
+    def _table(self, profiles: dict[int, MigProfile]) -> tuple[tuple[MigProfile, ...], Layout]:
+        """The profile table in id order and the empty layout, kept for the last table asked about
+        (a fleet's GPUs of one model share one table): O(1) when it is the same object again."""
+        if self._tables is None or self._tables[0] is not profiles:
+            self._tables = (profiles, tuple(p for _, p in sorted(profiles.items())),
+                            Layout(MigGeometry.of(profiles)))
+        return self._tables[1], self._tables[2]
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
@@ -459,8 +478,7 @@ class DefaultPlacer(MigPlacer):
                       for start in legal_starts(layout, profile)]
         if not candidates:
             return None
-        table = tuple(p for _, p in sorted(profiles.items()))
-        empty = Layout(MigGeometry.of(profiles))
+        table, empty = self._table(profiles)
         graph = _layout_graph(table, (empty,))
         if any(layout not in graph.index for layout in first):  # not reachable from empty
             graph = _layout_graph(table, (empty, *first))
