@@ -7,13 +7,19 @@ parameters. So the API accepts exactly what the document says, and the first pro
 `InputError` naming the field (`spec.memory_gib`, `holders[2]`, `all`) and saying what is wrong
 in a few words, never echoing the value. As JSON Schema says, 2.0 is an integer: a valid body's
 integral floats in integer fields reach the handlers as ints.
+
+jsonschema is slow for the small bodies every kernel sends many times a minute (touch,
+heartbeat), so each body schema is also compiled into a plain predicate for the keywords the
+document uses (`compile_check`). The predicate only ever accepts: a body it finds valid is
+valid (and holds no integral float where an integer is expected), and anything else, or
+anything it is unsure of, goes through jsonschema, which names the field as before.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 from jsonschema.exceptions import best_match
@@ -145,12 +151,164 @@ def inline_refs(schema: Any, components: dict[str, Any], seen: tuple[str, ...] =
     return {key: inline_refs(value, components, seen) for key, value in schema.items()}
 
 
+# -------------------------------------------------------------------- the fast predicate
+
+Check = Callable[[Any], bool]
+_ANNOTATIONS = {"description", "title", "format", "default", "examples", "example", "deprecated", "readOnly",
+                "writeOnly", "$comment"}  # format is an annotation: the validators here have no format checker
+
+
+class Unsupported(ValueError):
+    """A schema uses a keyword the fast predicate does not know: jsonschema alone checks it."""
+
+
+class _Unsure(Exception):
+    """An integral float met an integer type: jsonschema decides, and turns it into an int."""
+
+
+def _is_type(name: str, value: Any) -> bool:
+    if name == "string":
+        return isinstance(value, str)
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    if name == "boolean":
+        return isinstance(value, bool)
+    if name == "null":
+        return value is None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if name == "number":
+        return True
+    if isinstance(value, float) and value.is_integer():  # integer: jsonschema decides and converts
+        raise _Unsure
+    return isinstance(value, int)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _keyword(key: str, value: Any, schema: dict[str, Any]) -> Check | None:
+    """The predicate of one keyword (it holds for values of the types the keyword does not apply to)."""
+    if key == "type":
+        names = value if isinstance(value, list) else [value]
+        if not set(names) <= set(_JSON_TYPES):
+            raise Unsupported(f"type {names!r}")
+        return lambda v: any(_is_type(name, v) for name in names)
+    if key in ("enum", "const"):
+        options = value if key == "enum" else [value]
+        if not all(isinstance(o, str) for o in options):
+            raise Unsupported(f"{key} of non-strings")
+        allowed = frozenset(options)
+        return lambda v: isinstance(v, str) and v in allowed
+    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if not _is_number(value):
+            raise Unsupported(key)
+        compare = {"minimum": lambda v: v >= value, "maximum": lambda v: v <= value,
+                   "exclusiveMinimum": lambda v: v > value, "exclusiveMaximum": lambda v: v < value}[key]
+        return lambda v: not _is_number(v) or compare(v)
+    if key == "minLength":
+        return lambda v: not isinstance(v, str) or len(v) >= value
+    if key == "maxLength":
+        return lambda v: not isinstance(v, str) or len(v) <= value
+    if key == "pattern":
+        search = re.compile(value).search
+        return lambda v: not isinstance(v, str) or search(v) is not None
+    if key == "minItems":
+        return lambda v: not isinstance(v, list) or len(v) >= value
+    if key == "maxItems":
+        return lambda v: not isinstance(v, list) or len(v) <= value
+    if key == "items":
+        item = compile_check(value)
+        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
+    if key == "required":
+        names = tuple(value)
+        return lambda v: not isinstance(v, dict) or all(n in v for n in names)
+    if key == "properties":
+        return _properties(value, schema.get("additionalProperties", True))
+    if key == "additionalProperties":
+        if "properties" in schema:
+            return None  # checked with the properties
+        return _properties({}, value)
+    if key in ("allOf", "anyOf", "oneOf"):
+        branches = [compile_check(branch) for branch in value]
+        if key == "allOf":
+            return lambda v: all(b(v) for b in branches)
+        if key == "anyOf":
+            return lambda v: any(b(v) for b in branches)
+        return lambda v: sum(1 for b in branches if b(v)) == 1
+    if key == "not":
+        inner = compile_check(value)
+        return lambda v: not inner(v)
+    raise Unsupported(key)
+
+
+def _properties(properties: dict[str, Any], additional: Any) -> Check:
+    known = {name: compile_check(schema) for name, schema in properties.items()}
+    other = None if additional is True else compile_check(additional)
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return True
+        for name, item in value.items():
+            found = known.get(name)
+            if found is not None:
+                if not found(item):
+                    return False
+            elif other is not None and not other(item):
+                return False
+        return True
+    return check
+
+
+def compile_check(schema: Any) -> Check:
+    """A predicate that accepts exactly what the schema accepts (raising _Unsure on an integral float
+    in an integer field); Unsupported if the schema uses a keyword it does not know, such as `$ref`."""
+    if schema is True or schema == {}:
+        return lambda v: True
+    if schema is False:
+        return lambda v: False
+    if not isinstance(schema, dict):
+        raise Unsupported(repr(schema))
+    checks = []
+    for key, value in schema.items():
+        if key in _ANNOTATIONS or key.startswith("x-"):
+            continue
+        check = _keyword(key, value, schema)
+        if check is not None:
+            checks.append(check)
+    if len(checks) == 1:
+        return checks[0]
+    return lambda v: all(c(v) for c in checks)
+
+
+def fast_check(schema: Any) -> Check | None:
+    """`compile_check` of a body schema, or None if it uses what the predicate does not know."""
+    try:
+        return compile_check(schema)
+    except Unsupported:
+        return None
+
+
+def accepts(check: Check | None, data: Any) -> bool:
+    """Whether the fast predicate is sure `data` is valid (and needs no integer conversion)."""
+    if check is None:
+        return False
+    try:
+        return check(data)
+    except _Unsure:
+        return False
+
+
 class RequestValidator:
     """The request schemas of an OpenAPI document, compiled once, checked per operation."""
 
     def __init__(self, document: dict[str, Any]):
         components = document["components"]
         self._bodies: dict[tuple[str, str], tuple[Draft202012Validator, Draft202012Validator]] = {}
+        self._fast: dict[tuple[str, str], Check | None] = {}
         self._queries: dict[tuple[str, str], dict[str, Draft202012Validator]] = {}
         for path, operations in document["paths"].items():
             for method, operation in operations.items():
@@ -159,8 +317,10 @@ class RequestValidator:
                 key = (path, method.upper())
                 content = operation.get("requestBody", {}).get("content", {}).get("application/json")
                 if content is not None:
-                    schema = {**inline_refs(content["schema"], components), "components": components}
+                    inlined = inline_refs(content["schema"], components)
+                    schema = {**inlined, "components": components}
                     self._bodies[key] = (Draft202012Validator(schema), _IntegersOnly(schema))
+                    self._fast[key] = fast_check(inlined)
                 parameters = operations.get("parameters", []) + operation.get("parameters", [])
                 self._queries[key] = {
                     p["name"]: Draft202012Validator({**p["schema"], "components": components})
@@ -185,6 +345,8 @@ class RequestValidator:
 
     def check_body(self, route: str, method: str, data: Any) -> None:
         """Raise InputError unless `data` is valid; then turn its integral floats in integer fields into ints."""
+        if accepts(self._fast[(route, method)], data):
+            return
         validator, integers_only = self._bodies[(route, method)]
         self._raise_first(validator, data)
         errors = list(integers_only.iter_errors(data))

@@ -1,0 +1,136 @@
+"""The fast body predicate against jsonschema: it may only accept what jsonschema accepts unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from jupyter_gpualloc.service.openapi import openapi_document
+from jupyter_gpualloc.service.validation import (
+    InputError, RequestValidator, _IntegersOnly, accepts, compile_check, fast_check, inline_refs)
+
+DOCUMENT = openapi_document("/")
+VALIDATOR = RequestValidator(DOCUMENT)
+FAST_ROUTES = [("/leases", "POST"), ("/leases/{lease_id}/touch", "POST"), ("/heartbeat", "POST")]
+
+
+def body_schema(route: str, method: str) -> dict:
+    content = DOCUMENT["paths"][route][method.lower()]["requestBody"]["content"]["application/json"]
+    return inline_refs(content["schema"], DOCUMENT["components"])
+
+
+def names_in(schema) -> set[str]:
+    """Every property name a schema mentions, to build bodies that reach deep into it."""
+    found: set[str] = set()
+    if isinstance(schema, dict):
+        found |= set(schema.get("properties", {}))
+        found |= {n for n in schema.get("required", []) if isinstance(n, str)}
+        for value in schema.values():
+            found |= names_in(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            found |= names_in(value)
+    return found
+
+
+SCALARS = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(-3, 3), st.sampled_from([0, 1, 2, 1024, 1025, 2**31 - 1, 2**31, 253402300799, 253402300800, 2**40]),
+    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0.0, 1.0, 2.0, 0.5, 1e12, -1.0]),
+    st.text(max_size=6), st.sampled_from(["1g.10gb", "mig", "shared", "whole", "any", "interactive", "batch",
+                                          "server", "kernel:abc", "job:1", " x", "x ", "a\u200bb", "2026-12-03T10:00:00Z",
+                                          "", "A100-SXM4-80GB", "3g.40gb+me", "x" * 300]))
+
+
+def bodies(schema):
+    keys = st.sampled_from(sorted(names_in(schema) | {"unknown"}))
+    return st.recursive(SCALARS, lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=4)), max_leaves=12)
+
+
+VALID = {
+    ("/leases", "POST"): [{"spec": {"kind": "mig", "profile": "1g.10gb"}, "holder": "kernel:ab", "wait": 0},
+                          {"spec": {"kind": "shared", "memory_gib": 10}, "holder": "server", "priority": "batch"},
+                          {"spec": {"kind": "whole", "count": 2, "model": "A100-SXM4-80GB"}, "holder": "job:1"}],
+    ("/leases/{lease_id}/touch", "POST"): [{"last_activity": 1764757200.5, "busy": False, "connections": 1}],
+    ("/heartbeat", "POST"): [{"holders": ["server", "kernel:ab"]}],
+}
+
+
+@st.composite
+def near_valid(draw, route, method, schema):
+    """A valid body with up to three of its values replaced, removed or added."""
+    body = json.loads(json.dumps(draw(st.sampled_from(VALID[(route, method)]))))
+    for _ in range(draw(st.integers(0, 3))):
+        container = body
+        if isinstance(body.get("spec"), dict) and draw(st.booleans()):
+            container = body["spec"]
+        action = draw(st.sampled_from(["set", "drop"]))
+        if action == "drop" and container:
+            container.pop(draw(st.sampled_from(sorted(container))))
+        else:
+            container[draw(st.sampled_from(sorted(names_in(schema))))] = draw(SCALARS)
+    return body
+
+
+@pytest.mark.parametrize("route, method", FAST_ROUTES)
+def test_the_routes_kernels_call_most_have_a_fast_predicate(route, method):
+    assert fast_check(body_schema(route, method)) is not None
+
+
+@pytest.mark.parametrize("route, method", FAST_ROUTES)
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_fast_predicate_accepts_only_what_jsonschema_accepts_unchanged(route, method, data):
+    schema = body_schema(route, method)
+    body = data.draw(st.one_of(bodies(schema), near_valid(route, method, schema)))
+    if accepts(compile_check(schema), body):
+        assert Draft202012Validator(schema).is_valid(body)
+        assert _IntegersOnly(schema).is_valid(body)  # nothing left to turn into an int
+
+
+@pytest.mark.parametrize("route, method, body", [
+    ("/leases/{lease_id}/touch", "POST", {"last_activity": 1764757200.25}),
+    ("/leases/{lease_id}/touch", "POST", {"last_activity": "2026-12-03T10:00:00Z", "busy": True, "connections": 2}),
+    ("/leases/{lease_id}/touch", "POST", {}),
+    ("/heartbeat", "POST", {"holders": ["server", "kernel:0b1f"]}),
+    ("/leases", "POST", {"spec": {"kind": "mig", "profile": "1g.10gb"}, "holder": "kernel:0b1f", "wait": 0}),
+    ("/leases", "POST", {"spec": {"kind": "shared", "memory_gib": 10.5}, "holder": "server", "priority": "batch"}),
+])
+def test_common_valid_bodies_take_the_fast_path(route, method, body):
+    assert accepts(VALIDATOR._fast[(route, method)], body)
+    VALIDATOR.check_body(route, method, body)
+
+
+@pytest.mark.parametrize("route, method, body, field", [
+    ("/leases/{lease_id}/touch", "POST", {"last_activity": -1}, "last_activity"),
+    ("/leases/{lease_id}/touch", "POST", {"last_activity": 1.0, "bogus": 1}, "bogus"),
+    ("/leases/{lease_id}/touch", "POST", {"connections": 1.5}, "connections"),
+    ("/heartbeat", "POST", {"holders": ["server", " kernel"]}, "holders[1]"),
+    ("/heartbeat", "POST", {"holders": ["server"] * 1001}, "holders"),
+    ("/leases", "POST", {"spec": {"kind": "mig", "profile": "1g.10gb"}}, "holder"),
+    ("/leases", "POST", {"spec": {"kind": "shared"}, "holder": "server"}, "spec.memory_gib"),
+    ("/leases", "POST", {"spec": {"memory_gib": 1, "memory_mib": 1024}, "holder": "server"}, "spec.memory_mib"),
+])
+def test_bad_bodies_still_name_their_field(route, method, body, field):
+    assert not accepts(VALIDATOR._fast[(route, method)], body)
+    with pytest.raises(InputError) as refused:
+        VALIDATOR.check_body(route, method, body)
+    assert refused.value.field == field
+
+
+def test_integral_floats_in_integer_fields_still_become_ints():
+    body = {"spec": {"kind": "whole", "count": 2.0}, "holder": "server"}
+    assert not accepts(VALIDATOR._fast[("/leases", "POST")], body)
+    VALIDATOR.check_body("/leases", "POST", body)
+    assert body["spec"]["count"] == 2 and isinstance(body["spec"]["count"], int)
+
+
+def test_an_unknown_keyword_leaves_the_route_to_jsonschema():
+    assert fast_check({"type": "object", "minProperties": 1}) is None
+    assert fast_check({"$ref": "#/components/schemas/Job"}) is None
+    assert fast_check({"type": "decimal"}) is None
