@@ -19,6 +19,13 @@ SCHEMA_PREFIX = "https://events.jupyter.org/jupyter_gpualloc/"
 LEASE_EVENTS = ("lease.granted", "lease.queued", "lease.idle_warning", "lease.idle_cleared", "lease.released",
                 "lease.expired", "lease.preempted", "lease.cancelled", "lease.rejected", "lease.deadline_warning",
                 "lease.extended", "usage.warning", "usage.exceeded")
+# what else each lease event carries on to the sidebar, so that it need not fetch the lease again
+LEASE_FIELDS = {
+    "lease.queued": ("position",),
+    "lease.idle_warning": ("release_at",),
+    "lease.deadline_warning": ("release_at", "deadline", "extensions_left"),
+    "lease.extended": ("deadline", "extensions", "extensions_left"),
+}
 EVENT_TYPES = LEASE_EVENTS + ("kernel.gpu_shutdown", "watchdog.over_cap", "watchdog.unleased_gpu",
                               "watchdog.action")
 
@@ -91,7 +98,8 @@ class GpuAllocEvents:
         holder = str(data.get("holder", ""))
         self.emit(event["type"], lease_id=event["lease_id"], holder=holder, kernel_id=kernel_of(holder),
                   state=data.get("state"), reason=data.get("reason"), slice=data.get("slice"),
-                  release_at=data.get("release_at"), message=lease_message(event["type"], holder, data))
+                  **{name: data.get(name) for name in LEASE_FIELDS.get(event["type"], ())},
+                  message=lease_message(event["type"], holder, data))
 
     def add_listener(self, listener: Callable[[str, dict], Any]) -> Callable[[], None]:
         """Call `listener(event_type, data)` (async) for every event of the extension; returns a remover."""

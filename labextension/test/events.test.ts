@@ -172,3 +172,48 @@ describe('event-stream reducer', () => {
     expect([r.notice, r.refreshLeases, r.refreshJobs]).toEqual([null, false, false]);
   });
 });
+
+describe('deadline events carry the time limit', () => {
+  const timed: LeaseEntry = {
+    ...lease('a', 'granted'),
+    deadline: { at: 1000, extensions: 0, extensions_left: 1, warned_at: null }
+  };
+  const held = withSlices(INITIAL_STATE, [timed]);
+
+  it('a deadline warning updates the listed slice and needs no fetch', () => {
+    const r = reduce(held, {
+      type: 'lease.deadline_warning',
+      lease_id: 'a',
+      state: 'granted',
+      release_at: 1000,
+      deadline: 1000,
+      extensions_left: 0
+    });
+    expect(r.state.slices[0].deadline).toEqual({ at: 1000, extensions: 0, extensions_left: 0, warned_at: null });
+    expect(r.state.deadlineWarnings).toEqual({ a: 1000 });
+    expect(r.refreshLeases).toBe(false);
+  });
+
+  it('an extension moves the listed deadline and clears its warning, with no fetch', () => {
+    const warned = reduce(held, { type: 'lease.deadline_warning', lease_id: 'a', release_at: 1000 }).state;
+    const r = reduce(warned, {
+      type: 'lease.extended',
+      lease_id: 'a',
+      state: 'granted',
+      deadline: 1600,
+      extensions: 1,
+      extensions_left: 0
+    });
+    expect(r.state.slices[0].deadline).toEqual({ at: 1600, extensions: 1, extensions_left: 0, warned_at: null });
+    expect(r.state.deadlineWarnings).toEqual({});
+    expect(r.notice?.kind).toBe('deadline-extended');
+    expect(r.refreshLeases).toBe(false);
+  });
+
+  it('a slice not listed yet, or an event without the time limit, is fetched', () => {
+    expect(reduce(held, { type: 'lease.extended', lease_id: 'zzz', deadline: 5, extensions_left: 0 }).refreshLeases).toBe(
+      true
+    );
+    expect(reduce(held, { type: 'lease.extended', lease_id: 'a' }).refreshLeases).toBe(true);
+  });
+});

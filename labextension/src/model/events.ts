@@ -3,7 +3,7 @@
  * state, and which notification it raises. Pure, so the panel and the tests share it.
  */
 
-import { GpuEvent, LeaseEntry } from './types';
+import { Deadline, GpuEvent, LeaseEntry } from './types';
 
 /** An idle warning in force: the slice is released at `releaseAt` (epoch seconds) unless used. */
 export interface IdleWarning {
@@ -226,10 +226,11 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
           leaseId
         }
       };
-    case 'deadline_warning':
+    case 'deadline_warning': {
+      const timed = withDeadline(refresh, state, event);
       return {
-        ...refresh,
-        state: { ...state, deadlineWarnings: { ...state.deadlineWarnings, [leaseId]: event.release_at ?? null } },
+        ...timed,
+        state: { ...timed.state, deadlineWarnings: { ...state.deadlineWarnings, [leaseId]: event.release_at ?? null } },
         notice: known
           ? {
               kind: 'deadline-warning',
@@ -239,10 +240,12 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
             }
           : null
       };
-    case 'extended':
+    }
+    case 'extended': {
+      const timed = withDeadline(refresh, state, event);
       return {
-        ...refresh,
-        state: { ...state, deadlineWarnings: withoutWarning(state.deadlineWarnings, leaseId) },
+        ...timed,
+        state: { ...timed.state, deadlineWarnings: withoutWarning(state.deadlineWarnings, leaseId) },
         notice: known
           ? {
               kind: 'deadline-extended',
@@ -252,6 +255,7 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
             }
           : null
       };
+    }
     case 'idle_cleared':
       return { ...refresh, state: { ...state, warnings: withoutWarning(state.warnings, leaseId) } };
     case 'granted': {
@@ -296,6 +300,26 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
       return { ...refresh, state: next, notice: known && !isJob ? endNotice(ended, event, leaseId) : null };
     }
   }
+}
+
+/**
+ * A deadline event that carries the lease's time limit and extensions left: the listed slice takes
+ * them, and nothing needs fetching again (the fleet did not change). Otherwise `refresh` as it is.
+ */
+function withDeadline(refresh: Reduction, state: StreamState, event: GpuEvent): Reduction {
+  const listed = state.slices.find(l => l.id === event.lease_id);
+  if (!listed || typeof event.deadline !== 'number' || typeof event.extensions_left !== 'number') {
+    return { ...refresh, state };
+  }
+  const before = listed.deadline;
+  const deadline: Deadline = {
+    at: event.deadline,
+    extensions: event.extensions ?? before?.extensions ?? 0,
+    extensions_left: event.extensions_left,
+    warned_at: event.type === 'lease.extended' ? null : (before?.warned_at ?? null)
+  };
+  const slices = state.slices.map(l => (l.id === listed.id ? { ...l, deadline } : l));
+  return { ...refresh, state: { ...state, slices }, refreshLeases: false };
 }
 
 function endNotice(ended: string, event: GpuEvent, leaseId: string): Notice | null {

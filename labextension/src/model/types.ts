@@ -171,6 +171,12 @@ export interface GpuEvent {
   slice?: SliceInfo;
   message?: string;
   release_at?: number;
+  /** lease.deadline_warning and lease.extended: the time limit (epoch s), extensions used and left. */
+  deadline?: number;
+  extensions?: number;
+  extensions_left?: number;
+  /** lease.queued: the place in the queue. */
+  position?: number;
   job_id?: string;
   [key: string]: unknown;
 }
