@@ -170,6 +170,7 @@ class QuotaStatus:
     window: Window
     used: float
     resets_at: float | None  # calendar: the window's end; rolling: when usage falls under the limit
+    warn_fraction: float  # the policy's usage_warn_fraction: from it the quota's leases are warned
 
     @property
     def fraction(self) -> float:
@@ -185,7 +186,8 @@ class QuotaStatus:
 
     def to_json(self) -> dict:
         return {"scope": self.scope, "who": self.who, "gpu_hours": round(self.used, 6), "limit": self.limit,
-                "window": self.window.name, "resets_at": self.resets_at, "message": self.sentence()}
+                "window": self.window.name, "resets_at": self.resets_at, "warn_fraction": self.warn_fraction,
+                "message": self.sentence()}
 
 
 @dataclass(frozen=True)
@@ -464,7 +466,7 @@ class UsageLedger:
         resets = end
         if window.rolling and used >= limit:
             resets = self._rolling_reset(who, per, window, limit, now)
-        return QuotaStatus(per, who, limit, window, used, resets)
+        return QuotaStatus(per, who, limit, window, used, resets, self.policy.usage_warn_fraction)
 
     def _matching(self, who: str, per: str, now: float) -> list[UsageSegment]:
         """The user's or group's stored segments within the horizon, and its running leases' accrual since."""

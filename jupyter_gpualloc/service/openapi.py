@@ -436,6 +436,8 @@ SCHEMAS.update({
             "limit": {"type": "number"}, "window": {"type": "string", "description": "e.g. 7d or calendar_week."},
             "resets_at": {**NULLABLE_NUMBER, "description": "Calendar: the window's end; rolling: when use "
                                                             "falls under the limit if nothing more runs."},
+            "warn_fraction": {"type": "number", "description": "The used fraction from which the quota's running "
+                                                                "leases are warned (policy usage_warn_fraction)."},
             "message": {"type": "string", "description": "e.g. you have used 12.50 of 40 GPU-hours this week."},
         },
     },

@@ -10,6 +10,7 @@ const WEEK: UsageQuota = {
   limit: 40,
   window: 'calendar_week',
   resets_at: 1_796_601_600,
+  warn_fraction: 0.9,
   message: 'you have used 12.50 of 40 GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)'
 };
 
@@ -24,13 +25,19 @@ describe('usage quotas', () => {
     expect(formatHours(0.005)).toBe('0.01');
   });
 
-  it('warns from 90% of the limit and is used up at the limit', () => {
-    expect(quotaState(35.9, 40)).toBe('ok');
-    expect(quotaState(36, 40)).toBe('warning');
-    expect(quotaState(40, 40)).toBe('exceeded');
-    expect(quotaState(41, 40)).toBe('exceeded');
-    expect(quotaState(0, 0)).toBe('exceeded');
+  it('warns from the given fraction of the limit and is used up at the limit', () => {
+    expect(quotaState(35.9, 40, 0.9)).toBe('ok');
+    expect(quotaState(36, 40, 0.9)).toBe('warning');
+    expect(quotaState(40, 40, 0.9)).toBe('exceeded');
+    expect(quotaState(41, 40, 0.9)).toBe('exceeded');
+    expect(quotaState(0, 0, 0.9)).toBe('exceeded');
     expect(quotaState(5, 10, 0.5)).toBe('warning');
+  });
+
+  it("marks a quota almost used up from the policy's warning fraction, as the allocator sent it", () => {
+    expect(quotaView({ ...WEEK, gpu_hours: 30 }).state).toBe('ok');
+    expect(quotaView({ ...WEEK, gpu_hours: 30, warn_fraction: 0.75 }).state).toBe('warning');
+    expect(quotaView({ ...WEEK, gpu_hours: 30, warn_fraction: 0.8 }).state).toBe('ok');
   });
 
   it('shows a quota as a bar, the amount and the allocator sentence with its reset', () => {

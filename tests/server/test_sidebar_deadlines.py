@@ -17,7 +17,7 @@ from tests.server.conftest import extension_config, wait_for
 def jp_server_config(tmp_path):
     return extension_config(tmp_path, SchedulerPolicy={
         "max_duration": {"server": 3600}, "max_extensions": 1, "extension": 600,
-        "usage_quotas": {"*": {"gpu_hours": 40, "window": "calendar_week"}}})
+        "usage_quotas": {"*": {"gpu_hours": 40, "window": "calendar_week"}}, "usage_warn_fraction": 0.75})
 
 
 async def post(jp_fetch, *path, body):
@@ -28,6 +28,7 @@ async def test_usage_shows_my_quota(gpualloc, jp_fetch):
     usage = json.loads((await jp_fetch("gpualloc", "api", "usage")).body)
     [quota] = usage["quotas"]
     assert quota["scope"] == "user" and quota["limit"] == 40 and quota["window"] == "calendar_week"
+    assert quota["warn_fraction"] == 0.75  # the sidebar marks the quota almost used up from there
     assert quota["message"].startswith("you have used 0.00 of 40 GPU-hours")
     assert usage["user"] == quota["who"]  # the caller's own report, even though the embedded owner is an admin
 

@@ -131,6 +131,8 @@ export interface UsageQuota {
   limit: number;
   window: string;
   resets_at: number | null;
+  /** The used fraction from which the allocator warns this quota's leases (its policy's usage_warn_fraction). */
+  warn_fraction: number;
   /** "you have used 12.50 of 40 GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)" */
   message: string;
 }

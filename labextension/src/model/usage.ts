@@ -2,9 +2,6 @@
 
 import { UsageQuota } from './types';
 
-/** Used fraction from which a quota shows as nearly used up (the policy's default usage_warn_fraction). */
-export const USAGE_WARN_FRACTION = 0.9;
-
 export type QuotaState = 'ok' | 'warning' | 'exceeded';
 
 export interface QuotaView {
@@ -29,22 +26,25 @@ export function formatHours(hours: number): string {
   return text.replace(/\.?0+$/, '') || '0';
 }
 
-/** A quota's state: exceeded when used up (a zero limit is used up at once), warning from `warnFraction`. */
-export function quotaState(used: number, limit: number, warnFraction = USAGE_WARN_FRACTION): QuotaState {
+/**
+ * A quota's state: exceeded when used up (a zero limit is used up at once), warning from `warnFraction`
+ * of the limit (the policy's usage_warn_fraction, from which the allocator warns the quota's leases).
+ */
+export function quotaState(used: number, limit: number, warnFraction: number): QuotaState {
   if (used >= limit) {
     return 'exceeded';
   }
   return used >= warnFraction * limit ? 'warning' : 'ok';
 }
 
-export function quotaView(quota: UsageQuota, warnFraction = USAGE_WARN_FRACTION): QuotaView {
+export function quotaView(quota: UsageQuota): QuotaView {
   const percent = quota.limit > 0 ? Math.min(100, (100 * quota.gpu_hours) / quota.limit) : 100;
   const sentence = quota.message.charAt(0).toUpperCase() + quota.message.slice(1);
   return {
     key: `${quota.scope}:${quota.who}:${quota.window}`,
     title: quota.scope === 'user' ? 'My quota' : `Group ${quota.who}`,
     percent,
-    state: quotaState(quota.gpu_hours, quota.limit, warnFraction),
+    state: quotaState(quota.gpu_hours, quota.limit, quota.warn_fraction),
     amount: `${formatHours(quota.gpu_hours)} of ${formatHours(quota.limit)} GPU-hours`,
     sentence: sentence.endsWith('.') ? sentence : `${sentence}.`
   };
