@@ -9,6 +9,14 @@ stopped heartbeating and, after a warning, leases idle past their timeout.
 
 Every state change is written to the store before it is announced as an Event. Time is always
 passed in by the caller.
+
+MIG instances the core makes and unmakes follow two rules. Write-ahead: an intent naming the
+instance's place is durable before the device is asked to create it (`_create_instance`), so a
+crash in between leaves an intent that recovery resolves. Destroy after commit: an instance is
+destroyed only once the store says nobody holds it (`_destroy_instance`); under group commit
+(`Store.hold()`) a released instance waits, unowned, until `commit_group()` has made its group
+durable, and is then destroyed (a grant of the same profile in the meantime takes it instead).
+A crash in between leaves an unowned instance the core made, which recovery destroys.
 """
 
 from __future__ import annotations
@@ -158,6 +166,7 @@ class _Staged:
     dirty: dict[str, Lease]
     intents: list[str]
     now: float
+    destroyed: list[tuple[tuple, Event]]  # removals of destroyed instances it carried (see Scheduler._destroyed)
 
 
 @dataclass
@@ -193,6 +202,12 @@ class Scheduler:
         self._instance_changes: list[tuple[str, str, MigInstance | None, bool]] = []
         self._drains: dict[str, bool] = {}
         self._intents: list[str] = []  # MIG intents written since the last commit, which drops them
+        # Instances released in the waiting group, destroyed once it is durable (commit_group),
+        # unless granted again meanwhile: mig uuid -> its GPU.
+        self._to_destroy: dict[str, _GpuState] = {}
+        # Instances destroyed after a group's commit: (their record's removal, mig.destroyed), which
+        # the next commit writes and then announces.
+        self._destroyed: list[tuple[tuple, Event]] = []
         self._undo = _Undo(self._seq)
         self._staged: list[_Staged] = []  # changes committed into the store's waiting group (store.hold())
         self._staged_events: list[Event] = []
@@ -274,15 +289,17 @@ class Scheduler:
         StoreFailed when the store refuses; `_atomic` then undoes the changes. While the store
         holds writes for a group commit, the change waits in the group: commit_group() writes it,
         then announces it, or undoes it."""
-        if self._dirty or self._instance_changes or self._drains or self._intents:
+        destroyed = self._destroyed
+        if self._dirty or self._instance_changes or self._drains or self._intents or destroyed:
             try:
-                self.store.save(list(self._dirty.values()), self._instance_changes, self._seq,
-                                drains=self._drains, intents_done=self._intents)
+                self.store.save(list(self._dirty.values()), self._instance_changes + [c for c, _ in destroyed],
+                                self._seq, drains=self._drains, intents_done=self._intents)
             except StoreError as err:
                 raise StoreFailed(f"the store refused the change ({err.kind}); nothing of it took effect") from err
-        events, self._pending_events = self._pending_events, []
+        events, self._pending_events = [e for _, e in destroyed] + self._pending_events, []
+        self._destroyed = []
         if self.store.holding:
-            self._staged.append(_Staged(self._undo, dict(self._dirty), list(self._intents), now))
+            self._staged.append(_Staged(self._undo, dict(self._dirty), list(self._intents), now, destroyed))
             self._staged_events += events
             events = []
         self._dirty.clear()
@@ -291,6 +308,8 @@ class Scheduler:
         self._intents.clear()
         self._undo = _Undo(self._seq)
         if self._staged and not self.store.holding:  # written above, with the group before it
+            self._staged_events += events  # announced after the group's own
+            events = []
             self.commit_group()
         for event in events:
             for listener in list(self._listeners):
@@ -301,11 +320,14 @@ class Scheduler:
         self._group_callbacks.append(callback)
 
     def commit_group(self) -> None:
-        """Write the changes waiting in the store's group in one transaction and announce them; if
-        the store refuses, undo every one of them, newest first, and raise StoreFailed."""
+        """Write the changes waiting in the store's group in one transaction, announce them, then
+        destroy the MIG instances the group released (their records' removal is written by the
+        next commit); if the store refuses, undo every change, newest first (the released
+        instances stay, with their leases), and raise StoreFailed."""
         staged, self._staged = self._staged, []
         events, self._staged_events = self._staged_events, []
         callbacks, self._group_callbacks = self._group_callbacks, []
+        to_destroy, self._to_destroy = self._to_destroy, {}
         try:
             self.store.commit_group()
         except StoreError as err:
@@ -313,6 +335,7 @@ class Scheduler:
             for change in reversed(staged):
                 self._undo, self._dirty, self._intents = change.undo, change.dirty, change.intents
                 self._rollback(change.now)
+                self._destroyed[:0] = change.destroyed  # still to be written
             for callback in callbacks:
                 callback(failed)
             raise failed from err
@@ -321,6 +344,28 @@ class Scheduler:
                 listener(event)
         for callback in callbacks:
             callback(None)
+        if to_destroy:
+            self._destroy_released(to_destroy, staged[-1].now if staged else 0.0)
+
+    def _destroy_released(self, to_destroy: dict[str, _GpuState], now: float) -> None:
+        """Destroy the instances a durable group released and nobody took since: O(those instances).
+        Room was made on their GPUs, so a waiting queue gets a scheduling pass."""
+        for mig_uuid, gs in to_destroy.items():
+            if mig_uuid in gs.owner or mig_uuid not in gs.created:
+                continue  # granted again in the group, or destroyed meanwhile
+            try:
+                self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
+            except DeviceError as err:
+                self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
+                continue
+            inst = self._forget_instance(gs, mig_uuid)
+            self._destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), Event(
+                "mig.destroyed", now, None, None, {"gpu": gs.gpu.uuid, "instance": mig_uuid,
+                                                   "profile": gs.profiles[inst.profile_id].name,
+                                                   "start": inst.start})))
+        if self._queue:
+            self._generation += 1
+            self._settle(now)
 
     @contextmanager
     def _atomic(self, now: float) -> Iterator[None]:
@@ -804,7 +849,10 @@ class Scheduler:
             self._mig_capacity.changed(gs)
             self._view_release(node_index, (), self._host_demand(lease.spec))
             if sl.mig_uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC:
-                self._destroy_instance(gs, sl.mig_uuid, now)
+                if self.store.holding:
+                    self._to_destroy[sl.mig_uuid] = gs  # once the group is durable: commit_group()
+                else:
+                    self._destroy_instance(gs, sl.mig_uuid, now)
         else:
             gpus = tuple(self._gpus[u] for u in sl.gpu_uuids)
             for gs in gpus:
@@ -814,19 +862,15 @@ class Scheduler:
 
     def _destroy_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> None:
         """Destroy an instance the core made once the store says nobody holds it: commit first,
-        so a crash or a refusal leaves an unowned instance of the core's, which recovery destroys."""
+        so a crash or a refusal leaves an unowned instance of the core's, which recovery destroys.
+        Not while the store holds a group: `_free` leaves the instance to commit_group()."""
         self._commit(now)
-        if self.store.holding:  # durable before the device changes, with the group it waits in
-            self.commit_group()
         try:
             self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
         except DeviceError as err:
             self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
             return
-        inst = gs.instances.pop(mig_uuid)
-        gs.cached_layout = None
-        self._mig_capacity.changed(gs)
-        gs.created.discard(mig_uuid)
+        inst = self._forget_instance(gs, mig_uuid)
         self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
         self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
                    profile=gs.profiles[inst.profile_id].name, start=inst.start)
@@ -834,6 +878,14 @@ class Scheduler:
             self._commit()
         except StoreFailed:
             pass  # the record's removal stays pending for the next commit; a restart finds it gone anyway
+
+    def _forget_instance(self, gs: _GpuState, mig_uuid: str) -> MigInstance:
+        """Drop an instance the device destroyed from the GPU's state and indexes."""
+        inst = gs.instances.pop(mig_uuid)
+        gs.cached_layout = None
+        self._mig_capacity.changed(gs)
+        gs.created.discard(mig_uuid)
+        return inst
 
     def _create_instance(self, gs: _GpuState, profile: MigProfile, start: int, now: float) -> MigInstance:
         """Write the intent, then ask the device: a crash in between leaves an intent, which

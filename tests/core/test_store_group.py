@@ -143,3 +143,67 @@ def test_a_touch_that_only_moves_activity_is_written_by_write_activity(setup):
 
     s.touch("A", now=40, busy=True)  # more than activity: written at once
     assert store.load_lease("A").busy
+
+
+def test_a_released_instance_is_destroyed_only_once_its_group_is_durable(setup):
+    url, backend, store, s, commits = setup
+    granted = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A")
+    instance = granted.slice.mig_uuid
+    seen = []
+    s.subscribe(seen.append)
+    commits.clear()
+    with store.hold():
+        s.release("A", now=2)
+    assert commits == [] and instance in device_instances(backend)  # nothing destroyed before the group is written
+
+    s.commit_group()
+    assert len(commits) == 1 and instance not in device_instances(backend)
+    assert [e.type for e in seen] == ["lease.released"]  # the record's removal waits for the next commit
+    s.submit("bob", "kernel:b", SHARED, now=3, lease_id="B")
+    assert [e.type for e in seen] == ["lease.released", "mig.destroyed", "lease.granted"]
+    again = restart(url, backend)
+    assert picture(again) == picture(s)
+    assert [e for e in again.store.load().instances if e.instance.uuid == instance] == []
+    again.store.close()
+
+
+def test_a_grant_in_the_same_group_takes_the_released_instance_instead_of_making_one(setup):
+    url, backend, store, s, commits = setup
+    instance = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A").slice.mig_uuid
+    with store.hold():
+        s.release("A", now=2)
+        taken = s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")
+    s.commit_group()
+    assert taken.slice.mig_uuid == instance and instance in device_instances(backend)
+    again = restart(url, backend)
+    assert again.lease("B").slice.mig_uuid == instance and picture(again) == picture(s)
+    again.store.close()
+
+
+def test_a_refused_group_keeps_the_instance_it_released_with_its_lease(setup):
+    url, backend, store, s, commits = setup
+    instance = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A").slice.mig_uuid
+    before = picture(s)
+    with store.hold():
+        s.release("A", now=2)
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.commit_group()
+    assert picture(s) == before and instance in device_instances(backend)
+    assert s.lease("A").state is LeaseState.GRANTED
+
+
+def test_recovery_destroys_an_instance_whose_release_was_durable_before_a_crash(setup):
+    url, backend, store, s, commits = setup
+    instance = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A").slice.mig_uuid
+    with store.hold():
+        s.release("A", now=2)
+    store.commit_group()  # the group is durable; the process dies before the core destroys the instance
+    assert instance in device_instances(backend)
+
+    seen = []
+    again = Scheduler(backend, Store(url), SchedulerPolicy(**POLICY), now=1000, listeners=[seen.append])
+    assert instance not in device_instances(backend)
+    assert [(e.type, e.data["instance"]) for e in seen if e.type.startswith("mig.")] == [("mig.destroyed", instance)]
+    assert again.store.load().instances == [] and again.leases() == []
+    again.store.close()
