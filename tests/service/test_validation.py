@@ -42,7 +42,8 @@ SCALARS = st.one_of(
     st.integers(-3, 3), st.sampled_from([0, 1, 2, 1024, 1025, 2**31 - 1, 2**31, 253402300799, 253402300800, 2**40]),
     st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([0.0, 1.0, 2.0, 0.5, 1e12, -1.0]),
     st.text(max_size=6), st.sampled_from(["1g.10gb", "mig", "shared", "whole", "any", "interactive", "batch",
-                                          "server", "kernel:abc", "job:1", " x", "x ", "a\u200bb", "2026-12-03T10:00:00Z",
+                                          "server", "kernel:abc", "job:1", " x", "x ", "a\u200bb",
+                                          "2026-12-03T10:00:00Z",
                                           "", "A100-SXM4-80GB", "3g.40gb+me", "x" * 300]))
 
 
