@@ -93,6 +93,10 @@ class ApiHandler(web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
 
+    def compute_etag(self) -> None:
+        """No ETag: answers are `no-store`, so hashing every body would be wasted."""
+        return None
+
     async def prepare(self) -> None:
         if self.auth_required:
             await self.authenticate()
