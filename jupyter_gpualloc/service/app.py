@@ -18,14 +18,16 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Iterable
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
+from tornado.log import access_log
 from sqlalchemy.exc import SQLAlchemyError
-from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
 from ..core.devices import BACKENDS, make_backend
@@ -45,6 +47,7 @@ from .usage import EfficiencyHandler, UsageHandler, UtilizationHandler
 
 API_PATH = "api/v1"
 DEFAULT_PORT = 8765
+LOOPBACK = ("127.0.0.0/8", "::1/128")
 
 # (path template under <prefix>api/v1, handler, route name)
 ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
@@ -106,36 +109,87 @@ class OAuthCallbackHandler(HubOAuthCallbackHandler):
 
 
 class ServiceApplication(web.Application):
-    """The API's tornado application; it reads a proxy's forwarded-address headers itself.
+    """The API's tornado application; it reads a trusted proxy's forwarded-address headers itself
+    (`ForwardedHeaders`, without tornado's `xheaders` and its getaddrinfo on every request)."""
 
-    Behind JupyterHub's proxy the caller's address and scheme come from X-Real-Ip /
-    X-Forwarded-For and X-Forwarded-Proto / X-Scheme, as tornado's `xheaders` reads them, but the
-    address is checked with `ipaddress` rather than `getaddrinfo` on every request.
-    """
+    def __init__(self, handlers, forwarded: "ForwardedHeaders", **settings):
+        super().__init__(handlers, **settings)
+        self.forwarded = forwarded
 
     def find_handler(self, request, **kwargs):
-        apply_forwarded_headers(request)
+        self.forwarded.apply(request)
         return super().find_handler(request, **kwargs)
 
+    def log_request(self, handler: web.RequestHandler) -> None:
+        """tornado's access log line, built only when its level is logged."""
+        status = handler.get_status()
+        level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+        if access_log.isEnabledFor(level):
+            super().log_request(handler)
 
-def apply_forwarded_headers(request) -> None:
-    """Take the client address and scheme from the headers a proxy sets, when they are valid."""
-    headers = request.headers
-    forwarded = headers.get("X-Real-Ip") or headers.get("X-Forwarded-For", "").rsplit(",", 1)[-1].strip()
-    if forwarded:
-        try:
-            request.remote_ip = str(ipaddress.ip_address(forwarded))
-        except ValueError:
-            pass
-    scheme = headers.get("X-Scheme") or headers.get("X-Forwarded-Proto")
-    if scheme:
-        scheme = scheme.rsplit(",", 1)[-1].strip()
+
+class ForwardedHeaders:
+    """The client address and scheme a proxy forwards, believed only from `trusted_proxies`.
+
+    A connection from a trusted proxy takes its client address from X-Real-Ip, else from the
+    right-most X-Forwarded-For hop that is not itself a trusted proxy, and its scheme from X-Scheme
+    or X-Forwarded-Proto (their last entry, http or https). A connection from anywhere else keeps
+    its own address and scheme whatever it sends, and a value that is not an IP address is ignored.
+    """
+
+    MAX_HOPS = 16  # X-Forwarded-For hops examined from the right
+
+    def __init__(self, trusted_proxies: Iterable[str]):
+        self.networks = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_proxies)
+        self._peers: dict[str, bool] = {}  # connection address -> trusted
+
+    def apply(self, request) -> None:
+        headers = request.headers
+        if not self.networks or not ("X-Real-Ip" in headers or "X-Forwarded-For" in headers
+                                     or "X-Scheme" in headers or "X-Forwarded-Proto" in headers):
+            return
+        peer = request.remote_ip
+        trusted = self._peers.get(peer)
+        if trusted is None:
+            trusted = self.is_trusted(parse_ip(peer))
+            if len(self._peers) < 4096:
+                self._peers[peer] = trusted
+        if not trusted:
+            return
+        client = parse_ip(headers.get("X-Real-Ip", "").strip()) or self.client_of(headers.get("X-Forwarded-For", ""))
+        if client is not None:
+            request.remote_ip = str(client)
+        scheme = headers.get("X-Scheme") or headers.get("X-Forwarded-Proto") or ""
+        scheme = scheme.rsplit(",", 1)[-1].strip().lower()
         if scheme in ("http", "https"):
             request.protocol = scheme
 
+    def client_of(self, forwarded_for: str):
+        """The right-most hop not a trusted proxy (or the left-most examined); None if it is not an address."""
+        client = None
+        for hop in forwarded_for.rsplit(",", self.MAX_HOPS)[::-1][:self.MAX_HOPS]:
+            client = parse_ip(hop.strip())
+            if not self.is_trusted(client):
+                break
+        return client
+
+    def is_trusted(self, address) -> bool:
+        return address is not None and any(address in network for network in self.networks)
+
+
+def parse_ip(text: str):
+    """An IP address (an IPv4-mapped IPv6 address as IPv4), or None."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped or address
+
 
 def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | None = None,
-             cookie_secret: bytes | None = None) -> web.Application:
+             cookie_secret: bytes | None = None,
+             trusted_proxies: Iterable[str] = LOOPBACK) -> web.Application:
     """The tornado application serving API v1 under `<base_url>api/v1/`."""
     api = join_url(base_url, API_PATH)
     cookie_name = hub_auth.cookie_name if hub_auth is not None else "gpualloc"
@@ -155,7 +209,7 @@ def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | No
         "cookie_secret": cookie_secret or secrets.token_bytes(32),
         "default_handler_class": h.NotFoundHandler, "default_handler_args": {"ctx": ctx},
     }
-    return ServiceApplication(handlers, **settings)
+    return ServiceApplication(handlers, ForwardedHeaders(trusted_proxies), **settings)
 
 
 class GpuAllocService(Application):
@@ -241,6 +295,23 @@ class GpuAllocService(Application):
         False, help="Whether a touch reporting open connections (`connections` > 0) counts as activity now.",
     ).tag(config=True)
     keepalive_interval = Float(15.0, help="Seconds between keep-alive comments on idle event streams.").tag(config=True)
+    trusted_proxies = List(
+        Unicode(), list(LOOPBACK), help="""Addresses or networks (CIDR) of the proxies whose forwarded
+        headers are believed (X-Real-Ip, X-Forwarded-For, X-Forwarded-Proto, X-Scheme): the caller's
+        address in the logs and its scheme come from them only on a connection from one of these.
+        Default: loopback, where JupyterHub's proxy runs beside the hub; add the proxy's address or
+        network when it runs elsewhere (e.g. ["10.0.0.0/8"] on Kubernetes); [] ignores the headers.""",
+    ).tag(config=True)
+
+    @validate("trusted_proxies")
+    def _check_trusted_proxies(self, proposal) -> list[str]:
+        for network in proposal["value"]:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise TraitError(f"trusted_proxies: {network!r} is not an IP address or network") from None
+        return proposal["value"]
+
     cookie_secret_file = Unicode(
         "", help="""Hub mode: file with the secret signing the OAuth cookie; empty: a new secret
         each start (browsers then log in again).""",
@@ -328,7 +399,7 @@ class GpuAllocService(Application):
             authenticate_prometheus=self.authenticate_prometheus,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
-        self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret)
+        self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret, self.trusted_proxies)
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
