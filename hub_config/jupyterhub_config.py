@@ -9,12 +9,15 @@
 # Environment (all optional): GPUALLOC_DEMO_DIR (runtime directory: databases, logs, homes;
 # default: the current directory), GPUALLOC_DEMO_IP / GPUALLOC_DEMO_PORT (127.0.0.1:8000),
 # GPUALLOC_DEMO_HUB_PORT (8081), GPUALLOC_DEMO_PROXY_API_PORT (8001), GPUALLOC_DEMO_SERVICE_PORT
-# (8765), GPUALLOC_DEMO_FLEET (use this fleet file, skipping NVML), GPUALLOC_DEMO_SERVICE_CONFIG
+# (8765) — the four must differ; `jupyter-gpualloc demo` moves an internal one left unset that is
+# in use —, GPUALLOC_DEMO_FLEET (use this fleet file, skipping NVML), GPUALLOC_DEMO_SERVICE_CONFIG
 # (a file appended to the service's gpualloc_config.py), GPUALLOC_DEMO_EXTRA_CONFIG (a file
 # loaded after this one).
 import os
 import sys
 from pathlib import Path
+
+from jupyter_gpualloc.hub.demo import PortError, configured_ports
 
 c = get_config()  # noqa: F821
 
@@ -22,10 +25,12 @@ HERE = Path(__file__).resolve().parent
 RUNTIME = Path(os.environ.get("GPUALLOC_DEMO_DIR") or Path.cwd()).resolve()
 BIN = Path(sys.executable).parent
 IP = os.environ.get("GPUALLOC_DEMO_IP", "127.0.0.1")
-PORT = int(os.environ.get("GPUALLOC_DEMO_PORT", "8000"))
-HUB_PORT = int(os.environ.get("GPUALLOC_DEMO_HUB_PORT", "8081"))
-PROXY_API_PORT = int(os.environ.get("GPUALLOC_DEMO_PROXY_API_PORT", "8001"))
-SERVICE_PORT = int(os.environ.get("GPUALLOC_DEMO_SERVICE_PORT", "8765"))
+try:
+    PORTS = configured_ports(os.environ)
+except PortError as err:
+    sys.exit(f"[gpualloc demo] error: {err}")
+PORT, HUB_PORT = PORTS["GPUALLOC_DEMO_PORT"], PORTS["GPUALLOC_DEMO_HUB_PORT"]
+PROXY_API_PORT, SERVICE_PORT = PORTS["GPUALLOC_DEMO_PROXY_API_PORT"], PORTS["GPUALLOC_DEMO_SERVICE_PORT"]
 DEMO_USERS = ["alice", "bob", "carol"]
 ADMIN_USER = "admin"
 SERVICE = "gpualloc"

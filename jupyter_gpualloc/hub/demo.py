@@ -2,22 +2,43 @@
 
 The hub listens on http://127.0.0.1:8000 (or $GPUALLOC_DEMO_IP / $GPUALLOC_DEMO_PORT, or --ip /
 --port) and keeps its databases, logs and the users' homes in the runtime directory (`.demo/` in
-the checkout, or $GPUALLOC_DEMO_DIR). configurable-http-proxy is taken from the project's set-up
-(.venv/node) or PATH. Stopping the demo stops the servers it started (the config itself keeps
-servers across hub restarts, as production wants).
+the checkout, or $GPUALLOC_DEMO_DIR). Its internal ports (hub API, proxy API, allocator service)
+are their defaults when free, else ones the system picks, unless their variables name them; a
+port that is in use or named twice stops the demo before it starts, with one line naming the
+variable. configurable-http-proxy is taken from the project's set-up (.venv/node) or PATH. The
+demo stops, saying so, when the allocator service does not come up; stopping the demo stops the
+servers it started (the config itself keeps servers across hub restarts, as production wants).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "hub_config" / "jupyterhub_config.py"
 PROXY_IN_VENV = REPO / ".venv" / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
+# The demo's ports: the variable that sets each, its default, and what listens there.
+PUBLIC_PORT = "GPUALLOC_DEMO_PORT"
+PORTS = {
+    PUBLIC_PORT: (8000, "the hub (the proxy's public port)"),
+    "GPUALLOC_DEMO_HUB_PORT": (8081, "the hub's internal API"),
+    "GPUALLOC_DEMO_PROXY_API_PORT": (8001, "the proxy's API"),
+    "GPUALLOC_DEMO_SERVICE_PORT": (8765, "the allocator service"),
+}
+SERVICE_PREFIX = "/services/gpualloc/"
+SERVICE_START_TIMEOUT = 90  # seconds the allocator service has to answer its health check
 
 GUIDE = """\
 JupyterHub on GPU slices: {url}
@@ -44,22 +65,143 @@ def find_proxy() -> str | None:
     return shutil.which("configurable-http-proxy")
 
 
-def demo_env(runtime: Path, ip: str, port: int, proxy: str) -> dict[str, str]:
+class PortError(ValueError):
+    """A demo port that cannot be used; the message names its variable."""
+
+
+def parse_port(var: str, raw: str) -> int:
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise PortError(f"{var} must be a port number (1-65535), not {raw!r}")
+    return int(raw)
+
+
+def configured_ports(environ: dict[str, str]) -> dict[str, int]:
+    """The ports the variables in `environ` name, else the defaults; refuses one used twice."""
+    ports = {var: parse_port(var, environ.get(var) or str(default)) for var, (default, _) in PORTS.items()}
+    check_distinct(ports)
+    return ports
+
+
+def check_distinct(ports: dict[str, int]) -> None:
+    seen: dict[int, str] = {}
+    for var, port in ports.items():
+        if port in seen:
+            raise PortError(f"{var} and {seen[port]} are both {port}: {PORTS[var][1]} and "
+                            f"{PORTS[seen[port]][1]} need ports of their own")
+        seen[port] = var
+
+
+def port_in_use(ip: str, port: int) -> bool:
+    """Whether something listens on ip:port (a bind as the hub, proxy and service do fails)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def demo_ports(environ: dict[str, str], ip: str, defaults: dict[str, int] | None = None) -> dict[str, int]:
+    """The demo's four ports, by variable. A port a variable names must be free and unique; an
+    internal port left unset is its default when that is free and unique, else a free one."""
+    defaults = defaults or {var: default for var, (default, _) in PORTS.items()}
+    ports = {var: parse_port(var, environ[var]) for var in PORTS if environ.get(var)}
+    ports.setdefault(PUBLIC_PORT, defaults[PUBLIC_PORT])  # the URL the guide gives: never moved silently
+    check_distinct(ports)
+    for var, port in ports.items():
+        if port_in_use(ip if var == PUBLIC_PORT else "127.0.0.1", port):
+            hint = " (or --port)" if var == PUBLIC_PORT else ""
+            raise PortError(f"port {port} for {PORTS[var][1]} is in use; set {var}{hint} to a free port")
+    for var in PORTS:
+        if var not in ports:
+            port = defaults[var]
+            while port in ports.values() or port_in_use("127.0.0.1", port):
+                port = free_port()
+            ports[var] = port
+    return {var: ports[var] for var in PORTS}
+
+
+def demo_env(runtime: Path, ip: str, ports: dict[str, int], proxy: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("JUPYTERHUB_API_TOKEN", None)
     env["PATH"] = os.pathsep.join([str(Path(proxy).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["GPUALLOC_DEMO_DIR"] = str(runtime)
     env["GPUALLOC_DEMO_IP"] = ip
-    env["GPUALLOC_DEMO_PORT"] = str(port)
+    env.update({var: str(port) for var, port in ports.items()})
     return env
+
+
+def service_answers(url: str) -> bool:
+    """Whether the allocator service itself (not whatever else listens there) answers its health check."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return json.load(reply).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def stop_leftover_proxy(runtime: Path) -> None:
+    """Stop the proxy a hub that failed to start left behind (it runs in a session of its own)."""
+    pid_file = runtime / "jupyterhub-proxy.pid"
+    try:
+        proxy = psutil.Process(int(pid_file.read_text()))
+        if "configurable-http-proxy" in " ".join(proxy.cmdline()):
+            proxy.terminate()
+            proxy.wait(10)
+    except (OSError, ValueError, psutil.Error):
+        pass
+
+
+def run_hub(command: list[str], env: dict[str, str], cwd: Path, health_url: str, timeout: float) -> int:
+    """Run JupyterHub until it exits, passing on Ctrl-C and SIGTERM; stop it, saying so in one
+    line, when the allocator service does not answer within `timeout` seconds."""
+    hub = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
+    stopping = False
+
+    def forward(signum, frame):
+        nonlocal stopping
+        stopping = True
+        hub.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    deadline, service_up = time.monotonic() + timeout, False
+    while hub.poll() is None:
+        if not service_up and not stopping:
+            service_up = service_answers(health_url)
+            if not service_up and time.monotonic() > deadline:
+                print(f"error: the allocator service did not answer at {health_url} within {timeout:.0f} s "
+                      "(its log is above); stopping the demo", file=sys.stderr, flush=True)
+                stopping = True
+                hub.terminate()
+                hub.wait()
+                stop_leftover_proxy(cwd)
+                return 1
+        try:
+            hub.wait(0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    stop_leftover_proxy(cwd)
+    if not service_up and not stopping:
+        print(f"error: the demo stopped before the allocator service was up: JupyterHub exited with status "
+              f"{hub.returncode} (its log above says why)", file=sys.stderr, flush=True)
+        return hub.returncode or 1
+    return hub.returncode if hub.returncode >= 0 else 128 - hub.returncode  # as a shell reports a signal
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jupyter-gpualloc demo", description=__doc__.splitlines()[0])
     parser.add_argument("--ip", default=os.environ.get("GPUALLOC_DEMO_IP") or "127.0.0.1",
                         help="address the hub listens on (default $GPUALLOC_DEMO_IP, else 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("GPUALLOC_DEMO_PORT") or 8000),
-                        help="port of the hub (default $GPUALLOC_DEMO_PORT, else 8000)")
+    parser.add_argument("--port", type=int, help="port of the hub (default $GPUALLOC_DEMO_PORT, else 8000)")
     parser.add_argument("--runtime-dir", type=Path,
                         default=Path(os.environ.get("GPUALLOC_DEMO_DIR") or REPO / ".demo"),
                         help="where the hub keeps its state (default: .demo/ in the checkout)")
@@ -70,15 +212,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: configurable-http-proxy not found (looked at {PROXY_IN_VENV} and on PATH); install it "
               "with `npm install --prefix .venv/node configurable-http-proxy@4`", file=sys.stderr)
         return 1
+    environ = dict(os.environ)
+    if args.port is not None:
+        environ[PUBLIC_PORT] = str(args.port)
+    try:
+        ports = demo_ports(environ, args.ip)
+    except PortError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     runtime = args.runtime_dir.resolve()
     runtime.mkdir(parents=True, exist_ok=True)
-    print(GUIDE.format(url=f"http://{args.ip}:{args.port}", runtime=runtime), flush=True)
+    print(GUIDE.format(url=f"http://{args.ip}:{ports[PUBLIC_PORT]}", runtime=runtime), flush=True)
     # The config keeps servers across hub restarts (production); the demo stops what it started.
     hub = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(args.config.resolve()),
            "--JupyterHub.cleanup_servers=True"]
-    os.chdir(runtime)
-    # This process becomes the hub, so Ctrl-C and SIGTERM reach it (and it stops its proxy and service).
-    os.execve(hub[0], hub, demo_env(runtime, args.ip, args.port, proxy))
+    health = f"http://127.0.0.1:{ports['GPUALLOC_DEMO_SERVICE_PORT']}{SERVICE_PREFIX}api/v1/health"
+    return run_hub(hub, demo_env(runtime, args.ip, ports, proxy), runtime, health, SERVICE_START_TIMEOUT)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
 """`make demo` (`jupyter-gpualloc demo`): listens where GPUALLOC_DEMO_PORT says, and stopping it
-stops the servers it started."""
+stops the servers it started; ports it cannot use, or an allocator service that does not start,
+stop it with one line instead of leaving a half-working hub."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
-from tests.hubfixture import FAKE_SERVER
+from jupyter_gpualloc.hub.demo import PORTS, demo_ports, port_in_use
+from tests.hubfixture import FAKE_SERVER, find_proxy, free_port
 
 from .conftest import DemoHub
+
+DEMO = [str(Path(sys.executable).parent / "jupyter-gpualloc"), "demo"]
 
 
 def test_the_demo_listens_on_its_port_and_stops_its_servers(tmp_path):
     fake = tmp_path / "fake_server.py"  # a light stand-in for jupyterhub-singleuser
     fake.write_text(FAKE_SERVER)
-    hub = DemoHub(tmp_path, command=[str(Path(sys.executable).parent / "jupyter-gpualloc"), "demo"],
+    hub = DemoHub(tmp_path, command=DEMO,
                   extra_config=f"c.Spawner.cmd = [{sys.executable!r}, {str(fake)!r}, {str(tmp_path)!r}]\n")
     hub.start()  # waits for http://127.0.0.1:<GPUALLOC_DEMO_PORT>/hub/api/
     try:
@@ -40,3 +47,81 @@ def running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def run_demo(tmp_path: Path, **ports: int) -> subprocess.CompletedProcess:
+    """The demo with these GPUALLOC_DEMO_* ports (the others unset) and a fleet file that is missing, so
+    that its service cannot start, run until it exits by itself."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_DEMO_")}
+    env["PATH"] = os.pathsep.join([str(find_proxy().parent), env.get("PATH", "")])
+    env.update({f"GPUALLOC_DEMO_{name.upper()}": str(port) for name, port in ports.items()})
+    env["GPUALLOC_DEMO_DIR"] = str(tmp_path / "demo")
+    env["GPUALLOC_DEMO_FLEET"] = str(tmp_path / "no-such-fleet.yaml")  # the service cannot start
+    proc = subprocess.Popen(DEMO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        left = [p for p in psutil.process_iter() if started_by(p, proc.pid, tmp_path)]  # the demo too, if it hangs
+        for process in left:
+            process.kill()
+    assert not left, f"the demo left {[p.cmdline() for p in left]} running"
+    return subprocess.CompletedProcess(DEMO, proc.returncode, out, err)
+
+
+def started_by(process: psutil.Process, demo_pid: int, runtime: Path) -> bool:
+    """Whether the demo started `process`: in its session, or the proxy JupyterHub starts in a session of its own."""
+    proxy_pid_file = runtime / "demo" / "jupyterhub-proxy.pid"
+    try:
+        if os.getsid(process.pid) == demo_pid:
+            return True
+        return proxy_pid_file.exists() and process.pid == int(proxy_pid_file.read_text()) \
+            and "configurable-http-proxy" in " ".join(process.cmdline())
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def test_a_port_named_twice_stops_the_demo_before_it_starts_naming_the_variable(tmp_path):
+    port = free_port()
+    result = run_demo(tmp_path, port=port, service_port=port)
+    assert result.returncode == 1
+    assert result.stderr == (f"error: GPUALLOC_DEMO_SERVICE_PORT and GPUALLOC_DEMO_PORT are both {port}: the "
+                             "allocator service and the hub (the proxy's public port) need ports of their own\n")
+    assert not port_in_use("127.0.0.1", port)
+
+
+def test_a_port_in_use_stops_the_demo_naming_the_variable(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_demo(tmp_path, port=port)
+        assert result.returncode == 1
+        assert result.stderr == (f"error: port {port} for the hub (the proxy's public port) is in use; "
+                                 "set GPUALLOC_DEMO_PORT (or --port) to a free port\n")
+        result = run_demo(tmp_path, port=free_port(), proxy_api_port=port)
+        assert result.stderr == (f"error: port {port} for the proxy's API is in use; "
+                                 "set GPUALLOC_DEMO_PROXY_API_PORT to a free port\n")
+
+
+def test_internal_ports_left_unset_move_off_the_hubs_port_and_ports_in_use():
+    public = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        defaults = {"GPUALLOC_DEMO_PORT": 8000, "GPUALLOC_DEMO_HUB_PORT": taken.getsockname()[1],
+                    "GPUALLOC_DEMO_PROXY_API_PORT": free_port(), "GPUALLOC_DEMO_SERVICE_PORT": public}
+        ports = demo_ports({"GPUALLOC_DEMO_PORT": str(public)}, "127.0.0.1", defaults)
+    assert list(ports) == list(PORTS) and ports["GPUALLOC_DEMO_PORT"] == public
+    assert ports["GPUALLOC_DEMO_PROXY_API_PORT"] == defaults["GPUALLOC_DEMO_PROXY_API_PORT"]  # free: kept
+    assert len(set(ports.values())) == 4 and defaults["GPUALLOC_DEMO_HUB_PORT"] not in ports.values()
+
+
+def test_a_service_that_cannot_start_stops_the_demo_with_one_line(tmp_path):
+    ports = {"port": free_port(), "hub_port": free_port(), "proxy_api_port": free_port()}
+    result = run_demo(tmp_path, **ports)
+    assert result.returncode != 0
+    last = result.stderr.rstrip("\n").splitlines()[-1]
+    assert last.startswith("error: the demo stopped before the allocator service was up: JupyterHub exited"), \
+        result.stderr[-3000:]
+    assert not any(port_in_use("127.0.0.1", port) for port in ports.values())  # no proxy left on the hub's URL
