@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from .model import Lease, LeaseState
 from .store import DeadlineRecord, Store
-from .usage import holder_kind, offer_name
+from .usage import OfferNames, holder_kind
 
 
 class ExtensionRefused(Exception):
@@ -56,11 +56,12 @@ class Deadlines:
         self.policy = policy
         self._offers = list(offers)
         self._by_name = {o["name"]: o for o in self._offers}
+        self._offer_of = OfferNames(self._offers)
         self._records: dict[str, DeadlineRecord] = {r.lease_id: r for r in store.load_deadlines()}
 
     def max_duration(self, lease: Lease) -> float | None:
         """Seconds this lease may last: its offer's max_duration, else the policy's for its holder kind."""
-        return self.for_offer(self._by_name.get(offer_name(lease.spec, self._offers)), holder_kind(lease.holder))
+        return self.for_offer(self._by_name.get(self._offer_of(lease.spec)), holder_kind(lease.holder))
 
     def for_offer(self, offer: dict | None, kind: str = "server") -> float | None:
         """Seconds a lease of this holder kind on this offer (or on a request of its own) may last; None: no limit."""

@@ -201,8 +201,7 @@ class ClusterView:
             raise ValueError(f"demand needs {demand.num_gpu} distinct GPUs, got {gpus}")
         if self.cpu_free[node] < demand.cpu_milli or self.mem_free[node] < demand.memory_mib:
             raise ValueError(f"not enough CPU or memory on {self.nodes[node].name}")
-        usable = set(self.fitting_gpus(node, demand).tolist())
-        if not usable.issuperset(gpus):
+        if gpus and not set(self.fitting_gpus(node, demand).tolist()).issuperset(gpus):
             raise ValueError(f"GPUs {gpus} on {self.nodes[node].name} cannot take {demand}")
         self._apply(node, gpus, demand, -1)
         self.classes[node][demand.gpu_class] = self.classes[node].get(demand.gpu_class, 0) + 1
@@ -237,6 +236,8 @@ class ClusterView:
         self._refresh(node)
 
     def _apply(self, node: int, gpus: tuple[int, ...], demand: Demand, sign: int) -> None:
+        if not (gpus or demand.cpu_milli or demand.memory_mib):
+            return  # a MIG slice's host share of nothing: the node's state stays as it is
         self.cpu_free[node] += sign * demand.cpu_milli
         self.mem_free[node] += sign * demand.memory_mib
         for g in gpus:

@@ -245,6 +245,8 @@ class Store:
         self._delete_deadline = delete(lease_deadlines).where(lease_deadlines.c.lease_id == bindparam("lease_id"))
         self._insert_deadline = lease_deadlines.insert()
         self._select_lease = select(leases).where(leases.c.id == bindparam("id"))
+        self._insert_intent = mig_intents.insert()
+        self._delete_intents = delete(mig_intents).where(mig_intents.c.id.in_(bindparam("ids", expanding=True)))
         self._held = 0
         self._group = _Group()
 
@@ -335,19 +337,19 @@ class Store:
                 if drained:
                     conn.execute(self._insert_drain, {"gpu_uuid": gpu_uuid})
             if intents_done:
-                conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(intents_done)))
+                conn.execute(self._delete_intents, {"ids": intents_done})
         self._apply(write, rows, seq)
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
         with self._transaction() as conn:
-            conn.execute(mig_intents.insert().values(id=intent.id, gpu_uuid=intent.gpu_uuid,
-                                                     profile_id=intent.profile_id, start=intent.start))
+            conn.execute(self._insert_intent, {"id": intent.id, "gpu_uuid": intent.gpu_uuid,
+                                               "profile_id": intent.profile_id, "start": intent.start})
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
         """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
         with self._transaction() as conn:
-            conn.execute(delete(mig_intents).where(mig_intents.c.id.in_(list(intent_ids))))
+            conn.execute(self._delete_intents, {"ids": list(intent_ids)})
 
     def save_jobs(self, changed: list[Job]) -> None:
         """One transaction: upsert job records. StoreError, and nothing written, if it fails."""
