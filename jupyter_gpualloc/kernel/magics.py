@@ -156,6 +156,7 @@ class KernelGpu:
         self.poll_interval = poll_interval
         self.clock = clock
         self._client = None
+        self._events_client = None
         # a lease the provisioner applied at launch is in effect already (or, in a server holding
         # a slice, the server's lease: `status` tells them apart by holder)
         self.lease_id: str | None = self.environ.get("GPUALLOC_LEASE_ID") or None
@@ -164,7 +165,7 @@ class KernelGpu:
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
         self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
-        self.notices = LeaseNotices(lambda: self.client, lambda: self.lease_id)
+        self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id)
         cap = cap_from_env(self.environ)
         if cap is not None:
             self.caps.install(cap)
@@ -183,6 +184,19 @@ class KernelGpu:
         return self._client
 
     @property
+    def events_client(self):
+        """Where this kernel follows its lease's events: the server's relay ($GPUALLOC_EVENTS_URL, one
+        service stream per server, not per kernel) when its server gives one, else the service."""
+        url = self.environ.get("GPUALLOC_EVENTS_URL")
+        if not url:
+            return self.client
+        if self._events_client is None:
+            from ..client import SyncGpuAllocClient
+
+            self._events_client = SyncGpuAllocClient(url, env=self.environ)
+        return self._events_client
+
+    @property
     def service_url(self) -> str:
         return getattr(self._client, "url", "") or self.environ.get("GPUALLOC_URL", "")
 
@@ -199,9 +213,10 @@ class KernelGpu:
         """Stop heartbeats, notices and framework caps, and close the client."""
         self._not_holding()
         self.caps.uninstall()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        for client in (self._client, self._events_client):
+            if client is not None:
+                client.close()
+        self._client = self._events_client = None
 
     def current(self) -> dict | None:
         """This holder's active lease (queued or granted), or None."""

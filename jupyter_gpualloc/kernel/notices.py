@@ -1,7 +1,8 @@
 """One line in the notebook when the service warns about, or ends, the lease this kernel holds.
 
 While the kernel holds a lease, `LeaseNotices` follows the service's event stream (GET /events,
-the caller's own events only) on the client's thread and prints one line to stderr for the
+the caller's own events only; in a server with the extension in remote mode, the server's relay of
+its own stream, $GPUALLOC_EVENTS_URL) on the client's thread and prints one line to stderr for the
 events of that lease that its user must act on: a deadline or idle warning, a usage quota nearly
 or wholly used up, and the lease ending without being released by its holder. In a kernel the
 line shows under the cell that ran last. A stream that ends (the service restarted) is opened

@@ -21,6 +21,7 @@ from jupyter_client.provisioning.factory import KernelProvisionerFactory
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default, validate
 
@@ -37,6 +38,7 @@ from .events import GpuAllocEvents
 from .idle import KernelActivityMonitor
 from .kernelspecs import install_kernelspecs
 from .provisioner import KernelLink, install_link
+from .relay import EVENTS_PATH, RELAY_ROOT, KernelEventRelay, KernelEventsHandler
 from .watchdog import Watchdog, cap_mechanisms
 
 PROVISIONER_ENTRY_POINT = "jupyter_gpualloc.server.provisioner:GpuAllocProvisioner"
@@ -131,6 +133,7 @@ class GpuAllocExtension(ExtensionApp):
         self.client: GpuAllocClient | None = None  # None: no allocator configured, GPU features off
         self.watchdog: Watchdog | None = None
         self.server_leases: list[dict] = []
+        self.kernel_events = KernelEventRelay()  # remote mode: the service's events, on to this server's kernels
         device_backend: DeviceBackend | None = None
         if self.embedded_mode:
             self.embedded = EmbeddedScheduler.from_config(
@@ -167,10 +170,14 @@ class GpuAllocExtension(ExtensionApp):
 
     def embedded_url(self) -> str:
         """This server's own gpualloc root as kernels reach it: http://127.0.0.1:PORT/<base_url>gpualloc/."""
+        return self.url_for_kernels(URL_ROOT)
+
+    def url_for_kernels(self, root: str) -> str:
+        """http://127.0.0.1:PORT/<base_url><root>/: a path of this server as its kernels reach it."""
         app = self.serverapp
         host = app.ip if app.ip not in ("", "0.0.0.0", "::", "*", "localhost") else "127.0.0.1"
         scheme = "https" if app.certfile else "http"
-        return f"{scheme}://{host}:{app.port}{app.base_url}{URL_ROOT}/"
+        return f"{scheme}://{host}:{app.port}{app.base_url}{root}/"
 
     def _watchdog_backend(self) -> DeviceBackend | None:
         """Remote mode: this machine's GPUs, to read their processes (None when there are none)."""
@@ -191,15 +198,20 @@ class GpuAllocExtension(ExtensionApp):
         if self.all_kernels:
             self._default_provisioner = factory.default_provisioner_name
             factory.default_provisioner_name = "gpualloc"
-        install_link(KernelLink(self.client, self.client.url, self.kernel_token, self.monitor,
-                                self.kernel_wait_timeout))
+        self.kernel_link = KernelLink(self.client, self.client.url, self.kernel_token, self.monitor,
+                                      self.kernel_wait_timeout)
+        install_link(self.kernel_link)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers.routes())
+        web_app = self.serverapp.web_app
         if self.embedded is not None:
             # added as they are (URLSpecs with their kwargs), under the server's base URL
-            web_app = self.serverapp.web_app
             web_app.add_handlers(".*$", self.embedded.handlers(web_app.settings["base_url"]))
+        elif self.client is not None:  # kernels follow the service's events through this server
+            web_app.add_handlers(".*$", [(url_path_join(web_app.settings["base_url"], EVENTS_PATH),
+                                          KernelEventsHandler, {"relay": self.kernel_events,
+                                                                "token": self.kernel_token})])
 
     def server_slices(self) -> list[dict]:
         """Slices of the server's own leases (kernels without a lease inherit the server's env)."""
@@ -228,6 +240,7 @@ class GpuAllocExtension(ExtensionApp):
             self.embedded.broker.add_listener(self._on_core_event)
             self._every(self.tick_interval, self.embedded.tick)
         else:
+            self.kernel_link.events_url = self.url_for_kernels(RELAY_ROOT)  # the port is settled now
             self._tasks.append(asyncio.ensure_future(self._relay_service_events()))
         self._every(self.report_interval, self._report)
         self.runner = JobRunner(self.client, service_url=self.client.url,
@@ -273,6 +286,7 @@ class GpuAllocExtension(ExtensionApp):
                 async for event in self.client.events():
                     delay = 1.0
                     self.availability.answered()
+                    self.kernel_events.publish(event)
                     self.events.relay_lease_event(event)
                     await self.monitor.on_event(event)
             except (GpuAllocError, OSError) as err:
@@ -316,6 +330,7 @@ class GpuAllocExtension(ExtensionApp):
             pc.stop()
         for task in self._tasks:  # the event relay and the kernelspec install; kernel shutdowns are shielded
             task.cancel()
+        self.kernel_events.close()
         if self._in_flight:
             await asyncio.wait(list(self._in_flight), timeout=IN_FLIGHT_WAIT)
         if self.runner is not None:

@@ -1,7 +1,7 @@
 """The `gpualloc` kernel provisioner: a kernel's slice, before launch, and the %gpu magic's link to the service.
 
-Every kernel it launches gets GPUALLOC_URL, GPUALLOC_TOKEN and GPUALLOC_HOLDER=kernel:<id>, and an
-IPython kernel loads the %gpu magic (`--ext=jupyter_gpualloc`). A
+Every kernel it launches gets GPUALLOC_URL, GPUALLOC_TOKEN and GPUALLOC_HOLDER=kernel:<id> (and, in
+a server relaying the service's events, GPUALLOC_EVENTS_URL), and an IPython kernel loads the %gpu magic (`--ext=jupyter_gpualloc`). A
 kernel whose kernelspec asks for a slice (`metadata.kernel_provisioner.config.spec`) gets a
 `kernel:<id>` lease before launch, with CUDA_VISIBLE_DEVICES and the cap variables in its env.
 On restart the kernel's active lease (however it was obtained, e.g. by the %gpu magic) is found
@@ -40,6 +40,7 @@ class KernelLink:
     monitor: KernelActivityMonitor | None = None
     wait_timeout: float = 300.0
     mps: bool = field(default_factory=lambda: bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
+    events_url: str = ""  # the server's relay of the service's events (server/relay.py); empty: none
 
     @classmethod
     def from_environment(cls) -> "KernelLink":
@@ -48,8 +49,11 @@ class KernelLink:
         return cls(GpuAllocClient(endpoint.url, endpoint.token), endpoint.url, endpoint.token)
 
     def base_env(self, kernel_id: str) -> dict[str, str]:
-        return {"GPUALLOC_URL": self.kernel_url, "GPUALLOC_TOKEN": self.kernel_token,
-                "GPUALLOC_HOLDER": f"kernel:{kernel_id}"}
+        env = {"GPUALLOC_URL": self.kernel_url, "GPUALLOC_TOKEN": self.kernel_token,
+               "GPUALLOC_HOLDER": f"kernel:{kernel_id}"}
+        if self.events_url:
+            env["GPUALLOC_EVENTS_URL"] = self.events_url
+        return env
 
 
 _link: KernelLink | None = None

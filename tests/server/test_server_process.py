@@ -200,3 +200,76 @@ def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_pro
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert "Traceback" not in log and "InvalidStateError" not in log, log[-4000:]
     assert f"cannot shut down kernel {kernel['id']}" not in log
+
+
+def run_cell(client, code: str, timeout: float = 60) -> tuple[str, str]:
+    """Run a cell through a blocking kernel client: its (stdout, stderr)."""
+    return cell_output(client, client.execute(code), timeout)
+
+
+def cell_output(client, msg_id: str, timeout: float = 60) -> tuple[str, str]:
+    """What a cell sent to the kernel showed, once it has run: (stdout and displays as text, stderr)."""
+    out = {"stdout": "", "stderr": ""}
+    while True:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out[msg["content"]["name"]] += msg["content"]["text"]
+        elif msg["msg_type"] in ("display_data", "execute_result"):
+            out["stdout"] += msg["content"]["data"].get("text/plain", "")
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return out["stdout"], out["stderr"]
+
+
+def established_ports(pid: int) -> list[int]:
+    """The remote ports of a process's established TCP connections."""
+    return [c.raddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED and c.raddr]
+
+
+def test_kernels_follow_their_leases_events_through_the_servers_one_stream(tmp_path, servers):
+    from jupyter_client import BlockingKernelClient
+
+    service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config=(
+        "c.GpuAllocService.tick_interval = 0.5\nc.SchedulerPolicy.max_duration = {'kernel': 60}\n"
+        f"c.SchedulerPolicy.deadline_warning = 45\nc.SchedulerPolicy.offers = {OFFERS!r}\n")).start()
+    clients = []
+    try:
+        server = JupyterServerProcess(tmp_path / "server", {"GpuAllocExtension": {"report_interval": 0.5}},
+                                      env={"GPUALLOC_URL": service.url[:-len("api/v1/")], "GPUALLOC_TOKEN": ALICE})
+        servers.append(server.start())
+        relay = "gpualloc/relay/api/v1/events"
+        assert server.call("GET", relay, token=None)[0] == 401
+        assert server.call("GET", relay, token="wrong-token")[0] == 401
+        kernel_ids = []
+        for _ in range(2):
+            status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+            assert status == 201, kernel
+            kernel_ids.append(kernel["id"])
+            client = BlockingKernelClient(
+                connection_file=str(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json"))
+            client.load_connection_file()
+            client.start_channels()
+            clients.append(client)
+            client.wait_for_ready(timeout=60)
+            stdout, stderr = run_cell(client, "%gpu status")  # the kernel holds its lease: notices follow it
+            assert "1g.5gb" in stdout and not stderr, (stdout, stderr)
+        # each kernel prints its own lease's deadline warning (15 s after its grant), read from the relay
+        sleeping = [client.execute("import time; time.sleep(20)") for client in clients]
+        for client, msg_id in zip(clients, sleeping):
+            _, stderr = cell_output(client, msg_id)
+            assert re.search(r"^gpu: lease \w+ reaches its time limit at .*; it cannot be extended: save your work$",
+                             stderr, re.M), stderr
+            assert stderr.count("reaches its time limit") == 1, stderr
+        # the service sees this server's stream only: the kernels' streams go to the server
+        pids = {k: p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)
+                for k in kernel_ids if any(k in part for part in p.cmdline())}
+        assert len(pids) == 2
+        for pid in pids.values():
+            ports = established_ports(pid)
+            assert service.port not in ports and server.port in ports, ports
+    finally:
+        for client in clients:
+            client.stop_channels()
+        service.kill()
