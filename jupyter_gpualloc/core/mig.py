@@ -459,36 +459,39 @@ class DefaultPlacer(MigPlacer):
 
     def __init__(self) -> None:
         self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
-        self._tables: tuple[dict[int, MigProfile], tuple[MigProfile, ...], Layout] | None = None
+        self._tables: tuple[dict[int, MigProfile], tuple[MigProfile, ...], _LayoutGraph] | None = None
 
-    def _table(self, profiles: dict[int, MigProfile]) -> tuple[tuple[MigProfile, ...], Layout]:
-        """The profile table in id order and the empty layout, kept for the last table asked about
-        (a fleet's GPUs of one model share one table): O(1) when it is the same object again."""
+    def _table(self, profiles: dict[int, MigProfile]) -> tuple[tuple[MigProfile, ...], _LayoutGraph]:
+        """The profile table in id order and the layouts reachable from an empty GPU, kept for the
+        last table asked about (a fleet's GPUs of one model share one): O(1) for the same object."""
         if self._tables is None or self._tables[0] is not profiles:
-            self._tables = (profiles, tuple(p for _, p in sorted(profiles.items())),
-                            Layout(MigGeometry.of(profiles)))
+            table = tuple(p for _, p in sorted(profiles.items()))
+            self._tables = (profiles, table, _layout_graph(table, (Layout(MigGeometry.of(profiles)),)))
         return self._tables[1], self._tables[2]
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
+        """O(layouts x legal starts) plus one `_LayoutGraph.values`."""
         first: dict[Layout, int] = {}  # an identical GPU earlier in the list wins every tie
         for index, layout in enumerate(layouts):
             first.setdefault(layout, index)
-        candidates = [(index, layout, start) for layout, index in first.items()
-                      for start in legal_starts(layout, profile)]
+        candidates = [(index, layout, starts) for layout, index in first.items()
+                      if (starts := legal_starts(layout, profile))]
         if not candidates:
             return None
-        table, empty = self._table(profiles)
-        graph = _layout_graph(table, (empty,))
+        table, graph = self._table(profiles)
         if any(layout not in graph.index for layout in first):  # not reachable from empty
-            graph = _layout_graph(table, (empty, *first))
+            graph = _layout_graph(table, (graph.layouts[0], *first))
         value = graph.values(self._shares(table), self.discount)
+        k = next(k for k, p in enumerate(table) if p.profile_id == profile.profile_id)
         best: tuple | None = None
-        for index, layout, start in candidates:
-            change = value[graph.index[layout.with_instance(profile, start)]] - value[graph.index[layout]]
-            key = (round(change, 9), layout.compute_used, -index, -start)
-            if best is None or key > best[0]:
-                best = (key, index, start)
+        for index, layout, starts in candidates:
+            at = graph.index[layout]
+            for j, start in enumerate(starts):  # the graph lists each layout's successors by legal start
+                change = value[graph.succ[at, k, j]] - value[at]
+                key = (round(change, 9), layout.compute_used, -index, -start)
+                if best is None or key > best[0]:
+                    best = (key, index, start)
         self._placed[profile.profile_id] = self._placed.get(profile.profile_id, 0) + 1
         return best[1], best[2]
 

@@ -239,7 +239,9 @@ class Store:
             index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in jobs.c if c.name != "id"})
         # Built once: constructing and compiling a statement per write is most of a small write's cost.
         self._delete_instance = delete(mig_instances).where(mig_instances.c.uuid == bindparam("uuid"))
-        self._insert_instance = mig_instances.insert()
+        upsert = self._insert(mig_instances)
+        self._upsert_instance = upsert.on_conflict_do_update(
+            index_elements=["uuid"], set_={c.name: upsert.excluded[c.name] for c in mig_instances.c if c.name != "uuid"})
         self._delete_drain = delete(drained_gpus).where(drained_gpus.c.gpu_uuid == bindparam("gpu_uuid"))
         self._insert_drain = drained_gpus.insert()
         self._delete_deadline = delete(lease_deadlines).where(lease_deadlines.c.lease_id == bindparam("lease_id"))
@@ -329,9 +331,10 @@ class Store:
 
         def write(conn: Connection) -> None:
             for mig_uuid, row in instances:
-                conn.execute(self._delete_instance, {"uuid": mig_uuid})
-                if row is not None:
-                    conn.execute(self._insert_instance, row)
+                if row is None:
+                    conn.execute(self._delete_instance, {"uuid": mig_uuid})
+                else:
+                    conn.execute(self._upsert_instance, row)
             for gpu_uuid, drained in drains.items():
                 conn.execute(self._delete_drain, {"gpu_uuid": gpu_uuid})
                 if drained:
