@@ -47,7 +47,8 @@ def gpu_source():
     try:
         backend = NvmlBackend()
     except DeviceError as err:
-        return "simulated", HERE / "demo-fleet.yaml", f"no NVML GPUs here ({str(err).splitlines()[0]})"
+        reason = str(err).splitlines()[0].split(" No GPU here?")[0]  # not its hint: the demo follows it
+        return "simulated", HERE / "demo-fleet.yaml", f"no NVML GPUs here ({reason})"
     try:
         gpus = sum(len(node.gpus) for node in backend.discover())
     finally:
