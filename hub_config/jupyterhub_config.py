@@ -147,6 +147,13 @@ c.JupyterHub.load_roles = [
     {"name": "gpualloc-admin", "scopes": ["custom:gpualloc:admin", ACCESS], "users": [ADMIN_USER]},
 ]
 
+# `jupyter-gpualloc demo` stops the servers through the API before it stops the hub, so their
+# leases are released while the allocator still runs (the hub stops its services first).
+if os.environ.get("GPUALLOC_DEMO_STOP_TOKEN"):
+    c.JupyterHub.services.append({"name": "demo-launcher", "api_token": os.environ["GPUALLOC_DEMO_STOP_TOKEN"]})
+    c.JupyterHub.load_roles.append({"name": "demo-launcher", "services": ["demo-launcher"],
+                                    "scopes": ["list:users", "read:servers", "servers"]})
+
 extra = os.environ.get("GPUALLOC_DEMO_EXTRA_CONFIG")
 if extra:
     load_subconfig(extra)  # noqa: F821

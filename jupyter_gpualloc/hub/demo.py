@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +24,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote
 
 import psutil
 
@@ -39,6 +42,7 @@ PORTS = {
 }
 SERVICE_PREFIX = "/services/gpualloc/"
 SERVICE_START_TIMEOUT = 90  # seconds the allocator service has to answer its health check
+STOP_TOKEN = "GPUALLOC_DEMO_STOP_TOKEN"  # the hub API token with which the demo stops the servers
 
 GUIDE = """\
 JupyterHub on GPU slices: {url}
@@ -160,27 +164,53 @@ def stop_leftover_proxy(runtime: Path) -> None:
         pass
 
 
-def run_hub(command: list[str], env: dict[str, str], cwd: Path, health_url: str, timeout: float) -> int:
-    """Run JupyterHub until it exits, passing on Ctrl-C and SIGTERM; stop it, saying so in one
-    line, when the allocator service does not answer within `timeout` seconds."""
+def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout: float = 30) -> None:
+    """Stop every user's servers through the hub's API and wait (at most `timeout` s) until they
+    have, so that each releases its GPU lease while the allocator still runs: JupyterHub's own
+    shutdown stops its services before the servers."""
+    def call(method: str, path: str) -> Any:
+        request = urllib.request.Request(hub_api + path, method=method, headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            body = reply.read()
+            return json.loads(body) if body else None
+
+    def running() -> list[tuple[str, str]]:
+        return [(user["name"], name) for user in call("GET", "/users?state=active") for name in user["servers"]]
+
+    try:
+        for user, name in running():
+            try:
+                call("DELETE", f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server")
+            except OSError:  # e.g. still starting: the hub's own shutdown stops it
+                pass
+        deadline = time.monotonic() + timeout
+        while running() and time.monotonic() < deadline and not give_up():
+            time.sleep(0.5)
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def run_hub(command: list[str], env: dict[str, str], cwd: Path, health_url: str, timeout: float,
+            before_stop: Callable[[Callable[[], bool]], None]) -> int:
+    """Run JupyterHub until it exits. Ctrl-C or SIGTERM first calls `before_stop` (while the
+    service runs; a second one cuts that short), then passes the signal on. When the allocator
+    service does not answer within `timeout` seconds, stop the hub, saying so in one line."""
     hub = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
-    stopping = False
-
-    def forward(signum, frame):
-        nonlocal stopping
-        stopping = True
-        hub.send_signal(signum)
-
+    received: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
-    deadline, service_up = time.monotonic() + timeout, False
+        signal.signal(signum, lambda signum, frame: received.append(signum))
+    deadline, service_up, passed_on = time.monotonic() + timeout, False, 0
     while hub.poll() is None:
-        if not service_up and not stopping:
+        if len(received) > passed_on:
+            if service_up and not passed_on:
+                before_stop(lambda: len(received) > 1)
+            hub.send_signal(received[-1])
+            passed_on = len(received)
+        elif not service_up and not received:
             service_up = service_answers(health_url)
             if not service_up and time.monotonic() > deadline:
                 print(f"error: the allocator service did not answer at {health_url} within {timeout:.0f} s "
                       "(its log is above); stopping the demo", file=sys.stderr, flush=True)
-                stopping = True
                 hub.terminate()
                 hub.wait()
                 stop_leftover_proxy(cwd)
@@ -190,7 +220,7 @@ def run_hub(command: list[str], env: dict[str, str], cwd: Path, health_url: str,
         except subprocess.TimeoutExpired:
             pass
     stop_leftover_proxy(cwd)
-    if not service_up and not stopping:
+    if not service_up and not received:
         print(f"error: the demo stopped before the allocator service was up: JupyterHub exited with status "
               f"{hub.returncode} (its log above says why)", file=sys.stderr, flush=True)
         return hub.returncode or 1
@@ -227,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     hub = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(args.config.resolve()),
            "--JupyterHub.cleanup_servers=True"]
     health = f"http://127.0.0.1:{ports['GPUALLOC_DEMO_SERVICE_PORT']}{SERVICE_PREFIX}api/v1/health"
-    return run_hub(hub, demo_env(runtime, args.ip, ports, proxy), runtime, health, SERVICE_START_TIMEOUT)
+    hub_api = f"http://127.0.0.1:{ports['GPUALLOC_DEMO_HUB_PORT']}/hub/api"
+    token = secrets.token_hex(16)  # the config grants it to a `demo-launcher` service that may stop servers
+    env = demo_env(runtime, args.ip, ports, proxy) | {STOP_TOKEN: token}
+    return run_hub(hub, env, runtime, health, SERVICE_START_TIMEOUT,
+                   lambda give_up: stop_servers(hub_api, token, give_up))
 
 
 if __name__ == "__main__":

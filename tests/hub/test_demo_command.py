@@ -1,5 +1,5 @@
 """`make demo` (`jupyter-gpualloc demo`): listens where GPUALLOC_DEMO_PORT says, and stopping it
-stops the servers it started; ports it cannot use, or an allocator service that does not start,
+stops the servers it started, releasing their slices; ports it cannot use, or an allocator service that does not start,
 stop it with one line instead of leaving a half-working hub."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from jupyter_gpualloc.core.store import Store
 from jupyter_gpualloc.hub.demo import PORTS, demo_ports, port_in_use
 from tests.hubfixture import FAKE_SERVER, find_proxy, free_port
 
@@ -28,11 +29,16 @@ def test_the_demo_listens_on_its_port_and_stops_its_servers(tmp_path):
                   extra_config=f"c.Spawner.cmd = [{sys.executable!r}, {str(fake)!r}, {str(tmp_path)!r}]\n")
     hub.start()  # waits for http://127.0.0.1:<GPUALLOC_DEMO_PORT>/hub/api/
     try:
-        reply = hub.api("POST", "/users/alice/server", {"user_options": {"gpu": "none"}}, token=hub.token("alice"))
+        reply = hub.api("POST", "/users/alice/server", {"user_options": {"gpu": "shared-8gb-l4"}},
+                        token=hub.token("alice"))
         assert reply.status_code in (201, 202), reply.text
-        server = psutil.Process(hub.wait_ready("alice")["state"]["pid"])
+        state = hub.wait_ready("alice")["state"]
+        server = psutil.Process(state["pid"])
     finally:
         hub.stop()
+    # the demo stopped alice's server while the allocator ran, so her slice was released, not left to expire
+    lease = Store(f"sqlite:///{tmp_path / 'gpualloc' / 'gpualloc.sqlite'}").load_lease(state["gpu_lease_id"])
+    assert lease.state.value == "released", lease
     try:
         deadline = time.monotonic() + 10
         while running(server) and time.monotonic() < deadline:
