@@ -3,8 +3,9 @@
     python benchmarks/run_all.py [--join-only]
 
 Runs each benchmark script with its full settings (each writes its section under
-docs/benchmarks/; about 30 minutes on two cores), then joins the sections into
-docs/benchmarks.md. `--join-only` only joins the sections already there (after rerunning one
+docs/benchmarks/; about 30 minutes on two cores), except the open-loop service load, which runs
+in its short form (`service_load.py --quick`, about a minute; the full run and its before/after
+tables are in docs/benchmarks/service.md), then joins the sections into docs/benchmarks.md. `--join-only` only joins the sections already there (after rerunning one
 script by hand).
 """
 
@@ -27,6 +28,7 @@ BENCHMARKS = [
     ("mig_packing.py", "mig.md", []),
     ("core_memory.py", "memory.md", []),
     ("service_latency.py", "service_latency.md", []),
+    ("service_load.py", "service_quick.md", ["--quick", "--markdown", str(DOCS / "benchmarks" / "service_quick.md")]),
     ("usage_sessions.py", "usage.md", []),
     ("jobs.py", "jobs.md", []),
 ]

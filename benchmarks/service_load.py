@@ -28,6 +28,10 @@ completed with p99 under 50 ms. A mix's sweep stops after two rates past the kne
 
 prints a markdown table (the issue's figures beside this run's, ratios against hello) and, with
 `--json`, writes the raw figures (pass them as `--before` to a later run to show both).
+`--rates touch=1000,2000` measures only those rates of a mix; `--quick` (what run_all.py runs)
+takes 2 s per rate at a few rates of each mix, on PostgreSQL only when a URL is given, and with
+`--markdown FILE` writes its table there. Without `taskset` (util-linux) the run is skipped with
+one line, as the servers could not be pinned to a core.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import collections
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +63,9 @@ TOUCHED = 48  # granted leases the touch mix works on
 KNEE_P99_MS = 50.0
 RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
          "touch": [500, 1000, 1500, 2000, 3000, 4000, 5000, 6000]}
+QUICK_RATES = {"alloc": [250, 500], "touch": [1000, 2000, 3000]}
+QUICK_SECONDS = 2.0
+QUICK_TITLE = "# Service under load: a quick open-loop run"
 FLEET = """nodes:
   - name: bench
     cpu_milli: 256000
@@ -422,7 +430,7 @@ def table(steps: list[Step], before: list[Step]) -> str:
                   "|---|---|---|---|---|---:|"]
         for mix in ("alloc", "touch"):
             label = "allocate+release" if mix == "alloc" else "touch/heartbeat/list"
-            for rate in RATES[mix]:
+            for rate in sorted({int(s.offered) for s in steps + before if s.mix == mix}):
                 find = lambda pool, name: next((s for s in pool if s.server == name and s.mix == mix
                                                 and s.offered == rate), None)  # noqa: E731
                 hello, now, old = find(steps, "hello"), find(steps, server), find(before, server)
@@ -436,11 +444,13 @@ def table(steps: list[Step], before: list[Step]) -> str:
             cost = {name: min((cpu_per_request(s) for s in pool if s.server == name and s.mix == mix),
                               default=float("inf")) for name, pool in (("hello", steps), (server, steps))}
             old = min((cpu_per_request(s) for s in before if s.server == server and s.mix == mix), default=float("inf"))
-            lines.append(f"CPU per request ({mix}, lowest of the sweep): hello {cost['hello']:.2f} ms, before "
-                         f"{old:.2f} ms, after {cost[server]:.2f} ms: one dedicated core would take about "
+            was = f"before {old:.2f} ms, " if before else ""
+            lines.append(f"CPU per request ({mix}, lowest of the sweep): hello {cost['hello']:.2f} ms, {was}"
+                         f"after {cost[server]:.2f} ms: one dedicated core would take about "
                          f"{1000 / cost[server]:,.0f} req/s ({cost[server] / cost['hello']:.1f}x hello's cost).  ")
-            lines.append(f"Knee ({mix}): hello {knee(steps, 'hello', mix):,.0f} req/s, before "
-                         f"{knee(before, server, mix):,.0f} req/s, after {knee(steps, server, mix):,.0f} req/s.  ")
+            was = f"before {knee(before, server, mix):,.0f} req/s, " if before else ""
+            lines.append(f"Knee ({mix}): hello {knee(steps, 'hello', mix):,.0f} req/s, {was}"
+                         f"after {knee(steps, server, mix):,.0f} req/s.  ")
         lines.append("")
     return "\n".join(lines)
 
@@ -458,11 +468,31 @@ def main() -> None:
     parser.add_argument("--before", help="raw figures of an earlier run (--json), shown as 'before'")
     parser.add_argument("--render", action="store_true", help="only print the table of --json (and --before)")
     parser.add_argument("--profile", help="py-spy: record the SQLite service under the alloc mix at this rate")
+    parser.add_argument("--rates", action="append", default=[], metavar="MIX=RATE,...",
+                        help="offered rates of one mix (e.g. touch=1000,2000), instead of its sweep")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_SECONDS:g} s at a few rates of each mix ({QUICK_RATES}), as run_all.py runs it")
+    parser.add_argument("--markdown", help="also write the table to this markdown file")
     args = parser.parse_args()
     if args.render:
         load = lambda path: [Step(**s) for s in json.loads(Path(path).read_text())] if path else []  # noqa: E731
         print(table(load(args.json), load(args.before)))
         return
+    if shutil.which("taskset") is None:
+        skipped = "service_load.py: skipped: `taskset` (util-linux) is not installed, so the servers cannot be pinned"
+        print(skipped)
+        if args.markdown:
+            Path(args.markdown).write_text(f"{QUICK_TITLE}\n\n{skipped}.\n")
+        return
+    rates = {mix: list(QUICK_RATES[mix] if args.quick else RATES[mix]) for mix in RATES}
+    try:
+        for given in args.rates:
+            mix, numbers = given.split("=")
+            rates[mix] = [int(r) for r in numbers.split(",")]
+    except (ValueError, KeyError):
+        parser.error(f"--rates: give MIX=RATE,... with MIX one of {', '.join(RATES)}")
+    if args.quick and "--seconds" not in sys.argv:
+        args.seconds = QUICK_SECONDS
     os.sched_setaffinity(0, {args.client_core})
     mixes = args.mixes.split(",")
     wanted = args.servers.split(",")
@@ -473,7 +503,7 @@ def main() -> None:
             server = start_hello(work, args.server_core)
             try:
                 for mix in mixes:
-                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")] * TOUCHED}, RATES[mix])
+                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")] * TOUCHED}, rates[mix])
             finally:
                 server.stop()
         databases = []
@@ -488,11 +518,10 @@ def main() -> None:
             try:
                 setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, TOUCHED))}
                 for mix in mixes:
-                    rates = RATES[mix] if not args.profile else [int(args.profile)]
                     if args.profile:
                         profile(server, mix, int(args.profile), args.seconds, setup)
                     else:
-                        steps += sweep(server, mix, args.seconds, setup, rates)
+                        steps += sweep(server, mix, args.seconds, setup, rates[mix])
             finally:
                 server.stop()
                 if drop:
@@ -502,6 +531,21 @@ def main() -> None:
     before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
     print()
     print(table(steps, before))
+    if args.markdown:
+        write_markdown(args.markdown, table(steps, before), args)
+
+
+def write_markdown(path: str, body: str, args) -> None:
+    """The table as a section of docs/benchmarks.md, saying how it was made."""
+    command = " ".join(["python benchmarks/service_load.py", *sys.argv[1:]]).replace(f"{ROOT}/", "")
+    Path(path).write_text(
+        f"{QUICK_TITLE}\n\n"
+        f"Measured by `{command}` on {time.strftime('%Y-%m-%d')}, CPython {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPU cores, {args.seconds:g} s per offered rate, each server pinned to core "
+        f"{args.server_core} and the load generator to core {args.client_core}. A short form of the full run "
+        "in [service.md](service.md), which says how to read it: compare the CPU per request and the "
+        "ratios against the tornado hello app, not the knees, across runs on a shared machine.\n\n"
+        + body.strip() + "\n")
 
 
 def profile(server: Server, mix: str, rate: int, seconds: float, setup: dict) -> None:
