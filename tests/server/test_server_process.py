@@ -19,7 +19,7 @@ import pytest
 
 from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
 from tests.hubfixture import free_port
-from tests.server.conftest import FLEET, MIG_KERNEL, OFFERS
+from tests.server.conftest import BIG_KERNEL, FLEET, MIG_KERNEL, OFFERS
 from tests.service.conftest import ALICE, TOKENS, ServiceProcess
 from tests.processes import start_logged, wait_until_ready
 
@@ -273,3 +273,52 @@ def test_kernels_follow_their_leases_events_through_the_servers_one_stream(tmp_p
         for client in clients:
             client.stop_channels()
         service.kill()
+
+
+@pytest.mark.parametrize("when", ["waiting", "failed"])
+def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_slice(tmp_path, servers, when):
+    """A kernel start queued for a slice, still waiting (or failed at its wait timeout) when the server stops."""
+    import threading
+
+    from jupyter_client import BlockingKernelClient
+
+    wait = 300.0 if when == "waiting" else 1.0
+    config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                    "tick_interval": 0.2, "kernel_wait_timeout": wait},
+              "SchedulerPolicy": {"offers": OFFERS}}
+    server = JupyterServerProcess(tmp_path, config)
+    servers.append(server.start())
+    status, first = server.call("POST", "api/kernels", {"name": BIG_KERNEL})  # the whole A100
+    assert status == 201, first
+    client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{first['id']}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)  # (a kernel interrupted while it imports prints a traceback of its own)
+    client.stop_channels()
+    answers: list = []
+
+    def start_second() -> None:
+        try:
+            answers.append(server.call("POST", "api/kernels", {"name": BIG_KERNEL}))
+        except OSError as err:  # the server stopped before it answered
+            answers.append(err)
+
+    start = threading.Thread(target=start_second)
+    start.start()
+    deadline = time.monotonic() + 20
+    while not [l for l in server.call("GET", "gpualloc/api/v1/leases")[1]["leases"] if l["state"] == "queued"]:
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.1)
+    if when == "failed":
+        start.join(30)
+        assert answers and answers[0][0] == 500, answers
+        assert "No GPU slice (whole-a100) became free within 1 s" in server.log_tail()
+    os.kill(server.proc.pid, signal.SIGTERM)  # as JupyterHub stops a server: the kernels are the server's to stop
+    try:
+        server.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        server.stop(signal.SIGKILL)
+        pytest.fail(f"the server did not exit within 20 s of SIGTERM:\n{server.log_tail()}")
+    start.join(30)
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "Traceback" not in log.split("received signal 15")[-1], log[-4000:]
