@@ -4,7 +4,8 @@ Remote mode (JupyterHub, or GPUALLOC_URL / `service_url` set): the extension tal
 scheduler service with the server's credentials. Embedded mode (neither): it hosts the core
 in-process and serves REST API v1 itself at `<base_url>gpualloc/api/v1/`. A server under a hub
 with no allocator configured logs one line and runs without GPU features; one whose allocator
-does not answer logs one line, starts kernels without slices and keeps trying quietly.
+does not answer logs one line, starts kernels without slices and keeps trying quietly. In remote
+mode the extension's one event stream from the service is passed on to its kernels (relay.py).
 """
 
 from __future__ import annotations
