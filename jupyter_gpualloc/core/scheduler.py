@@ -14,8 +14,9 @@ MIG instances the core makes and unmakes follow two rules. Write-ahead: an inten
 instance's place is durable before the device is asked to create it (`_create_instance`), so a
 crash in between leaves an intent that recovery resolves. Destroy after commit: an instance is
 destroyed only once the store says nobody holds it (`_destroy_instance`); under group commit
-(`Store.hold()`) a released instance waits, unowned, until `commit_group()` has made its group
-durable, and is then destroyed (a grant of the same profile in the meantime takes it instead).
+(`Store.hold()`) an instance its holder released waits, unowned, until `commit_group()` has made
+its group durable, and is then destroyed (a grant of the same profile in the meantime takes it
+instead); one freed by an expiry or a preemption is destroyed at once, after writing the group.
 A crash in between leaves an unowned instance the core made, which recovery destroys.
 """
 
@@ -310,7 +311,7 @@ class Scheduler:
         if self._staged and not self.store.holding:  # written above, with the group before it
             self._staged_events += events  # announced after the group's own
             events = []
-            self.commit_group()
+            self._write_group(settle=False)  # inside a change: its caller schedules
         for event in events:
             for listener in list(self._listeners):
                 listener(event)
@@ -322,8 +323,12 @@ class Scheduler:
     def commit_group(self) -> None:
         """Write the changes waiting in the store's group in one transaction, announce them, then
         destroy the MIG instances the group released (their records' removal is written by the
-        next commit); if the store refuses, undo every change, newest first (the released
-        instances stay, with their leases), and raise StoreFailed."""
+        next commit) and, if that made room while requests wait, grant what now fits; if the
+        store refuses, undo every change, newest first (the released instances stay, with their
+        leases), and raise StoreFailed."""
+        self._write_group(settle=True)
+
+    def _write_group(self, settle: bool) -> None:
         staged, self._staged = self._staged, []
         events, self._staged_events = self._staged_events, []
         callbacks, self._group_callbacks = self._group_callbacks, []
@@ -345,11 +350,11 @@ class Scheduler:
         for callback in callbacks:
             callback(None)
         if to_destroy:
-            self._destroy_released(to_destroy, staged[-1].now if staged else 0.0)
+            self._destroy_released(to_destroy, staged[-1].now if staged else 0.0, settle)
 
-    def _destroy_released(self, to_destroy: dict[str, _GpuState], now: float) -> None:
+    def _destroy_released(self, to_destroy: dict[str, _GpuState], now: float, settle: bool) -> None:
         """Destroy the instances a durable group released and nobody took since: O(those instances).
-        Room was made on their GPUs, so a waiting queue gets a scheduling pass."""
+        Room was made on their GPUs, so a waiting queue gets a scheduling pass (if `settle`)."""
         for mig_uuid, gs in to_destroy.items():
             if mig_uuid in gs.owner or mig_uuid not in gs.created:
                 continue  # granted again in the group, or destroyed meanwhile
@@ -363,8 +368,8 @@ class Scheduler:
                 "mig.destroyed", now, None, None, {"gpu": gs.gpu.uuid, "instance": mig_uuid,
                                                    "profile": gs.profiles[inst.profile_id].name,
                                                    "start": inst.start})))
-        if self._queue:
-            self._generation += 1
+        self._generation += 1
+        if settle and self._queue:
             self._settle(now)
 
     @contextmanager
@@ -533,13 +538,15 @@ class Scheduler:
 
     def release(self, lease_id: str, *, now: float, reason: str = "released by holder") -> Lease:
         """Give a slice back (or withdraw a queued request): O(the lease's groups) and the store's
-        write, then a scheduling pass (`_schedule`), O(1) when the queue is empty."""
+        write, then a scheduling pass (`_schedule`), O(1) when the queue is empty. A MIG instance
+        the core made is destroyed after the write (while the store holds a group: after the
+        group's, by commit_group())."""
         lease = self._active(lease_id)
         with self._atomic(now):
             if lease.state is LeaseState.QUEUED:
                 self._end(lease, LeaseState.CANCELLED, now, reason)
             else:
-                self._end(lease, LeaseState.RELEASED, now, reason)
+                self._end(lease, LeaseState.RELEASED, now, reason, destroy_later=True)
         self._settle(now)
         return lease
 
@@ -819,8 +826,11 @@ class Scheduler:
         elif now - lease.idle_warned_at >= self.policy.idle_grace:
             self._end(lease, LeaseState.EXPIRED, now, f"idle for {now - idle_since:.0f} s")
 
-    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True) -> None:
-        """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here)."""
+    def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True,
+             destroy_later: bool = False) -> None:
+        """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here).
+        `destroy_later`: while the store holds a group, the slice's MIG instance is left to
+        commit_group() (a release; an expiry or a preemption makes its room at once)."""
         self.usage.stop(lease, now)
         self.deadlines.stop(lease)
         self._touch_lease(lease)
@@ -834,9 +844,9 @@ class Scheduler:
         self._plans.pop(lease.id, None)
         self._emit(f"lease.{state.value}", now, lease, reason=reason)
         if frees:
-            self._free(lease, now)
+            self._free(lease, now, destroy_later)
 
-    def _free(self, lease: Lease, now: float) -> None:
+    def _free(self, lease: Lease, now: float, destroy_later: bool = False) -> None:
         sl = lease.slice
         self._generation += 1
         if self._no_room:
@@ -849,7 +859,7 @@ class Scheduler:
             self._mig_capacity.changed(gs)
             self._view_release(node_index, (), self._host_demand(lease.spec))
             if sl.mig_uuid in gs.created and gs.gpu.mig_mode is MigMode.DYNAMIC:
-                if self.store.holding:
+                if destroy_later and self.store.holding:
                     self._to_destroy[sl.mig_uuid] = gs  # once the group is durable: commit_group()
                 else:
                     self._destroy_instance(gs, sl.mig_uuid, now)
@@ -863,8 +873,11 @@ class Scheduler:
     def _destroy_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> None:
         """Destroy an instance the core made once the store says nobody holds it: commit first,
         so a crash or a refusal leaves an unowned instance of the core's, which recovery destroys.
-        Not while the store holds a group: `_free` leaves the instance to commit_group()."""
+        While the store holds a group, the group is written first (a release leaves its instance
+        to commit_group() instead)."""
         self._commit(now)
+        if self.store.holding:  # durable before the device changes, with the group it waits in
+            self._write_group(settle=False)
         try:
             self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
         except DeviceError as err:

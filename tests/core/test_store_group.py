@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import event
 
 from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
-from jupyter_gpualloc.core.model import LeaseState
+from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
 from jupyter_gpualloc.core.store import Store, sqlite_url
@@ -207,3 +207,20 @@ def test_recovery_destroys_an_instance_whose_release_was_durable_before_a_crash(
     assert [(e.type, e.data["instance"]) for e in seen if e.type.startswith("mig.")] == [("mig.destroyed", instance)]
     assert again.store.load().instances == [] and again.leases() == []
     again.store.close()
+
+
+def test_a_preemption_in_a_group_makes_its_room_at_once(store_urls):
+    url = store_urls.fresh()
+    backend = SimulatedBackend(FLEET)
+    store = Store(url)
+    s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, preemption=True))
+    whole = SliceSpec.from_json({"kind": "mig", "profile": "7g.40gb"})
+    s.submit("alice", "job:a", whole, PriorityClass.BATCH, now=1, lease_id="A", preemptible=True)
+    with store.hold():
+        urgent = s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")
+    assert urgent.state is LeaseState.GRANTED and s.lease("A").state is LeaseState.PREEMPTED
+    s.commit_group()
+    again = restart(url, backend)
+    assert again.lease("B").slice.mig_uuid == urgent.slice.mig_uuid and device_instances(backend) == {urgent.slice.mig_uuid}
+    again.store.close()
+    store.close()
