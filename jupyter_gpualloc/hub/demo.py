@@ -180,7 +180,8 @@ def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout:
     try:
         for user, name in running():
             try:
-                call("DELETE", f"/users/{quote(user)}/servers/{quote(name)}" if name else f"/users/{quote(user)}/server")
+                server = f"/servers/{quote(name)}" if name else "/server"
+                call("DELETE", f"/users/{quote(user)}{server}")
             except OSError:  # e.g. still starting: the hub's own shutdown stops it
                 pass
         deadline = time.monotonic() + timeout
