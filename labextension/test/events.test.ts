@@ -34,7 +34,8 @@ describe('event-stream reducer', () => {
     const r = reduce(held, { type: 'lease.idle_warning', lease_id: 'a', holder: 'kernel:k-a', release_at: 1000 });
     expect(r.state.warnings.a).toEqual({ leaseId: 'a', holder: 'kernel:k-a', releaseAt: 1000 });
     expect(r.notice).toMatchObject({ kind: 'idle-warning', type: 'warning', leaseId: 'a' });
-    expect(r.refreshLeases).toBe(true);
+    expect(r.refreshLeases).toBe(false); // the event says all the panel shows of it
+    expect(reduce(held, { type: 'lease.idle_warning', lease_id: 'new', release_at: 1000 }).refreshLeases).toBe(true);
   });
 
   it('drops the warning when the slice is used again', () => {
@@ -42,6 +43,7 @@ describe('event-stream reducer', () => {
     const r = reduce(warned, { type: 'lease.idle_cleared', lease_id: 'a' });
     expect(r.state.warnings).toEqual({});
     expect(r.notice).toBeNull();
+    expect(r.refreshLeases).toBe(false);
   });
 
   it('announces a grant only after a wait', () => {

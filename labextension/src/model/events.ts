@@ -208,10 +208,13 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
   const known = state.known.includes(leaseId);
   const isJob = holder.startsWith('job:');
   const refresh = { ...none, refreshLeases: true, refreshJobs: isJob };
+  // an idle warning or its end changes nothing fetched that the panel shows of a listed slice
+  const listed = state.slices.some(l => l.id === leaseId);
+  const idle = { ...refresh, refreshLeases: !listed };
   switch (type.slice(6)) {
     case 'idle_warning':
       return {
-        ...refresh,
+        ...idle,
         state: {
           ...state,
           warnings: {
@@ -257,7 +260,7 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
       };
     }
     case 'idle_cleared':
-      return { ...refresh, state: { ...state, warnings: withoutWarning(state.warnings, leaseId) } };
+      return { ...idle, state: { ...state, warnings: withoutWarning(state.warnings, leaseId) } };
     case 'granted': {
       const waited = state.waited.includes(leaseId);
       const slices = state.slices.map(l =>
