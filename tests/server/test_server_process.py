@@ -167,39 +167,52 @@ while True:
 """
 
 
-def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_promptly(tmp_path, servers):
+@pytest.mark.parametrize("mode", ["embedded", "remote"])
+def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_promptly(tmp_path, servers, mode):
     from jupyter_client import BlockingKernelClient
 
-    config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
-                                    "tick_interval": 0.2, "report_interval": 0.3},
-              "SchedulerPolicy": {"offers": OFFERS, "max_duration": {"kernel": 4}},
+    policy = {"offers": OFFERS, "max_duration": {"kernel": 4}}
+    config = {"GpuAllocExtension": {"tick_interval": 0.2, "report_interval": 0.3},
               "KernelManager": {"shutdown_wait_time": 5.0}}
-    server = JupyterServerProcess(tmp_path, config)
-    servers.append(server.start())
-    status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
-    assert status == 201, kernel
-    client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{kernel['id']}.json"))
-    client.load_connection_file()
-    client.start_channels()
+    service, env = None, None
+    if mode == "embedded":
+        config["GpuAllocExtension"].update(fleet=str(FLEET), db_url=f"sqlite:///{tmp_path / 'db.sqlite'}")
+        config["SchedulerPolicy"] = policy
+    else:  # the lease's end comes over the service's event stream, which the server's stop cancels
+        service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config="c.GpuAllocService.tick_interval = 0.2\n"
+                                 + "".join(f"c.SchedulerPolicy.{k} = {v!r}\n" for k, v in policy.items())).start()
+        env = {"GPUALLOC_URL": service.url[:-len("api/v1/")], "GPUALLOC_TOKEN": ALICE}
     try:
-        client.wait_for_ready(timeout=30)
-        client.execute(STUBBORN_CELL)
-        deadline = time.monotonic() + 20
-        while f"shutting down kernel {kernel['id']}" not in server.log_tail():
-            assert time.monotonic() < deadline, server.log_tail()
-            time.sleep(0.05)
+        server = JupyterServerProcess(tmp_path / "server", config, env=env)
+        servers.append(server.start())
+        status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+        assert status == 201, kernel
+        client = BlockingKernelClient(
+            connection_file=str(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=30)
+            client.execute(STUBBORN_CELL)
+            deadline = time.monotonic() + 20
+            while f"shutting down kernel {kernel['id']}" not in server.log_tail():
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.05)
+        finally:
+            client.stop_channels()
+        time.sleep(0.5)  # well inside the kernel's shutdown: it ignores the request, the interrupt and SIGTERM
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            server.stop(signal.SIGKILL)
+            pytest.fail(f"the server did not exit within 20 s of SIGTERM:\n{server.log_tail()}")
+        log = (tmp_path / "server" / "server.log").read_text(errors="replace")
+        assert "Traceback" not in log and "InvalidStateError" not in log, log[-4000:]
+        assert f"cannot shut down kernel {kernel['id']}" not in log
     finally:
-        client.stop_channels()
-    time.sleep(0.5)  # well inside the kernel's shutdown: it ignores the request, the interrupt and SIGTERM
-    os.killpg(server.proc.pid, signal.SIGTERM)
-    try:
-        server.proc.wait(20)
-    except subprocess.TimeoutExpired:
-        server.stop(signal.SIGKILL)
-        pytest.fail(f"the server did not exit within 20 s of SIGTERM:\n{server.log_tail()}")
-    log = (tmp_path / "server.log").read_text(errors="replace")
-    assert "Traceback" not in log and "InvalidStateError" not in log, log[-4000:]
-    assert f"cannot shut down kernel {kernel['id']}" not in log
+        if service is not None:
+            service.kill()
 
 
 def run_cell(client, code: str, timeout: float = 60) -> tuple[str, str]:
