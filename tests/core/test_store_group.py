@@ -224,3 +224,24 @@ def test_a_preemption_in_a_group_makes_its_room_at_once(store_urls):
     assert again.lease("B").slice.mig_uuid == urgent.slice.mig_uuid and device_instances(backend) == {urgent.slice.mig_uuid}
     again.store.close()
     store.close()
+
+
+def test_a_refused_group_keeps_the_removal_of_an_instance_destroyed_before_it(setup):
+    url, backend, store, s, commits = setup
+    instance = s.submit("alice", "kernel:a", MIG_3G, now=1, lease_id="A").slice.mig_uuid
+    with store.hold():
+        s.release("A", now=2)
+    s.commit_group()  # destroyed; the record's removal waits for the next commit
+    with store.hold():
+        s.submit("bob", "kernel:b", SHARED, now=3, lease_id="B")
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.commit_group()
+    assert instance in {r.instance.uuid for r in store.load().instances}
+
+    s.submit("carol", "kernel:c", SHARED, now=4, lease_id="C")
+    assert instance not in {r.instance.uuid for r in store.load().instances}
+    seen = []
+    again = Scheduler(backend, Store(url), SchedulerPolicy(**POLICY), now=1000, listeners=[seen.append])
+    assert not [e for e in seen if e.type.startswith("reconcile.")]
+    again.store.close()
