@@ -337,9 +337,14 @@ class GpuAllocExtension(ExtensionApp):
         if self.runner is not None:
             await self.runner.close()
         if self.client is not None:
+            kernels = self.serverapp.kernel_manager.list_kernel_ids()
+            if self.embedded is not None:  # the server no longer listens: its kernels' provisioners cannot call it
+                self.kernel_link.released_by_server = True
             left = await self.monitor.shut_down_all(KERNELS_STOP_WAIT)
             if left:
                 self.log.warning("gpualloc: kernels %s are still shutting down", ", ".join(left))
+            if self.embedded is not None:
+                self.embedded.release_holders({f"kernel:{k}" for k in kernels}, "its kernel stopped with the server")
         install_link(None)
         if self._default_provisioner is not None:
             KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner

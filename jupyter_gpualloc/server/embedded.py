@@ -151,6 +151,16 @@ class EmbeddedScheduler:
             self.scheduler.tick(now)
             self.jobs.tick(now)
 
+    def release_holders(self, holders: set[str], reason: str) -> None:
+        """End the active leases of these holders in-process (at server stop, when the API is no longer served)."""
+        now = time.time()
+        for lease in self.scheduler.leases():
+            if lease.holder in holders:
+                try:
+                    self.scheduler.release(lease.id, now=now, reason=reason)
+                except Exception as err:  # e.g. the store refused: the lease ends with the heartbeat TTL
+                    self.log.warning("gpualloc: cannot release lease %s of %s: %s", lease.id, lease.holder, err)
+
     def close(self) -> None:
         self.broker.close()
         self.store.close()

@@ -41,6 +41,8 @@ class KernelLink:
     wait_timeout: float = 300.0
     mps: bool = field(default_factory=lambda: bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
     events_url: str = ""  # the server's relay of the service's events (server/relay.py); empty: none
+    # embedded mode, at server stop: the API is not served any more, the extension releases kernels' leases in-process
+    released_by_server: bool = False
 
     @classmethod
     def from_environment(cls) -> "KernelLink":
@@ -181,6 +183,8 @@ class GpuAllocProvisioner(LocalProvisioner):
             return
         if link.monitor is not None:
             link.monitor.detach(self.kernel_id)
+        if link.released_by_server:
+            return
         try:
             lease = await self._active_lease(link)
             if lease is not None:

@@ -335,3 +335,20 @@ def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_sl
     start.join(30)
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert "Traceback" not in log.split("received signal 15")[-1], log[-4000:]
+
+
+def test_embedded_server_stop_releases_its_kernels_leases(tmp_path, servers):
+    """The provisioners cannot call the API of a server that stopped listening: the extension releases in-process."""
+    config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+              "SchedulerPolicy": {"offers": OFFERS}}
+    server = JupyterServerProcess(tmp_path / "first", config)
+    servers.append(server.start())
+    status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+    assert status == 201, kernel
+    assert [l["holder"] for l in server.call("GET", "gpualloc/api/v1/leases")[1]["leases"]] == [f"kernel:{kernel['id']}"]
+    os.kill(server.proc.pid, signal.SIGTERM)
+    server.proc.wait(30)
+    assert "cannot release its GPU lease" not in server.log_tail(), server.log_tail()
+    again = JupyterServerProcess(tmp_path / "second", config)  # the same state database
+    servers.append(again.start())
+    assert again.call("GET", "gpualloc/api/v1/leases")[1]["leases"] == []  # not held until the heartbeat TTL
