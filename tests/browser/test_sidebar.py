@@ -360,6 +360,6 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     assert "released at its time limit" in ended.inner_text()
     assert "train.ipynb: released" in panel.locator(".jp-gpualloc-ended").inner_text()
     assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []
-    # its kernel is shut down with it (waited for: a server stopped mid-shutdown can hang in jupyter_client)
+    # its kernel is shut down with it
     shutdown = page.locator(".Toastify__toast", has_text="was shut down: its GPU lease expired (reached its maximum")
     shutdown.wait_for(timeout=60_000)
