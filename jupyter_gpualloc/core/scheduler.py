@@ -329,6 +329,7 @@ class Scheduler:
         self._write_group(settle=True)
 
     def _write_group(self, settle: bool) -> None:
+        """commit_group(); from inside a change (`settle` False) without the scheduling pass."""
         staged, self._staged = self._staged, []
         events, self._staged_events = self._staged_events, []
         callbacks, self._group_callbacks = self._group_callbacks, []
