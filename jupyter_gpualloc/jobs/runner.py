@@ -271,11 +271,24 @@ class JobRunner:
         except GpuAllocError as err:  # the core has moved the job on
             self.log.warning("gpualloc jobs: cannot report job %s (%s): %s", job_id, outcome, err)
 
-    async def close(self) -> None:
-        """Server shutdown: stop every attempt at once; their jobs are requeued or failed by policy."""
+    async def close(self, report: Callable[[str, int, str, str], None] | None = None) -> None:
+        """Server shutdown: stop every attempt at once; their jobs are requeued or failed by policy.
+
+        `report(job_id, attempt, outcome, reason)` reports them where the API is no longer served
+        (embedded mode: the server stopped listening, the core is in-process), reports still owed
+        included; None: through the client.
+        """
+        if report is not None:
+            for job_id, owed in list(self._unreported.items()):
+                report(job_id, *owed)
+            self._unreported.clear()
         for attempt in list(self.attempts.values()):
             attempt.stopping = "the server stopped"
-            await self._finish(attempt.job_id, attempt.number, "interrupted", "the server running it stopped")
+            interrupted = (attempt.job_id, attempt.number, "interrupted", "the server running it stopped")
+            if report is None:
+                await self._finish(*interrupted)
+            else:
+                report(*interrupted)
             await self._stop(attempt, 0.5)
         tasks = [a.task for a in self.attempts.values() if a.task is not None]
         if tasks:

@@ -334,8 +334,8 @@ class GpuAllocExtension(ExtensionApp):
         self.kernel_events.close()
         if self._in_flight:
             await asyncio.wait(list(self._in_flight), timeout=IN_FLIGHT_WAIT)
-        if self.runner is not None:
-            await self.runner.close()
+        if self.runner is not None:  # embedded: the server no longer listens, its jobs are reported in-process
+            await self.runner.close(self.embedded.finish_job if self.embedded is not None else None)
         if self.client is not None:
             kernels = self.serverapp.kernel_manager.list_kernel_ids()
             if self.embedded is not None:  # the server no longer listens: its kernels' provisioners cannot call it

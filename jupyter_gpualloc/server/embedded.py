@@ -161,6 +161,13 @@ class EmbeddedScheduler:
                 except Exception as err:  # e.g. the store refused: the lease ends with the heartbeat TTL
                     self.log.warning("gpualloc: cannot release lease %s of %s: %s", lease.id, lease.holder, err)
 
+    def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str) -> None:
+        """Report a job attempt's end in-process (at server stop, when the API is no longer served)."""
+        try:
+            self.jobs.finish(job_id, attempt, outcome, reason, now=time.time())
+        except Exception as err:  # moved on meanwhile, or the store refused: the restarted runner reports it
+            self.log.warning("gpualloc jobs: cannot report job %s (%s): %s", job_id, outcome, err)
+
     def close(self) -> None:
         self.broker.close()
         self.store.close()
