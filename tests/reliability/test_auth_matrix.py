@@ -1,11 +1,13 @@
 """Who may call what, for every route of both route tables, generated from the tables themselves.
 
-The service's ROUTES (standalone and embedded) and the server extension's sidebar routes are
-read at collection time, so a route added later is in the matrix without a line here. Every
+The service's ROUTES (standalone and embedded), the server extension's sidebar routes and its
+kernels' event relay (remote mode) are read at collection time, and a server in each mode is
+asked what the extension registered: a route it serves that the matrix lacks fails. Every
 method a handler implements is called with no credentials, with malformed ones, as another user
 on every id-based route, as a plain user on every route whose handler can require the admin, and
 in embedded mode with a foreign Host and a foreign Origin: each answer is a 4xx, never a 2xx, and
-no answer (nor another user's event stream) shows the owner's lease or holder.
+no answer (nor another user's event stream) shows the owner's lease or holder. The relay
+answers only the token its server gave its kernels: not the server's own, nor another user's.
 """
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ import socket
 import time
 
 import pytest
+import requests
+from tornado import web
+from tornado.routing import Router
 
 from jupyter_gpualloc.server.handlers import SidebarHandler, routes as sidebar_routes
+from jupyter_gpualloc.server.relay import EVENTS_PATH, KernelEventsHandler
 from jupyter_gpualloc.service.app import ROUTES
 from jupyter_gpualloc.service.handlers import ApiHandler
+
+from tests.server.conftest import FLEET, extension_config
+from tests.server.test_server_process import SERVER_TOKEN as REMOTE_SERVER_TOKEN, JupyterServerProcess
 
 from .servers import ADMIN, OTHER, USER, EmbeddedServer, bearer, start_standalone
 
@@ -45,6 +54,7 @@ def needs_admin(handler: type) -> bool:
 V1 = [(template, method, handler) for template, handler, _ in ROUTES for method in implemented(handler, ApiHandler)]
 SIDEBAR = [(path, method) for path, handler in sidebar_routes()
            for method in implemented(handler, SidebarHandler)]
+RELAY = [("/" + EVENTS_PATH, method) for method in implemented(KernelEventsHandler, web.RequestHandler)]
 
 
 def fill(template: str, ids: dict[str, str]) -> str:
@@ -172,3 +182,62 @@ def test_embedded_route_refuses_foreign_hosts_origins_and_strangers(embedded, pa
                                                  headers={**headers, "Content-Type": "application/json"}, timeout=30)
         assert_refused(response, what=(method, path, headers), allowed=(401, 403))
 
+
+
+def extension_routes(router: Router) -> set[tuple[str, str]]:
+    """(path regex, method) of every route a server's web app serves with a handler of this package."""
+    found: set[tuple[str, str]] = set()
+    for rule in getattr(router, "rules", []):
+        target = rule.target
+        if isinstance(target, Router):
+            found |= extension_routes(target)
+        elif isinstance(target, type) and target.__module__.startswith("jupyter_gpualloc."):
+            found |= {(rule.matcher.regex.pattern, m) for m in implemented(target, web.RequestHandler)}
+    return found
+
+
+@pytest.fixture(params=["embedded", "remote"])
+def jp_server_config(request, tmp_path):
+    """An in-process server with the extension in each mode (remote: a service that need not answer)."""
+    if request.param == "embedded":
+        return extension_config(tmp_path)
+    return extension_config(tmp_path, GpuAllocExtension={"mode": "remote", "service_url": "http://127.0.0.1:9/",
+                                                         "service_token": USER, "fleet": str(FLEET)})
+
+
+def test_the_matrix_holds_every_route_the_extension_registers(jp_serverapp):
+    base = jp_serverapp.base_url
+    called = {(base + fill(path, {}), method) for path, method in EMBEDDED + RELAY}
+    registered = extension_routes(jp_serverapp.web_app.default_router)
+    assert registered, "no route of the extension found: the walk of tornado's routers is wrong"
+    missing = [(pattern, method) for pattern, method in sorted(registered)
+               if not any(m == method and re.fullmatch(pattern, path) for path, m in called)]
+    assert not missing, f"routes the auth matrix does not call: {missing}"
+
+
+@pytest.fixture(scope="module")
+def remote(standalone, tmp_path_factory):
+    """A Jupyter server in remote mode, its kernels given the plain user's token for the service."""
+    api, _ = standalone
+    server = JupyterServerProcess(tmp_path_factory.mktemp("remote"), {},
+                                  env={"GPUALLOC_URL": api.url[:-len("api/v1/")], "GPUALLOC_TOKEN": USER})
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("path", "method"), RELAY, ids=[f"{m} {p}" for p, m in RELAY])
+def test_relay_answers_only_the_token_its_server_gave_its_kernels(remote, path, method):
+    url = remote.url + fill(path, {})
+    strangers = [{}, *MALFORMED, {"Authorization": f"token {REMOTE_SERVER_TOKEN}"}, bearer(OTHER), bearer(ADMIN),
+                 {"Host": "evil.example"}, {"Origin": "http://evil.example"}]
+    for headers in strangers:
+        response = requests.request(method, url, headers=headers, timeout=30)
+        assert_refused(response, what=(method, path, headers), allowed=(401,))
+    with requests.request(method, url, headers=bearer(USER), stream=True, timeout=30) as response:
+        assert response.status_code == 200, response.text[:300]
+        assert next(response.iter_lines()) == b": connected"
+    for other in sorted({m.upper() for m in METHODS} - {m for p, m in RELAY if p == path}):
+        response = requests.request(other, url, headers=bearer(USER), timeout=30)
+        assert_refused(response, what=(other, path), allowed=(403, 405))  # 403: the server's XSRF check
