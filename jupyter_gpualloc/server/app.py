@@ -191,6 +191,7 @@ class GpuAllocExtension(ExtensionApp):
             return None
 
     def _link_kernels(self) -> None:
+        """Make gpualloc the kernels' provisioner (the default one, kept to put back at stop), linked to the client."""
         factory = KernelProvisionerFactory.instance(parent=self.serverapp)
         if "gpualloc" not in factory.provisioners:  # an editable checkout without installed entry points
             from importlib.metadata import EntryPoint
@@ -199,6 +200,10 @@ class GpuAllocExtension(ExtensionApp):
         if self.all_kernels:
             self._default_provisioner = factory.default_provisioner_name
             factory.default_provisioner_name = "gpualloc"
+        self._install_kernel_link()
+
+    def _install_kernel_link(self) -> None:
+        """What this server's kernels are given to reach the allocator: its client's URL and token."""
         self.kernel_link = KernelLink(self.client, self.client.url, self.kernel_token, self.monitor,
                                       self.kernel_wait_timeout)
         install_link(self.kernel_link)
@@ -236,7 +241,7 @@ class GpuAllocExtension(ExtensionApp):
             await self.client.close()
             self.client = self.monitor.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
             self.availability.url = self.client.url
-            self._link_kernels()
+            self._install_kernel_link()  # not _link_kernels: it would keep "gpualloc" as the default to put back
         if self.embedded is not None:
             self.embedded.broker.add_listener(self._on_core_event)
             self._every(self.tick_interval, self.embedded.tick)

@@ -73,3 +73,20 @@ async def test_a_queued_slice_that_does_not_come_fails_the_start_clearly(gpuallo
     assert [l.holder for l in gpualloc.embedded.scheduler.leases()] == [f"kernel:{big}"]
     for failed in set(km.list_kernel_ids()) - {big}:
         km.remove_kernel(failed)  # jupyter_client keeps a kernel whose start failed in its table
+
+
+async def test_a_port_settled_at_bind_relinks_kernels_and_the_stop_restores_the_default_provisioner(
+        jp_serverapp, http_server_client, gpu_kernelspecs):
+    """The server binds another port than it was given (port retries): the kernels are linked to the
+    bound one at start, and the stop still puts back the provisioner that was the default before."""
+    from jupyter_client.provisioning.factory import KernelProvisionerFactory
+
+    factory = KernelProvisionerFactory.instance()
+    ext = jp_serverapp.extension_manager.extensions["jupyter_gpualloc.server"].extension_points["gpualloc"].app
+    assert factory.default_provisioner_name == "gpualloc"
+    jp_serverapp.port += 1  # what the server does when the port it was given is taken
+    await jp_serverapp.extension_manager.start_all_extensions()
+    bound = f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}gpualloc/"
+    assert ext.client.url == ext.kernel_link.kernel_url == bound
+    await jp_serverapp.extension_manager.stop_all_extensions()
+    assert factory.default_provisioner_name == "local-provisioner"
