@@ -1375,10 +1375,13 @@ class Scheduler:
         return self._place(lease, plans, reserved)
 
     def _preemptible_on(self, gs: _GpuState) -> list[Lease]:
+        """The preemptible batch leases holding part of `gs`, newest grant first; leases granted
+        at the same time go newest request (highest seq) first, so the order never depends on
+        set iteration (string hashing)."""
         holders = set(gs.owner.values()) | set(gs.shares)
         leases = [self._leases[h] for h in holders]
         return sorted((l for l in leases if l.preemptible and l.priority is PriorityClass.BATCH),
-                      key=lambda l: -(l.granted_at or 0))
+                      key=lambda l: (-(l.granted_at or 0), -l.seq))
 
     def _mig_victims(self, gs: _GpuState, profile: MigProfile) -> list[Lease] | None:
         """The fewest (then newest) preemptible leases on a MIG GPU whose end makes room for `profile`."""

@@ -238,6 +238,18 @@ def test_interactive_preempts_newest_preemptible_batch(harness):
     assert "lease.preempted" in h.types()
 
 
+def test_preemption_ties_go_to_the_newest_request(harness):
+    """Leases granted at the same time are preempted newest request first, whatever their ids hash
+    to (before, a set of holders decided, so the victim changed with PYTHONHASHSEED)."""
+    h = harness(fleet({"model": "L4", "count": 1}))
+    s = h.scheduler
+    batch = [s.submit("b", f"job:{n}", shared(5), BATCH, now=0) for n in range(4)]
+    assert all(l.state is LeaseState.GRANTED for l in batch)
+    wanted = s.submit("i", "kernel:1", shared(5), now=1)
+    assert wanted.state is LeaseState.GRANTED
+    assert [s.lease(l.id).state for l in batch] == [LeaseState.GRANTED] * 3 + [LeaseState.PREEMPTED]
+
+
 def test_mig_preemption_frees_room_for_a_profile(harness):
     h = harness(fleet({"model": A100_40, "count": 1, "mig": "dynamic"}))
     s = h.scheduler
