@@ -1,14 +1,21 @@
-"""Retake docs/spawn-form.png from the real demo: `.venv/bin/python docs/screenshots.py`.
+"""Retake the documentation's screenshots: `.venv/bin/python docs/screenshots.py [spawn-form] [sidebar]`.
 
-Starts `jupyter-gpualloc demo` on a free port, in a temporary directory, with the simulated demo
-fleet and the policy of docs/usage.md (time-boxed servers, a weekly usage quota), logs in as carol
-in Debian's chromium (/usr/bin/chromium) through Playwright, and saves her spawn form: where she
-stands, each offer's time limit, and the offer her quota never allows greyed out. The sidebar's
-screenshots under docs/img/ come from tests/browser/test_sidebar.py.
+spawn-form (docs/spawn-form.png): starts `jupyter-gpualloc demo` on a free port, in a temporary
+directory, with the simulated demo fleet and the policy of docs/usage.md (time-boxed servers, a
+weekly usage quota), logs in as carol in Debian's chromium (/usr/bin/chromium) through Playwright,
+and saves her spawn form: where she stands, each offer's time limit, and the offer her quota
+never allows greyed out.
+
+sidebar (docs/img/sidebar-light.png and sidebar-dark.png): runs tests/browser/test_sidebar.py with
+$GPUALLOC_SCREENSHOTS set to docs/img (a plain run of the test saves them in a temporary folder).
+It needs the built labextension (`cd labextension && jlpm build:prod`).
+
+With no argument, both.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -22,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 OUTPUT = REPO / "docs" / "spawn-form.png"
+SIDEBAR = [REPO / "docs" / "img" / f"sidebar-{theme}.png" for theme in ("light", "dark")]
 POLICY = """
 c.SchedulerPolicy.max_duration = {"server": 14400, "kernel": 14400}
 c.SchedulerPolicy.max_extensions = 2
@@ -70,7 +78,19 @@ def screenshot_spawn_form(url: str, user: str, output: Path) -> None:
             browser.close()
 
 
-def main() -> int:
+def retake_sidebar() -> None:
+    """The browser test's screenshots, saved in docs/img; exits with its output if it fails or skips."""
+    started = time.time()
+    env = dict(os.environ, GPUALLOC_SCREENSHOTS=str(SIDEBAR[0].parent))
+    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/browser/test_sidebar.py"], cwd=REPO, env=env)
+    if test.returncode != 0 or any(path.stat().st_mtime < started for path in SIDEBAR):
+        sys.exit("error: tests/browser/test_sidebar.py did not save the sidebar's screenshots (its output is above)")
+    for path in SIDEBAR:
+        print(f"wrote {path.relative_to(REPO)}")
+
+
+def retake_spawn_form() -> None:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="gpualloc-screenshots-") as runtime:
         (Path(runtime) / "policy.py").write_text(POLICY)
@@ -87,6 +107,19 @@ def main() -> int:
             demo.send_signal(signal.SIGTERM)  # the demo stops its hub, proxy and service
             demo.wait(30)
     print(f"wrote {OUTPUT.relative_to(REPO)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Retake the documentation's screenshots.")
+    parser.add_argument("which", nargs="*", metavar="spawn-form|sidebar", help="which screenshots (default: all)")
+    which = parser.parse_args().which or ["spawn-form", "sidebar"]
+    unknown = sorted(set(which) - {"spawn-form", "sidebar"})
+    if unknown:
+        parser.error(f"no screenshots named {', '.join(unknown)}: spawn-form or sidebar")
+    if "spawn-form" in which:
+        retake_spawn_form()
+    if "sidebar" in which:
+        retake_sidebar()
     return 0
 
 

@@ -7,7 +7,9 @@ slices, in the fleet drawing and in the status bar, sees its time limit and exte
 deadline warning, sees the usage quota, gets the idle-warning notification, runs the notebook as a
 GPU job from the file browser and sees it finish, is refused a second extension while another
 request waits, releases the slice, sees the waiting slice released at its time limit, and saves
-screenshots in the light and the dark theme under docs/img/.
+screenshots in the light and the dark theme: in a temporary folder, or in the folder
+$GPUALLOC_SCREENSHOTS names (`.venv/bin/python docs/screenshots.py sidebar` retakes
+docs/img/sidebar-*.png so); a plain run leaves the repository as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from tests.server.conftest import FLEET
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO / "docs" / "img"
+DOCS_IMG = REPO / "docs" / "img"
+SCREENSHOTS_ENV = "GPUALLOC_SCREENSHOTS"
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token-123456"
 OFFERS = [
@@ -149,6 +152,14 @@ def page(tmp_path, lab):
             context.close()
 
 
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    """Where the screenshots go: the folder $GPUALLOC_SCREENSHOTS names, else a temporary one."""
+    folder = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def write_notebook(path: Path, source: str = "import os\nos.environ.get('CUDA_VISIBLE_DEVICES')") -> None:
     path.write_text(json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
@@ -180,7 +191,8 @@ def run_as_gpu_job(page, notebook: str, offer_label: str) -> None:
     dialog.wait_for(state="detached")
 
 
-def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
+def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshots):
+    docs_img = {path: path.stat().st_mtime_ns for path in DOCS_IMG.iterdir()}
     write_notebook(lab.root / "train.ipynb")
     page.goto(f"{lab.url}lab/tree/train.ipynb?token={TOKEN}", timeout=120_000)
     status = page.locator(".jp-gpualloc-status-button")
@@ -284,11 +296,11 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     assert panel.bounding_box()["width"] <= 260 and panel.evaluate("el => el.scrollWidth <= el.clientWidth + 1"), \
         "the panel overflows sideways at its default 250 px"
     page.wait_for_timeout(1000)  # the notifications' slide-in
-    page.screenshot(path=str(SCREENSHOTS / "sidebar-light.png"))
+    page.screenshot(path=str(screenshots / "sidebar-light.png"))
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
     page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
     page.wait_for_timeout(500)
-    page.screenshot(path=str(SCREENSHOTS / "sidebar-dark.png"))
+    page.screenshot(path=str(screenshots / "sidebar-dark.png"))
 
     panel.get_by_role("button", name="Open the executed notebook of train.ipynb").click()
     page.locator(".lm-TabBar-tab", has_text=f"train.job-{record['id']}.ipynb").wait_for(timeout=30_000)
@@ -363,3 +375,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page):
     # its kernel is shut down with it
     shutdown = page.locator(".Toastify__toast", has_text="was shut down: its GPU lease expired (reached its maximum")
     shutdown.wait_for(timeout=60_000)
+
+    assert {path.name for path in screenshots.iterdir()} >= {"sidebar-light.png", "sidebar-dark.png"}
+    if screenshots.resolve() != DOCS_IMG.resolve():  # a plain run leaves the repository's images as they were
+        assert {path: path.stat().st_mtime_ns for path in DOCS_IMG.iterdir()} == docs_img
