@@ -207,9 +207,10 @@ class StoreError(Exception):
 class Store:
     """A database of the core's state; `url` is any SQLAlchemy URL (sqlite:///PATH by default)."""
 
-    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL"):
+    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL", sqlite_autocheckpoint: bool = True):
         """`sqlite_synchronous`: NORMAL (WAL synced at checkpoints) or FULL (at every commit); see
-        docs/reliability.md for what a power loss can take with NORMAL."""
+        docs/reliability.md for what a power loss can take with NORMAL. `sqlite_autocheckpoint`
+        False: no commit checkpoints the WAL; the owner calls checkpoint() (from another thread)."""
         if sqlite_synchronous not in ("NORMAL", "FULL"):
             raise ValueError("sqlite_synchronous must be NORMAL or FULL")
         self.url = url
@@ -219,7 +220,7 @@ class Store:
                                     pool_pre_ping=not is_sqlite)
         self._insert = sqlite_insert if is_sqlite else pg_insert
         if is_sqlite:
-            event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous))
+            event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous, sqlite_autocheckpoint))
         metadata.create_all(self.engine)
         upsert = self._insert(leases)
         self._upsert_leases = upsert.on_conflict_do_update(
@@ -254,6 +255,14 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def checkpoint(self) -> None:
+        """SQLite: sync the WAL and copy it into the database file (PASSIVE: never waits for a writer,
+        and a write never waits for it), on a connection of its own, so any thread may call it;
+        other databases: nothing. StoreError if SQLite refuses."""
+        if self.url.startswith("sqlite"):
+            with self._read() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     # -------------------------------------------------------------- writes
     @contextmanager
@@ -498,14 +507,17 @@ class _Group:
             conn.execute(store._upsert_meta_row, {"key": "seq", "value": str(self.seq)})
 
 
-def _sqlite_pragmas(synchronous: str, dbapi_conn, _record) -> None:
+def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record) -> None:
     """WAL; synchronous NORMAL: a commit survives the process's death (SIGKILL) and the file stays
     consistent, but a power loss can take the commits since the last checkpoint; FULL: each commit
-    syncs the WAL (one fsync per group commit). docs/reliability.md has the analysis."""
+    syncs the WAL (one fsync per group commit). docs/reliability.md has the analysis. Without
+    `autocheckpoint` the commit that takes the WAL past 1,000 pages does not checkpoint it."""
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute(f"PRAGMA synchronous={synchronous}")
     cur.execute("PRAGMA busy_timeout=30000")
+    if not autocheckpoint:
+        cur.execute("PRAGMA wal_autocheckpoint=0")
     cur.close()
 
 

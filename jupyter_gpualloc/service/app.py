@@ -39,6 +39,7 @@ from ..core.scheduler import Scheduler
 from ..core.store import Store, sqlite_url
 from . import handlers as h
 from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
+from .checkpoint import WalCheckpointer
 from .events import AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
@@ -264,6 +265,11 @@ class GpuAllocService(Application):
         or kernel panic can take the changes since the last checkpoint (docs/reliability.md). FULL:
         every commit is synced (one fsync per group of changes), so a power loss takes nothing answered.""",
     ).tag(config=True)
+    sqlite_checkpoint_interval = Float(
+        1.0, help="""SQLite only: seconds between checkpoints of the WAL into the database file, run
+        from a thread of their own (with synchronous NORMAL, about what a power loss can take). 0:
+        SQLite's own, from the commit that takes the WAL past 1,000 pages, on the IOLoop's thread.""",
+    ).tag(config=True)
     auth = Unicode(
         "", help="""How callers authenticate: 'hub' (JupyterHub tokens and OAuth cookies) or 'tokens'
         (the api_tokens map). Default: hub when $JUPYTERHUB_API_TOKEN is set, else tokens.""",
@@ -376,7 +382,8 @@ class GpuAllocService(Application):
         if backend_name == "simulated":
             options = {"fleet": self.fleet or None, "state_file": self.simulated_state or self._state_beside_db()}
         self.device_backend = make_backend(backend_name, **options)
-        self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper())
+        self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
+                           sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
         self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log)
         self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
@@ -414,6 +421,10 @@ class GpuAllocService(Application):
     async def serve(self) -> None:
         """Listen, tick periodically, and stop cleanly on SIGTERM or SIGINT."""
         freeze_startup_heap()
+        checkpointer = None
+        if self.sqlite_checkpoint_interval > 0 and self.store.url.startswith("sqlite"):
+            checkpointer = WalCheckpointer(self.store, self.sqlite_checkpoint_interval, self.log)
+            checkpointer.start()
         server = HTTPServer(self.web_app)  # forwarded headers: ServiceApplication
         server.listen(self.port, self.ip)
         ticker = PeriodicCallback(self.tick, self.tick_interval * 1000)
@@ -433,6 +444,8 @@ class GpuAllocService(Application):
         self.write_activity()
         server.stop()
         self.broker.close()
+        if checkpointer is not None:
+            checkpointer.stop()
         self.store.close()
         self.device_backend.close()
 
