@@ -316,6 +316,12 @@ class Scheduler:
             for listener in list(self._listeners):
                 listener(event)
 
+    @property
+    def group_waiting(self) -> bool:
+        """Whether anything waits for commit_group(): a write, an event, a callback or an instance to destroy."""
+        return bool(self._staged or self._staged_events or self._group_callbacks or self._to_destroy
+                    or self.store.waiting)
+
     def after_group(self, callback: Callable[[StoreFailed | None], None]) -> None:
         """Call `callback(None)` once the waiting group is written, or `callback(StoreFailed)` once it is undone."""
         self._group_callbacks.append(callback)

@@ -252,8 +252,15 @@ class Store:
         self._delete_intents = delete(mig_intents).where(mig_intents.c.id.in_(bindparam("ids", expanding=True)))
         self._held = 0
         self._group = _Group()
+        # SQLite: writes go through one connection kept open (a pool checkout per transaction cost about
+        # as much CPU as the transaction's statements); other databases take one from the pool each time.
+        self._keeps_writer = is_sqlite
+        self._writer: Connection | None = None
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self.engine.dispose()
 
     def checkpoint(self) -> None:
@@ -278,6 +285,11 @@ class Store:
     def holding(self) -> bool:
         return self._held > 0
 
+    @property
+    def waiting(self) -> bool:
+        """Whether writes wait in the group for commit_group()."""
+        return bool(self._group)
+
     def commit_group(self) -> None:
         """Write the waiting group in one transaction. StoreError, and nothing of it written, if that
         fails; the group is dropped either way (its changes are the caller's to undo)."""
@@ -296,12 +308,12 @@ class Store:
         if self._held:
             self._group.refused.append(undo)
 
-    def _apply(self, write: Callable[[Connection], None], lease_rows: Sequence[dict] = (),
-               seq: int | None = None) -> None:
+    def _apply(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict] = (),
+               seq: int | None = None, usage_rows: Sequence[dict] = ()) -> None:
         """One write: into the group while held, else now, in one transaction with the waiting group
         (which stays waiting, without this write, if that transaction fails)."""
         group = self._group if self._held else self._group.copy()
-        group.add(write, lease_rows, seq)
+        group.add(write, lease_rows, seq, usage_rows)
         if not self._held:
             with self._transaction() as conn:
                 group.write(conn, self)
@@ -309,10 +321,17 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
-        """One transaction; the driver's refusals come out as StoreError."""
+        """One transaction; the driver's refusals come out as StoreError. A kept connection that
+        failed is rolled back by begin(), and one the driver invalidated reconnects at its next use."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            if self._keeps_writer:
+                if self._writer is None:
+                    self._writer = self.engine.connect()
+                with self._writer.begin():
+                    yield self._writer
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
         except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
             raise StoreError(err) from err
 
@@ -422,8 +441,7 @@ class Store:
     def save_usage(self, segments: list[UsageSegment]) -> None:
         """One transaction: insert each segment, or move the end of one already stored."""
         if segments:
-            rows = [_usage_row(seg) for seg in segments]
-            self._apply(lambda conn: conn.execute(self._upsert_usage, rows))
+            self._apply(None, usage_rows=[_usage_row(seg) for seg in segments])
 
     def load_usage(self, since: float, until: float, user: str | None = None) -> list[UsageSegment]:
         """Segments that overlap [since, until), of one user or everyone, oldest first."""
@@ -475,26 +493,31 @@ class Store:
 
 
 class _Group:
-    """Writes waiting for one transaction: leases by id (the last row of each), then the others in order."""
+    """Writes waiting for one transaction: leases by id (the last row of each), the others in order,
+    then usage segments by (lease, start) (the last row of each: an accrual's end only moves on)."""
 
     def __init__(self) -> None:
         self.leases: dict[str, dict] = {}
         self.writes: list[Callable[[Connection], None]] = []
+        self.usage: dict[tuple[str, float], dict] = {}
         self.seq: int | None = None
         self.refused: list[Callable[[], None]] = []  # see Store.if_refused
 
     def __bool__(self) -> bool:
-        return bool(self.leases or self.writes or self.seq is not None)
+        return bool(self.leases or self.writes or self.usage or self.seq is not None)
 
     def copy(self) -> "_Group":
         other = _Group()
         other.leases, other.writes, other.seq = dict(self.leases), list(self.writes), self.seq
-        other.refused = list(self.refused)
+        other.usage, other.refused = dict(self.usage), list(self.refused)
         return other
 
-    def add(self, write: Callable[[Connection], None], lease_rows: Sequence[dict], seq: int | None) -> None:
+    def add(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict], seq: int | None,
+            usage_rows: Sequence[dict] = ()) -> None:
         self.leases.update((row["id"], row) for row in lease_rows)
-        self.writes.append(write)
+        self.usage.update(((row["lease_id"], row["start"]), row) for row in usage_rows)
+        if write is not None:
+            self.writes.append(write)
         if seq is not None:
             self.seq = seq
 
@@ -503,6 +526,8 @@ class _Group:
             conn.execute(store._upsert_leases, list(self.leases.values()))
         for write in self.writes:
             write(conn)
+        if self.usage:
+            conn.execute(store._upsert_usage, list(self.usage.values()))
         if self.seq is not None:
             conn.execute(store._upsert_meta_row, {"key": "seq", "value": str(self.seq)})
 

@@ -2,7 +2,8 @@
 
 A handler runs its core change with the store holding writes (`Store.hold()`), then waits; the
 first change of a turn schedules `Scheduler.commit_group()` for the next turn, which writes every
-change waiting by then in one transaction and wakes their handlers. An answer is still sent only
+change waiting by then in one transaction and wakes their handlers. A change that left nothing
+waiting (and found nothing waiting) answers at once. An answer is still sent only
 once its change is durable; if the store refuses the group, the core undoes every change in it,
 newest first, and each waiting handler raises StoreFailed (answered 503 like any refused write).
 """
@@ -30,6 +31,8 @@ class GroupCommit:
         `outlives_refusal` (a heartbeat: alive in memory, its accrual written later)."""
         with self.scheduler.store.hold():
             result = call()
+        if not self.scheduler.group_waiting:
+            return result  # it wrote nothing, and everything before it is durable (an activity-only touch)
         loop = asyncio.get_running_loop()
         durable = loop.create_future()
 

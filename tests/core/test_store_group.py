@@ -245,3 +245,36 @@ def test_a_refused_group_keeps_the_removal_of_an_instance_destroyed_before_it(se
     again = Scheduler(backend, Store(url), SchedulerPolicy(**POLICY), now=1000, listeners=[seen.append])
     assert not [e for e in seen if e.type.startswith("reconcile.")]
     again.store.close()
+
+
+def test_heartbeats_in_one_group_write_each_segment_once_as_it_was_last(setup):
+    url, backend, store, s, commits = setup
+    s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    s.submit("alice", "kernel:b", SHARED, now=1, lease_id="B")
+    usage_statements = []
+    event.listen(store.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *rest: usage_statements.append(statement)
+                 if statement.lstrip().startswith("INSERT INTO usage") else None)
+    with store.hold():
+        for t in (5, 6, 7):
+            s.heartbeat("alice", now=t)
+    s.commit_group()
+    assert len(usage_statements) == 1  # one statement for the group's segments, not one per heartbeat
+    stored = store.load_usage(0, float("inf"), "alice")
+    assert sorted((seg.lease_id, seg.start, seg.end) for seg in stored) == [("A", 1, 7), ("B", 1, 7)]
+
+
+def test_sqlite_writes_share_one_connection_that_outlives_a_refused_write(tmp_path):
+    store = FlakyStore(sqlite_url(tmp_path / "s.sqlite"))
+    s = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(**POLICY))
+    checkouts = []
+    event.listen(store.engine.pool, "checkout", lambda *args: checkouts.append(1))
+    s.submit("alice", "kernel:a", SHARED, now=1)
+    store.fail_next.add("save")
+    with pytest.raises(StoreFailed):
+        s.submit("bob", "kernel:b", SHARED, now=2)
+    carol = s.submit("carol", "kernel:c", SHARED, now=3)
+    assert len(checkouts) == 1  # three transactions (one refused) on the connection taken once
+    assert store.load_lease(carol.id).state is LeaseState.GRANTED
+    assert [l.user for l in store.load().leases] == ["alice", "carol"]
+    store.close()
