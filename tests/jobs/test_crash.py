@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -25,6 +26,17 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def start_job_until_its_first_attempt_runs(server: JupyterServerProcess, workdir) -> tuple[dict, Path]:
+    """Submit the job that sleeps on its first attempt; its record and log once that attempt works."""
+    status, job = server.call("POST", API + "jobs", {
+        "spec": {"kind": "whole", "model": "L4"}, "workdir": str(workdir),
+        "source": {"kind": "cell", "code": SLEEPS_ON_FIRST_ATTEMPT}})
+    assert status == 201, job
+    log = workdir / ".gpualloc" / "jobs" / job["id"] / "job.log"
+    wait_until(lambda: log.exists() and "working, attempt 1" in log.read_text(), 60, "the first attempt")
+    return job, log
 
 
 def alive(process: psutil.Process) -> bool:
@@ -52,12 +64,7 @@ def test_sigkill_mid_job_requeues_it_and_holds_no_slice(tmp_path, killed_kernels
     server = JupyterServerProcess(tmp_path / "server", config)
     server.start()
     try:
-        status, job = server.call("POST", API + "jobs", {
-            "spec": {"kind": "whole", "model": "L4"}, "workdir": str(workdir),
-            "source": {"kind": "cell", "code": SLEEPS_ON_FIRST_ATTEMPT}})
-        assert status == 201, job
-        log = workdir / ".gpualloc" / "jobs" / job["id"] / "job.log"
-        wait_until(lambda: log.exists() and "working, attempt 1" in log.read_text(), 60, "the first attempt")
+        job, log = start_job_until_its_first_attempt_runs(server, workdir)
         first_lease = server.call("GET", API + f"jobs/{job['id']}")[1]["lease_id"]
         killed_kernels.extend(psutil.Process(server.proc.pid).children(recursive=True))
         server.stop(signal.SIGKILL)
@@ -90,12 +97,7 @@ def test_sigterm_mid_job_reports_it_interrupted_in_process_and_it_runs_again(tmp
     server = JupyterServerProcess(tmp_path / "server", config)
     server.start()
     try:
-        status, job = server.call("POST", API + "jobs", {
-            "spec": {"kind": "whole", "model": "L4"}, "workdir": str(workdir),
-            "source": {"kind": "cell", "code": SLEEPS_ON_FIRST_ATTEMPT}})
-        assert status == 201, job
-        log = workdir / ".gpualloc" / "jobs" / job["id"] / "job.log"
-        wait_until(lambda: log.exists() and "working, attempt 1" in log.read_text(), 60, "the first attempt")
+        job, log = start_job_until_its_first_attempt_runs(server, workdir)
         killed_kernels.extend(psutil.Process(server.proc.pid).children(recursive=True))
         server.stop(signal.SIGTERM)
         stopped_log = server.log_tail()
