@@ -365,16 +365,9 @@ class Scheduler:
         for mig_uuid, gs in to_destroy.items():
             if mig_uuid in gs.owner or mig_uuid not in gs.created:
                 continue  # granted again in the group, or destroyed meanwhile
-            try:
-                self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
-            except DeviceError as err:
-                self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
-                continue
-            inst = self._forget_instance(gs, mig_uuid)
-            self._destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), Event(
-                "mig.destroyed", now, None, None, {"gpu": gs.gpu.uuid, "instance": mig_uuid,
-                                                   "profile": gs.profiles[inst.profile_id].name,
-                                                   "start": inst.start})))
+            destroyed = self._unmake_instance(gs, mig_uuid, now)
+            if destroyed is not None:
+                self._destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), destroyed))
         self._generation += 1
         if settle and self._queue:
             self._settle(now)
@@ -885,27 +878,32 @@ class Scheduler:
         self._commit(now)
         if self.store.holding:  # durable before the device changes, with the group it waits in
             self._write_group(settle=False)
-        try:
-            self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
-        except DeviceError as err:
-            self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
+        destroyed = self._unmake_instance(gs, mig_uuid, now)
+        if destroyed is None:
             return
-        inst = self._forget_instance(gs, mig_uuid)
         self._instance_changes.append((gs.gpu.uuid, mig_uuid, None, False))
-        self._emit("mig.destroyed", now, gpu=gs.gpu.uuid, instance=mig_uuid,
-                   profile=gs.profiles[inst.profile_id].name, start=inst.start)
+        self._pending_events.append(destroyed)
         try:
             self._commit()
         except StoreFailed:
             pass  # the record's removal stays pending for the next commit; a restart finds it gone anyway
 
-    def _forget_instance(self, gs: _GpuState, mig_uuid: str) -> MigInstance:
-        """Drop an instance the device destroyed from the GPU's state and indexes."""
+    def _unmake_instance(self, gs: _GpuState, mig_uuid: str, now: float) -> Event | None:
+        """Have the device destroy an instance and drop it from the GPU's state and indexes: its
+        `mig.destroyed` event, to announce once the record's removal is written; None (and a
+        `device.error`) if the device refused, the instance then staying as it was."""
+        try:
+            self.backend.destroy_mig_instance(gs.gpu.uuid, mig_uuid)
+        except DeviceError as err:
+            self._emit("device.error", now, gpu=gs.gpu.uuid, instance=mig_uuid, error=str(err))
+            return None
         inst = gs.instances.pop(mig_uuid)
         gs.cached_layout = None
         self._mig_capacity.changed(gs)
         gs.created.discard(mig_uuid)
-        return inst
+        return Event("mig.destroyed", now, None, None, {"gpu": gs.gpu.uuid, "instance": mig_uuid,
+                                                         "profile": gs.profiles[inst.profile_id].name,
+                                                         "start": inst.start})
 
     def _create_instance(self, gs: _GpuState, profile: MigProfile, start: int, now: float) -> MigInstance:
         """Write the intent, then ask the device: a crash in between leaves an intent, which
