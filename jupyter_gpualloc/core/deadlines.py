@@ -9,7 +9,7 @@ while other requests wait. Deadlines are stored, so a restart keeps them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from .model import Lease, LeaseState
 from .store import DeadlineRecord, Store
@@ -51,12 +51,12 @@ def describe_seconds(seconds: float) -> str:
 class Deadlines:
     """The deadlines of granted leases, decided from policy and offers, kept in the store."""
 
-    def __init__(self, store: Store, policy, offers: Sequence[dict]):
+    def __init__(self, store: Store, policy, offer_of: OfferNames):
+        """`offer_of`: the offers, and the offer each spec was made from (the usage ledger's)."""
         self.store = store
         self.policy = policy
-        self._offers = list(offers)
-        self._by_name = {o["name"]: o for o in self._offers}
-        self._offer_of = OfferNames(self._offers)
+        self._by_name = {o["name"]: o for o in offer_of.offers}
+        self._offer_of = offer_of
         self._records: dict[str, DeadlineRecord] = {r.lease_id: r for r in store.load_deadlines()}
 
     def max_duration(self, lease: Lease) -> float | None:

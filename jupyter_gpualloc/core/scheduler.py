@@ -220,7 +220,7 @@ class Scheduler:
         self._placement = get_policy(self.policy.placement, typical=self._typical_demands())
         self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)
         self.usage = UsageLedger(store, self.policy, self.policy.offers or self._derived_offers(), now=now)
-        self.deadlines = Deadlines(store, self.policy, self.usage.offers)
+        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
         self._recover(now)
 
     # ------------------------------------------------------------------ fleet

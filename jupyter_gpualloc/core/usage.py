@@ -78,7 +78,7 @@ class OfferNames:
     """`offer_name` over fixed offers, remembered per spec: O(1) after a spec's first lease."""
 
     def __init__(self, offers: Iterable[dict]):
-        self._offers = list(offers)
+        self.offers = list(offers)
         self._known: dict[SliceSpec, str] = {}
 
     def __call__(self, spec: SliceSpec) -> str:
@@ -86,7 +86,7 @@ class OfferNames:
         if name is None:
             if len(self._known) >= 4096:  # requests of many odd sizes: start over
                 self._known.clear()
-            name = self._known[spec] = offer_name(spec, self._offers)
+            name = self._known[spec] = offer_name(spec, self.offers)
         return name
 
 
@@ -249,7 +249,7 @@ class UsageLedger:
         self.store = store
         self.policy = policy
         self.offers = list(offers)
-        self._offer_of = OfferNames(self.offers)
+        self.offer_of = OfferNames(self.offers)
         self._running: dict[str, _Accrual] = {}
         self._gpu: dict[str, _GpuSignal] = {}
         self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
@@ -267,7 +267,7 @@ class UsageLedger:
         sl = lease.slice
         template = UsageSegment(
             lease_id=lease.id, start=now, end=now, day=utc_day(now), user=lease.user, groups=tuple(lease.groups),
-            model=sl.model, kind=sl.kind.value, offer=self._offer_of(lease.spec),
+            model=sl.model, kind=sl.kind.value, offer=self.offer_of(lease.spec),
             holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
         self._running[lease.id] = _Accrual(template, now, now)
 
