@@ -1,9 +1,10 @@
 """The `gpualloc` kernel provisioner: a kernel's slice, before launch, and the %gpu magic's link to the service.
 
 Every kernel it launches gets GPUALLOC_URL, GPUALLOC_TOKEN and GPUALLOC_HOLDER=kernel:<id> (and, in
-a server relaying the service's events, GPUALLOC_EVENTS_URL), and an IPython kernel loads the %gpu magic (`--ext=jupyter_gpualloc`). A
-kernel whose kernelspec asks for a slice (`metadata.kernel_provisioner.config.spec`) gets a
-`kernel:<id>` lease before launch, with CUDA_VISIBLE_DEVICES and the cap variables in its env.
+a server relaying the service's events, GPUALLOC_EVENTS_URL), and an IPython kernel loads the %gpu
+magic (`--ext=jupyter_gpualloc`). A kernel whose kernelspec asks for a slice
+(`metadata.kernel_provisioner.config.spec`) gets a `kernel:<id>` lease before launch, with
+CUDA_VISIBLE_DEVICES and the cap variables in its env.
 On restart the kernel's active lease (however it was obtained, e.g. by the %gpu magic) is found
 by its holder and applied again (when the allocator does not answer, a kernel that asks for no
 slice starts without one); at shutdown it is released. Waiting for a queued slice is an
