@@ -375,47 +375,59 @@ def room_for(layout: Layout, profile: MigProfile) -> int:
 class _LayoutGraph:
     """Every layout one GPU can reach under a profile table, and where each profile leads.
 
-    Layouts are grouped by occupied memory slices: a new instance always occupies more, so
-    values can be computed level by level, from full GPUs down to the empty one."""
+    Layouts are numbered by occupied memory slices, emptiest first (so `layouts[0]` is the empty
+    GPU): a new instance always occupies more, so values can be computed level by level, each
+    level a contiguous range, from full GPUs down to the empty one."""
 
     def __init__(self, table: tuple[MigProfile, ...], roots: tuple[Layout, ...]):
-        self.index: dict[Layout, int] = {}
-        self.layouts: list[Layout] = []
+        found: dict[Layout, int] = {}
+        reached: list[Layout] = []
         for root in roots:
-            self._add(root)
-        succ: list[list[list[int]]] = []
+            if root not in found:
+                found[root] = len(reached)
+                reached.append(root)
+        edges: list[list[list[int]]] = []
         i = 0
-        while i < len(self.layouts):
+        while i < len(reached):
             row = []
             for p in table:
-                row.append([self._add(self.layouts[i].with_instance(p, s))
-                            for s in legal_starts(self.layouts[i], p)])
-            succ.append(row)
+                targets = []
+                for s in legal_starts(reached[i], p):
+                    after = reached[i].with_instance(p, s)
+                    if after not in found:
+                        found[after] = len(reached)
+                        reached.append(after)
+                    targets.append(found[after])
+                row.append(targets)
+            edges.append(row)
             i += 1
-        width = max((len(t) for row in succ for t in row), default=0) or 1
-        self.succ = np.full((len(self.layouts), len(table), width), -1, dtype=np.int64)
-        for i, row in enumerate(succ):
+        used = [bin(layout.occupied).count("1") for layout in reached]
+        order = sorted(range(len(reached)), key=lambda i: used[i])
+        number = {old: new for new, old in enumerate(order)}
+        self.layouts: list[Layout] = [reached[i] for i in order]
+        self.index: dict[Layout, int] = {layout: n for n, layout in enumerate(self.layouts)}
+        width = max((len(t) for row in edges for t in row), default=0) or 1
+        self.succ = np.full((len(reached), len(table), width), -1, dtype=np.int64)
+        for old, row in enumerate(edges):
             for k, targets in enumerate(row):
-                self.succ[i, k, :len(targets)] = targets
-        used = np.array([bin(layout.occupied).count("1") for layout in self.layouts])
-        self.levels = [np.flatnonzero(used == n) for n in range(roots[0].geometry.memory_slices, -1, -1)]
+                self.succ[number[old], k, :len(targets)] = [number[t] for t in targets]
         self.gains = np.array([p.compute_slices for p in table], dtype=float)
-        # Per non-empty level, what values() reads, laid out once: the successors start-major
-        # ([start, layout, profile], contiguous, so their max is an elementwise maximum), with no
-        # successor (-1) reading the last entry of the value array, which values() keeps at -inf;
-        # and which profiles fit at all.
+        fits = self.succ[:, :, 0] >= 0  # a profile's legal starts come first, so: any at all
+        self._fits, self._unfit = fits, ~fits
+        # Per non-empty level, fullest first, what values() reads, laid out once: the level's
+        # range, and its successors as one flat array of the (layout, profile) pairs that fit,
+        # each pair's run starting at its offset (a maximum.reduceat gives each pair's best start).
         self._steps = []
-        for level in self.levels:
-            if level.size:
-                targets = self.succ[level]
-                fits = targets[:, :, 0] >= 0
-                self._steps.append((level, np.ascontiguousarray(targets.transpose(2, 0, 1)), fits, ~fits))
-
-    def _add(self, layout: Layout) -> int:
-        if layout not in self.index:
-            self.index[layout] = len(self.layouts)
-            self.layouts.append(layout)
-        return self.index[layout]
+        bounds = np.searchsorted(np.sort(used), np.arange(roots[0].geometry.memory_slices + 2))
+        for a, b in reversed(list(zip(bounds[:-1], bounds[1:]))):
+            if a == b:
+                continue
+            level = self.succ[a:b].reshape((b - a) * len(table), width)
+            valid = level >= 0
+            pairs = np.flatnonzero(valid[:, 0])
+            runs = valid[pairs].sum(axis=1)
+            offsets = np.concatenate(([0], np.cumsum(runs)[:-1])).astype(np.int64)
+            self._steps.append((int(a), int(b), pairs, level[pairs][valid[pairs]], offsets))
 
     def values(self, shares: np.ndarray, discount: float) -> np.ndarray:
         """Per layout: the compute slices a GPU in it expects to take from the requests to come,
@@ -423,16 +435,16 @@ class _LayoutGraph:
         it leaves the most value; the n-th request from now counts `discount`**n.
 
         O(layouts x profiles x starts) elementwise, in one pass per level of occupied slices."""
-        n = len(self.layouts)
-        value = np.zeros(n + 1)
-        value[n] = -np.inf  # where a missing successor (-1) reads
-        for level, targets, fits, unfit in self._steps:
-            after = value[targets].max(axis=0)              # [layout, profile]: best start
-            after[unfit] = 0.0
-            placed = (fits * shares * (self.gains + discount * after)).sum(axis=1)
-            stays = (shares * unfit).sum(axis=1)             # requests that do not fit leave it as is
-            value[level] = placed / (1.0 - discount * stays)
-        return value[:n]
+        value = np.zeros(len(self.layouts))
+        placeable = self._fits * shares
+        # requests that do not fit leave the layout as it is: the geometric series of staying put
+        denominator = 1.0 - discount * (shares * self._unfit).sum(axis=1)
+        for a, b, pairs, targets, offsets in self._steps:
+            after = np.zeros((b - a, len(self.gains)))  # [layout, profile]: the best start's value
+            if pairs.size:
+                after.flat[pairs] = np.maximum.reduceat(value[targets], offsets)
+            value[a:b] = (placeable[a:b] * (self.gains + discount * after)).sum(axis=1) / denominator[a:b]
+        return value
 
 
 @lru_cache(maxsize=64)
