@@ -8,11 +8,14 @@ port that is in use or named twice stops the demo before it starts, with one lin
 variable. configurable-http-proxy is taken from the project's set-up (.venv/node) or PATH. The
 demo stops, saying so, when the allocator service does not come up; stopping the demo stops the
 servers it started (the config itself keeps servers across hub restarts, as production wants).
+On Linux the hub gets SIGTERM when the demo process dies without a word (SIGKILL, a closed
+terminal), so that no hub outlives the command that started it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import secrets
@@ -42,6 +45,7 @@ PORTS = {
 }
 SERVICE_PREFIX = "/services/gpualloc/"
 SERVICE_START_TIMEOUT = 90  # seconds the allocator service has to answer its health check
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 STOP_TOKEN = "GPUALLOC_DEMO_STOP_TOKEN"  # the hub API token with which the demo stops the servers
 
 GUIDE = """\
@@ -191,12 +195,26 @@ def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout:
         pass
 
 
+def term_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A function for the child to run before exec (Linux): SIGTERM it when `parent_pid` dies,
+    at once if it already has. None where the kernel has no parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 def run_hub(command: list[str], env: dict[str, str], cwd: Path, health_url: str, timeout: float,
             before_stop: Callable[[Callable[[], bool]], None]) -> int:
     """Run JupyterHub until it exits. Ctrl-C or SIGTERM first calls `before_stop` (while the
     service runs; a second one cuts that short), then passes the signal on. When the allocator
     service does not answer within `timeout` seconds, stop the hub, saying so in one line."""
-    hub = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True)
+    hub = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True, preexec_fn=term_with_parent(os.getpid()))
     received: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda signum, frame: received.append(signum))

@@ -1,6 +1,6 @@
 """`make demo` (`jupyter-gpualloc demo`): listens where GPUALLOC_DEMO_PORT says, and stopping it
 stops the servers it started, releasing their slices; ports it cannot use, or an allocator service that does not start,
-stop it with one line instead of leaving a half-working hub."""
+stop it with one line instead of leaving a half-working hub; a demo killed outright takes its hub with it."""
 
 from __future__ import annotations
 
@@ -46,6 +46,27 @@ def test_the_demo_listens_on_its_port_and_stops_its_servers(tmp_path):
         assert not running(server), "the demo left alice's server running"
     finally:
         hub.kill_servers()
+
+
+def test_a_killed_demo_takes_its_hub_proxy_and_service_with_it(tmp_path):
+    hub = DemoHub(tmp_path, command=DEMO)
+    hub.start()
+    launcher = psutil.Process(hub.proc.pid)
+    started = launcher.children(recursive=True)
+    started.append(psutil.Process(int((tmp_path / "jupyterhub-proxy.pid").read_text())))
+    assert any("jupyterhub" in " ".join(p.cmdline()) for p in started), started
+    launcher.kill()  # no Ctrl-C, no SIGTERM: the demo cannot pass anything on
+    hub.proc.wait(5)
+    hub.proc = None
+    try:
+        gone, alive = psutil.wait_procs(started, timeout=30)
+        assert not [p for p in alive if running(p)], f"left running: {[p.cmdline() for p in alive if running(p)]}"
+    finally:
+        for process in started:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def running(process: psutil.Process) -> bool:
