@@ -103,6 +103,13 @@ class Endpoint:
     token: str = field(repr=False)
 
 
+@dataclass
+class StreamPosition:
+    """Where a reader of GET /events is: the id of the last message it read, to resume after."""
+
+    last_id: str | None = None
+
+
 def discover(url: str | None = None, token: str | None = None, env: Mapping[str, str] | None = None) -> Endpoint:
     """The service URL and token: explicit arguments, else the environment.
 
@@ -343,13 +350,22 @@ class GpuAllocClient:
         finally:
             stream_http.close()
 
-    async def events(self, query: Mapping[str, str] | None = None) -> AsyncIterator[dict]:
-        """Server-sent events, one dict per event, until the stream ends or the caller stops."""
+    async def events(self, query: Mapping[str, str] | None = None,
+                     position: StreamPosition | None = None) -> AsyncIterator[dict]:
+        """Server-sent events, one dict per event, until the stream ends or the caller stops.
+
+        With `position`, the stream resumes after `position.last_id` (sent as Last-Event-ID) and
+        keeps it up to date: the id of each event once the caller has taken it, and the positions
+        the service sends in between. The service replays what was missed, or sends a
+        `stream.reset` event first when it cannot.
+        """
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         suffix = f"?{urlencode(query)}" if query else ""
         request = self._request("GET", "events" + suffix, timeout=STREAM_TIMEOUT,
                                 streaming_callback=queue.put_nowait)
         request.headers["Accept"] = "text/event-stream"
+        if position is not None and position.last_id:
+            request.headers["Last-Event-ID"] = position.last_id
         stream_http = AsyncHTTPClient(force_instance=True)
         fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
         fetch.add_done_callback(lambda _: queue.put_nowait(None))
@@ -365,9 +381,13 @@ class GpuAllocClient:
                 buffer += chunk
                 while b"\n\n" in buffer:
                     message, buffer = buffer.split(b"\n\n", 1)
-                    data = [line[5:].strip() for line in message.split(b"\n") if line.startswith(b"data:")]
+                    fields = [line.partition(b":") for line in message.split(b"\n") if line and line[:1] != b":"]
+                    data = [value.removeprefix(b" ") for name, _, value in fields if name == b"data"]
+                    ids = [value.strip().decode() for name, _, value in fields if name == b"id"]
                     if data:
                         yield json.loads(b"\n".join(data))
+                    if ids and position is not None:
+                        position.last_id = ids[-1]
         finally:
             stream_http.close()
 
@@ -466,12 +486,12 @@ class SyncGpuAllocClient:
     def job_log(self, job_id: str) -> str:
         return self._run(self._client.job_log(job_id))
 
-    def watch_events(self, on_event: Callable[[dict], Any],
-                     query: Mapping[str, str] | None = None) -> concurrent.futures.Future:
-        """Call `on_event` (on the client's thread) with each event of the stream until it ends;
-        cancelling the returned future closes the stream."""
+    def watch_events(self, on_event: Callable[[dict], Any], query: Mapping[str, str] | None = None,
+                     position: StreamPosition | None = None) -> concurrent.futures.Future:
+        """Call `on_event` (on the client's thread) with each event of the stream until it ends
+        (resuming after `position`, see GpuAllocClient.events); cancelling the returned future closes the stream."""
         async def follow() -> None:
-            async for event in self._client.events(query):
+            async for event in self._client.events(query, position):
                 on_event(event)
 
         return asyncio.run_coroutine_threadsafe(follow(), self._loop)

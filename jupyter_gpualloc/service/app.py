@@ -40,7 +40,7 @@ from ..core.store import Store, sqlite_url
 from . import handlers as h
 from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
 from .checkpoint import WalCheckpointer
-from .events import AuditLog, EventBroker
+from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
@@ -302,6 +302,11 @@ class GpuAllocService(Application):
         False, help="Whether a touch reporting open connections (`connections` > 0) counts as activity now.",
     ).tag(config=True)
     keepalive_interval = Float(15.0, help="Seconds between keep-alive comments on idle event streams.").tag(config=True)
+    event_replay_size = Int(
+        REPLAY_SIZE, min=0, help="""How many of the latest events the service keeps in memory for event streams that
+        resume (Last-Event-ID or ?since=): a client that missed more than this many (counting every user's)
+        gets a stream.reset instead and reads the state again. 0 keeps none.""",
+    ).tag(config=True)
     trusted_proxies = List(
         Unicode(), list(LOOPBACK), help="""Addresses or networks (CIDR) of the proxies whose forwarded
         headers are believed (X-Real-Ip, X-Forwarded-For, X-Forwarded-Proto, X-Scheme): the caller's
@@ -385,7 +390,8 @@ class GpuAllocService(Application):
         self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
                            sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
-        self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log)
+        self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log,
+                                  replay_size=self.event_replay_size)
         self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
                                    listeners=[self.broker.publish])
         self.jobs = Jobs(self.scheduler, now=time.time(), listeners=[self.broker.publish])

@@ -2,22 +2,43 @@
 
 Everything here runs on the IOLoop thread: the scheduler calls `EventBroker.publish` synchronously
 after each stored state change, and the broker hands each event to whoever is waiting for it.
+
+Each event gets an id, `<epoch>-<n>`: `epoch` is drawn when the broker is made (a restarted
+service has another), `n` counts this broker's events from 1. The broker keeps the last
+`replay_size` events, so a stream opened after a given id first replays, for its caller's
+visibility, every event after it, then goes on live with nothing lost or repeated between the
+two (both happen on this thread, with no await between). When it cannot (another epoch, or the
+events after the id are no longer kept), the stream's first event is `stream.reset`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import re
+import secrets
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from ..core.model import Event
 from .auth import Identity
+from .openapi import EVENT_ID_PATTERN
 
 FLEET_EVENT_PREFIXES = ("gpu.", "mig.")
 _LEASE_KEYS = ("lease_id", "lease")
 STREAM_BACKLOG = 1000
+REPLAY_SIZE = 10_000
+EVENT_ID = re.compile(EVENT_ID_PATTERN)
+RESET = "stream.reset"
+
+
+def parse_event_id(text: str) -> tuple[str, int] | None:
+    """'3f9a0c21-17' -> ('3f9a0c21', 17); None if it is not an event id."""
+    found = EVENT_ID.fullmatch(text)
+    return (found.group(1), int(found.group(2))) if found else None
 
 
 def visible_event(event: Event, identity: Identity) -> dict[str, Any] | None:
@@ -38,19 +59,26 @@ def visible_event(event: Event, identity: Identity) -> dict[str, Any] | None:
 
 
 class EventStream:
-    """One subscriber's queue of visible events; a subscriber that falls too far behind is closed."""
+    """One subscriber's queue of visible events; a subscriber that falls too far behind is closed.
 
-    def __init__(self, identity: Identity, backlog: int = STREAM_BACKLOG):
+    `first` holds what is sent before the live events (a replay, or a `stream.reset`), unbounded:
+    it was decided when the stream opened. `start` is the id the stream goes on after.
+    """
+
+    def __init__(self, identity: Identity, start: str, backlog: int = STREAM_BACKLOG):
         self.identity = identity
+        self.start = start
+        self.first: deque[dict[str, Any]] = deque()
         self.queue: asyncio.Queue[dict[str, Any] | str] = asyncio.Queue(maxsize=backlog)
         self.closed = False
 
-    def offer(self, event: Event) -> None:
+    def offer(self, event: Event, event_id: str) -> None:
         if self.closed:
             return
         data = visible_event(event, self.identity)
         if data is None:
             return
+        data["id"] = event_id
         try:
             self.queue.put_nowait(data)
         except asyncio.QueueFull:
@@ -67,6 +95,8 @@ class EventStream:
 
     async def next(self, timeout: float) -> dict[str, Any] | None:
         """The next event, or None on timeout; raises EOFError once the stream is closed."""
+        if self.first:
+            return self.first.popleft()
         try:
             item = await asyncio.wait_for(self.queue.get(), timeout)
         except asyncio.TimeoutError:
@@ -95,17 +125,29 @@ class AuditLog:
 class EventBroker:
     """Receives every scheduler event and passes it on to streams, waiters, listeners and the audit log."""
 
-    def __init__(self, audit_log: AuditLog | None = None, log: logging.Logger | None = None):
+    def __init__(self, audit_log: AuditLog | None = None, log: logging.Logger | None = None,
+                 replay_size: int = REPLAY_SIZE):
         self.audit_log = audit_log
         self.log = log or logging.getLogger(__name__)
         self.streams: set[EventStream] = set()
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._listeners: list[Callable[[Event], None]] = []
+        self.epoch = secrets.token_hex(4)
+        self._seq = 0  # the number of the last event published
+        self._kept: deque[tuple[int, Event]] = deque(maxlen=replay_size)
+
+    @property
+    def position(self) -> str:
+        """The id of the last event published (`<epoch>-0` before the first)."""
+        return f"{self.epoch}-{self._seq}"
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
 
     def publish(self, event: Event) -> None:
+        self._seq += 1
+        self._kept.append((self._seq, event))
+        event_id = f"{self.epoch}-{self._seq}"
         if self.audit_log is not None:
             try:
                 self.audit_log.write(event)
@@ -114,16 +156,44 @@ class EventBroker:
         for listener in self._listeners:
             listener(event)
         for stream in list(self.streams):
-            stream.offer(event)
+            stream.offer(event, event_id)
         if event.lease_id is not None and event.type != "lease.queued":
             for future in self._waiters.pop(event.lease_id, ()):
                 if not future.done():
                     future.set_result(event)
 
-    def open_stream(self, identity: Identity) -> EventStream:
-        stream = EventStream(identity)
+    def open_stream(self, identity: Identity, after: tuple[str, int] | None = None,
+                    now: float = 0.0) -> EventStream:
+        """A stream of what `identity` may see from now on; with `after` (a parsed event id), first the
+        events after it, or a `stream.reset` (at time `now`) saying why they cannot be replayed."""
+        stream = EventStream(identity, self.position)
+        if after is not None:
+            why_not = self._why_not_replayable(*after)
+            if why_not:
+                stream.first.append({"type": RESET, "time": now, "lease_id": None, "user": None, "id": self.position,
+                                     "data": {"reason": why_not, "last_event_id": f"{after[0]}-{after[1]}"}})
+            else:
+                stream.start = f"{after[0]}-{after[1]}"
+                oldest = self._kept[0][0] if self._kept else self._seq + 1
+                for seq, event in itertools.islice(self._kept, after[1] - oldest + 1, None):
+                    data = visible_event(event, identity)
+                    if data is not None:
+                        data["id"] = f"{self.epoch}-{seq}"
+                        stream.first.append(data)
         self.streams.add(stream)
         return stream
+
+    def _why_not_replayable(self, epoch: str, seq: int) -> str:
+        """Why the events after event `seq` of `epoch` cannot be replayed; empty if they can."""
+        if epoch != self.epoch:
+            return "the service restarted: the events of its previous run are not kept"
+        if seq > self._seq:
+            return f"the service has sent no event {epoch}-{seq} yet"
+        oldest = self._kept[0][0] if self._kept else self._seq + 1
+        if seq < oldest - 1:
+            return (f"the events after {epoch}-{seq} are no longer kept "
+                    f"(the service keeps its last {self._kept.maxlen})")
+        return ""
 
     def close_stream(self, stream: EventStream, reason: str = "closed") -> None:
         stream.close(reason)

@@ -25,7 +25,7 @@ from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
 from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
 from ..core.store import StoreError
 from .auth import Forbidden, Identity
-from .events import EventBroker
+from .events import EventBroker, parse_event_id
 from .group_commit import GroupCommit
 from .metrics import CONTENT_TYPE, ServiceMetrics
 from .openapi import MAX_EPOCH, openapi_document
@@ -379,14 +379,20 @@ class DrainHandler(ApiHandler):
 
 
 class EventsHandler(ApiHandler):
-    """Server-sent events: one `data: {json}` message per event the caller may see."""
+    """Server-sent events: one `id: <event id>` and `data: {json}` message per event the caller may see.
+
+    A client that sends the last id it read (`Last-Event-ID`, as browsers' EventSource do when
+    they reconnect, else `?since=`) first gets the events after it, or a `stream.reset` when
+    those are gone. The opening comment and the keep-alives carry the stream's position too.
+    """
 
     async def get(self) -> None:
+        after = self.resume_after()
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("X-Accel-Buffering", "no")
-        self.stream = stream = self.ctx.broker.open_stream(self.identity)
+        self.stream = stream = self.ctx.broker.open_stream(self.identity, after, now=self.ctx.clock())
         try:
-            self.write(": connected\n\n")
+            self.write(f": connected\nid: {stream.start}\n\n")
             await self.flush()
             while True:
                 try:
@@ -396,13 +402,28 @@ class EventsHandler(ApiHandler):
                         return
                     self.write(f"event: end\ndata: {json.dumps({'error': str(err)})}\n\n")
                     break
-                self.write(": keepalive\n\n" if event is None else f"data: {json.dumps(event)}\n\n")
+                if event is None:  # nothing queued: every event so far was offered to this stream
+                    self.write(f": keepalive\nid: {self.ctx.broker.position}\n\n")
+                else:
+                    self.write(f"id: {event['id']}\ndata: {json.dumps(event)}\n\n")
                 await self.flush()
         except StreamClosedError:
             return
         finally:
             self.ctx.broker.close_stream(stream)
         self.finish()
+
+    def resume_after(self) -> tuple[str, int] | None:
+        """The event id to resume after: Last-Event-ID, else `since`; None for a stream from now on."""
+        for field, given in (("Last-Event-ID", self.request.headers.get("Last-Event-ID")),
+                             ("since", self.get_query_argument("since", None, strip=False))):
+            if given is not None:
+                after = parse_event_id(given)
+                if after is None:
+                    raise ApiError(400, f"{field} must be an event id as the stream sent it, e.g. 3f9a0c21-17",
+                                   field=field)
+                return after
+        return None
 
     def on_connection_close(self) -> None:
         stream = getattr(self, "stream", None)

@@ -62,6 +62,10 @@ SPEC_RULES = [
            "not": {"anyOf": [{"required": ["memory_gib"]}, {"required": ["memory_mib"]}]}}),
 ]
 
+# An event's id: `<epoch>-<n>`, n counting one service run's events from 1 (the epoch changes with each run).
+EVENT_ID_PATTERN = r"^([0-9a-z]{1,32})-(0|[1-9][0-9]{0,18})$"
+EVENT_ID = {"type": "string", "maxLength": 52, "pattern": EVENT_ID_PATTERN}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object", "required": ["error"],
@@ -279,8 +283,22 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "/events": {
         "get": {"summary": "Server-sent events: the caller's leases and the fleet (everything for admins).",
-                "responses": {"200": {"description": "An event stream, one `data: {json}` message per event.",
+                "description": "Each message is `id: <event id>` and `data: {Event JSON}`; the opening comment "
+                               "(`: connected`) and the keep-alives carry an `id:` too, the stream's position. "
+                               "A client that reconnects with the last id it read (Last-Event-ID, else `since`) "
+                               "first gets the events after it that it may see, in order, then the live ones. When "
+                               "they cannot be replayed (the service restarted, or more events than "
+                               "event_replay_size came since) the first event is `stream.reset`, whose `reason` "
+                               "says why: read the state again (GET /leases, /jobs), then go on from its id.",
+                "parameters": [
+                    {"name": "since", "in": "query", "required": False, "schema": EVENT_ID,
+                     "description": "Resume after this event id (Last-Event-ID wins when both are sent)."},
+                    {"name": "Last-Event-ID", "in": "header", "required": False, "schema": EVENT_ID,
+                     "description": "Resume after this event id (sent by browsers' EventSource on reconnect)."}],
+                "responses": {"200": {"description": "An event stream, one `id:` + `data: {json}` message per event "
+                                                     "(schema Event).",
                                       "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                              "400": _error("`since` or Last-Event-ID is not an event id; `field` names it."),
                               "401": AUTH_ERRORS["401"]}},
     },
     "/gpus/{gpu_uuid}/drain": {
@@ -500,6 +518,17 @@ SCHEMAS["Offers"]["properties"]["offers"]["items"]["properties"].update({
                                         "GPU-hours this week (resets Mon 2026-12-07 00:00 UTC)'."},
 })
 
+SCHEMAS["Event"] = {
+    "type": "object", "required": ["type", "time", "lease_id", "user", "data", "id"],
+    "description": "One message of GET /events: a scheduler event (lease.*, job.*, gpu.*, mig.*, ...), or "
+                   "`stream.reset` when a resumed stream cannot replay what was missed (data.reason, "
+                   "data.last_event_id); its id is the position the stream goes on from.",
+    "properties": {
+        "type": {"type": "string"}, "time": {"type": "number", "description": "Epoch seconds."},
+        "lease_id": {"type": ["string", "null"]}, "user": {"type": ["string", "null"]},
+        "data": {"type": "object"}, "id": EVENT_ID,
+    },
+}
 SCHEMAS["Lease"]["properties"]["deadline"] = {
     "type": ["object", "null"], "description": "A time-boxed lease's deadline; null when it has none.",
     "properties": {"at": {"type": "number"}, "extensions": {"type": "integer"},
