@@ -15,15 +15,17 @@ import json
 from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, bindparam,
                         create_engine, delete, event, func, select)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql import Executable
 
 from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
 
@@ -221,35 +223,39 @@ class Store:
         self._insert = sqlite_insert if is_sqlite else pg_insert
         if is_sqlite:
             event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous, sqlite_autocheckpoint))
-        metadata.create_all(self.engine)
-        upsert = self._insert(leases)
-        self._upsert_leases = upsert.on_conflict_do_update(
-            index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in leases.c if c.name != "id"})
-        upsert = self._insert(gpu_busy)
-        self._add_busy = upsert.on_conflict_do_update(
-            index_elements=["lease_id", "day"], set_={"busy": gpu_busy.c.busy + upsert.excluded.busy,
-                                                      "sampled": gpu_busy.c.sampled + upsert.excluded.sampled})
-        upsert = self._insert(usage)
-        self._upsert_usage = upsert.on_conflict_do_update(
-            index_elements=["lease_id", "start"], set_={"end": upsert.excluded.end})
-        upsert = self._insert(meta)
-        self._upsert_meta_row = upsert.on_conflict_do_update(
-            index_elements=["key"], set_={"value": upsert.excluded.value})
-        upsert = self._insert(jobs)
-        self._upsert_jobs = upsert.on_conflict_do_update(
-            index_elements=["id"], set_={c.name: upsert.excluded[c.name] for c in jobs.c if c.name != "id"})
-        # Built once: constructing and compiling a statement per write is most of a small write's cost.
-        self._delete_instance = delete(mig_instances).where(mig_instances.c.uuid == bindparam("uuid"))
-        upsert = self._insert(mig_instances)
-        self._upsert_instance = upsert.on_conflict_do_update(
-            index_elements=["uuid"], set_={c.name: upsert.excluded[c.name] for c in mig_instances.c if c.name != "uuid"})
-        self._delete_drain = delete(drained_gpus).where(drained_gpus.c.gpu_uuid == bindparam("gpu_uuid"))
-        self._insert_drain = drained_gpus.insert()
-        self._delete_deadline = delete(lease_deadlines).where(lease_deadlines.c.lease_id == bindparam("lease_id"))
-        self._insert_deadline = lease_deadlines.insert()
+        metadata.create_all(self.engine)  # connects first, so the dialect knows its server when compiling
+        # Every write is compiled once, here, to this dialect's SQL (see _DriverStatement).
+        dialect = self.engine.dialect
+
+        def upsert(table: Table, key: list[str], changes: Callable[[Any], dict] | None = None) -> _DriverStatement:
+            """INSERT, or on a row with the same `key` UPDATE its other columns (or `changes(excluded)`)."""
+            insert = self._insert(table)
+            set_ = (changes(insert.excluded) if changes else
+                    {c.name: insert.excluded[c.name] for c in table.c if c.name not in key})
+            return _DriverStatement(insert.on_conflict_do_update(index_elements=key, set_=set_), dialect,
+                                    [c.key for c in table.c])
+
+        def delete_by(table: Table, column: str) -> _DriverStatement:
+            return _DriverStatement(delete(table).where(table.c[column] == bindparam(column)), dialect, [column])
+
+        def insert(table: Table) -> _DriverStatement:
+            return _DriverStatement(table.insert(), dialect, [c.key for c in table.c])
+
+        self._upsert_leases = upsert(leases, ["id"])
+        self._add_busy = upsert(gpu_busy, ["lease_id", "day"], lambda excluded: {
+            "busy": gpu_busy.c.busy + excluded.busy, "sampled": gpu_busy.c.sampled + excluded.sampled})
+        self._upsert_usage = upsert(usage, ["lease_id", "start"], lambda excluded: {"end": excluded.end})
+        self._upsert_meta_row = upsert(meta, ["key"])
+        self._upsert_jobs = upsert(jobs, ["id"])
+        self._upsert_instance = upsert(mig_instances, ["uuid"])
+        self._delete_instance = delete_by(mig_instances, "uuid")
+        self._delete_drain = delete_by(drained_gpus, "gpu_uuid")
+        self._insert_drain = insert(drained_gpus)
+        self._delete_deadline = delete_by(lease_deadlines, "lease_id")
+        self._insert_deadline = insert(lease_deadlines)
+        self._insert_intent = insert(mig_intents)
+        self._delete_intent = delete_by(mig_intents, "id")  # one id a row (executemany), not an expanding IN
         self._select_lease = select(leases).where(leases.c.id == bindparam("id"))
-        self._insert_intent = mig_intents.insert()
-        self._delete_intents = delete(mig_intents).where(mig_intents.c.id.in_(bindparam("ids", expanding=True)))
         self._held = 0
         self._group = _Group()
         # SQLite: writes go through one connection kept open (a pool checkout per transaction cost about
@@ -296,8 +302,7 @@ class Store:
         group, self._group = self._group, _Group()
         if group:
             try:
-                with self._transaction() as conn:
-                    group.write(conn, self)
+                self._in_transaction(partial(group.write, store=self))
             except StoreError:
                 for undo in reversed(group.refused):
                     undo()
@@ -315,23 +320,24 @@ class Store:
         group = self._group if self._held else self._group.copy()
         group.add(write, lease_rows, seq, usage_rows)
         if not self._held:
-            with self._transaction() as conn:
-                group.write(conn, self)
+            self._in_transaction(partial(group.write, store=self))
             self._group = _Group()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[Connection]:
-        """One transaction; the driver's refusals come out as StoreError. A kept connection that
-        failed is rolled back by begin(), and one the driver invalidated reconnects at its next use."""
+    def _in_transaction(self, write: Callable[[Connection], None]) -> None:
+        """Call `write` in one transaction, committed when it returns; the driver's refusals come out
+        as StoreError. A kept connection that failed is rolled back by begin(), and one the driver
+        invalidated reconnects at its next use. (A plain method: a generator context manager cost
+        more than the rest of this around each transaction.)"""
         try:
             if self._keeps_writer:
-                if self._writer is None:
-                    self._writer = self.engine.connect()
-                with self._writer.begin():
-                    yield self._writer
+                conn = self._writer
+                if conn is None:
+                    conn = self._writer = self.engine.connect()
+                with conn.begin():
+                    write(conn)
             else:
                 with self.engine.begin() as conn:
-                    yield conn
+                    write(conn)
         except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
             raise StoreError(err) from err
 
@@ -360,27 +366,26 @@ class Store:
         def write(conn: Connection) -> None:
             for mig_uuid, row in instances:
                 if row is None:
-                    conn.execute(self._delete_instance, {"uuid": mig_uuid})
+                    self._delete_instance.run(conn, {"uuid": mig_uuid})
                 else:
-                    conn.execute(self._upsert_instance, row)
+                    self._upsert_instance.run(conn, row)
             for gpu_uuid, drained in drains.items():
-                conn.execute(self._delete_drain, {"gpu_uuid": gpu_uuid})
+                self._delete_drain.run(conn, {"gpu_uuid": gpu_uuid})
                 if drained:
-                    conn.execute(self._insert_drain, {"gpu_uuid": gpu_uuid})
+                    self._insert_drain.run(conn, {"gpu_uuid": gpu_uuid})
             if intents_done:
-                conn.execute(self._delete_intents, {"ids": intents_done})
+                self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in intents_done])
         self._apply(write, rows, seq)
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
-        with self._transaction() as conn:
-            conn.execute(self._insert_intent, {"id": intent.id, "gpu_uuid": intent.gpu_uuid,
-                                               "profile_id": intent.profile_id, "start": intent.start})
+        row = {"id": intent.id, "gpu_uuid": intent.gpu_uuid, "profile_id": intent.profile_id, "start": intent.start}
+        self._in_transaction(partial(self._insert_intent.run, row=row))
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
         """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
-        with self._transaction() as conn:
-            conn.execute(self._delete_intents, {"ids": list(intent_ids)})
+        rows = [{"id": intent_id} for intent_id in intent_ids]
+        self._in_transaction(partial(self._delete_intent.run_many, rows=rows))
 
     def save_jobs(self, changed: list[Job]) -> None:
         """One transaction: upsert job records. StoreError, and nothing written, if it fails."""
@@ -388,7 +393,7 @@ class Store:
             return
         rows = [{"id": j.id, "user": j.user, "state": j.state.value, "created_at": j.created_at,
                  "data": json.dumps(j.to_json())} for j in changed]
-        self._apply(lambda conn: conn.execute(self._upsert_jobs, rows))
+        self._apply(partial(self._upsert_jobs.run_many, rows=rows))
 
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
@@ -463,7 +468,7 @@ class Store:
     def add_busy(self, lease_id: str, day: str, user: str, busy: float, sampled: float) -> None:
         """Add busy and sampled GPU-seconds to a lease's day."""
         row = {"lease_id": lease_id, "day": day, "user": user, "busy": busy, "sampled": sampled}
-        self._apply(lambda conn: conn.execute(self._add_busy, row))
+        self._apply(partial(self._add_busy.run, row=row))
 
     def load_busy(self, first_day: str, last_day: str, user: str | None = None) -> dict[str, float]:
         """Busy GPU-seconds per lease over the UTC days first_day..last_day."""
@@ -479,12 +484,12 @@ class Store:
                "warned_at": record.warned_at}
 
         def write(conn: Connection) -> None:
-            conn.execute(self._delete_deadline, {"lease_id": record.lease_id})
-            conn.execute(self._insert_deadline, row)
+            self._delete_deadline.run(conn, {"lease_id": record.lease_id})
+            self._insert_deadline.run(conn, row)
         self._apply(write)
 
     def delete_deadline(self, lease_id: str) -> None:
-        self._apply(lambda conn: conn.execute(self._delete_deadline, {"lease_id": lease_id}))
+        self._apply(partial(self._delete_deadline.run, row={"lease_id": lease_id}))
 
     def load_deadlines(self) -> list[DeadlineRecord]:
         with self._read() as conn:
@@ -523,13 +528,53 @@ class _Group:
 
     def write(self, conn: Connection, store: Store) -> None:
         if self.leases:
-            conn.execute(store._upsert_leases, list(self.leases.values()))
+            store._upsert_leases.run_many(conn, self.leases.values())
         for write in self.writes:
             write(conn)
         if self.usage:
-            conn.execute(store._upsert_usage, list(self.usage.values()))
+            store._upsert_usage.run_many(conn, self.usage.values())
         if self.seq is not None:
-            conn.execute(store._upsert_meta_row, {"key": "seq", "value": str(self.seq)})
+            store._upsert_meta_row.run(conn, {"key": "seq", "value": str(self.seq)})
+
+
+class _DriverStatement:
+    """A write compiled once, to one dialect's SQL, and run through the driver with
+    `Connection.exec_driver_sql`: no compile-cache lookup, parameter processing or post-compile
+    step per execution, while the transaction, the engine's events and the wrapping of the
+    driver's errors stay SQLAlchemy's. A row maps every name in `keys` to a value the driver
+    binds as it is (str, int, float, bool or None: no column of the store needs a type's processing;
+    a column's Python-side default is not applied, so every row names every column)."""
+
+    def __init__(self, statement: Executable, dialect: Dialect, keys: list[str]):
+        compiled = statement.compile(dialect=dialect, column_keys=keys)
+        names = list(compiled.positiontup or ()) if compiled.positional else list(compiled.bind_names.values())
+        if sorted(names) != sorted(keys) or compiled.post_compile_params or compiled.literal_execute_params:
+            raise ValueError(f"{compiled.string!r} does not take exactly {keys} as plain parameters")
+        self.sql = compiled.string
+        # Positional paramstyles (SQLite's qmark) take a tuple in the statement's order; named ones the row.
+        self._params: Callable[[Mapping[str, Any]], Any] = (_in_order(names) if compiled.positional
+                                                             else _as_is)
+
+    def run(self, conn: Connection, row: Mapping[str, Any]) -> None:
+        conn.exec_driver_sql(self.sql, self._params(row))
+
+    def run_many(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
+        """One executemany of `rows` (one execute when there is one, none when there are none)."""
+        params = [self._params(row) for row in rows]
+        if params:
+            conn.exec_driver_sql(self.sql, params)
+
+
+def _in_order(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:
+    """A row's values as a tuple in the order of `names`."""
+    if len(names) == 1:
+        name = names[0]
+        return lambda row: (row[name],)
+    return itemgetter(*names)
+
+
+def _as_is(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    return row
 
 
 def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record) -> None:
