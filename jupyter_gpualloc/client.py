@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import quote, urlencode, urlparse
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from .hub.env import server_holder
@@ -374,7 +374,10 @@ class GpuAllocClient:
             while True:
                 chunk = await queue.get()
                 if chunk is None:
-                    response = fetch.result()
+                    try:
+                        response = fetch.result()
+                    except (OSError, StreamClosedError, HTTPClientError) as err:  # e.g. the connection dropped
+                        raise ServiceUnavailable(f"the event stream from {self.url} broke: {err}") from err
                     if response.code >= 400:
                         raise error_for(response.code, {"error": f"event stream refused (HTTP {response.code})"})
                     return

@@ -32,8 +32,8 @@ def notice_line(event: Mapping[str, Any]) -> str | None:
         when = moment_text(data["deadline"], event["time"])
         return f"gpu: lease {lease_id} reaches its time limit at {when}; {advice}"
     if kind == "lease.idle_warning":
-        grace = format_duration(data["release_at"] - event["time"]) if data.get("release_at") else "soon"
-        return f"gpu: lease {lease_id} is idle: it is released in {grace} unless this kernel is used"
+        when = f"in {format_duration(data['release_at'] - event['time'])}" if data.get("release_at") else "soon"
+        return f"gpu: lease {lease_id} is idle: it is released {when} unless this kernel is used"
     if kind == "usage.warning":
         return f"gpu: usage quota nearly used up: {data.get('message', '')}"
     if kind == "usage.exceeded":

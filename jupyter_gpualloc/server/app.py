@@ -5,7 +5,8 @@ scheduler service with the server's credentials. Embedded mode (neither): it hos
 in-process and serves REST API v1 itself at `<base_url>gpualloc/api/v1/`. A server under a hub
 with no allocator configured logs one line and runs without GPU features; one whose allocator
 does not answer logs one line, starts kernels without slices and keeps trying quietly. In remote
-mode the extension's one event stream from the service is passed on to its kernels (relay.py).
+mode the extension's one event stream from the service is passed on to its kernels (relay.py);
+it resumes where it stopped after an outage, or catches up from the state after a reset (resync.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default, validate
 
-from ..client import GpuAllocClient, GpuAllocError, discover
+from ..client import GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
 from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError
 from ..core.policy import SchedulerPolicy
@@ -40,6 +41,7 @@ from .idle import KernelActivityMonitor
 from .kernelspecs import install_kernelspecs
 from .provisioner import KernelLink, install_link
 from .relay import EVENTS_PATH, RELAY_ROOT, KernelEventRelay, KernelEventsHandler
+from .resync import RESET, StreamMirror
 from .watchdog import Watchdog, cap_mechanisms
 
 PROVISIONER_ENTRY_POINT = "jupyter_gpualloc.server.provisioner:GpuAllocProvisioner"
@@ -135,6 +137,8 @@ class GpuAllocExtension(ExtensionApp):
         self.watchdog: Watchdog | None = None
         self.server_leases: list[dict] = []
         self.kernel_events = KernelEventRelay()  # remote mode: the service's events, on to this server's kernels
+        self.stream_position = StreamPosition()  # remote mode: where the service's stream resumes
+        self.stream_mirror = StreamMirror()  # remote mode: what that stream told, to catch up after a reset
         device_backend: DeviceBackend | None = None
         if self.embedded_mode:
             self.embedded = EmbeddedScheduler.from_config(
@@ -285,20 +289,53 @@ class GpuAllocExtension(ExtensionApp):
         self._tasks = [t for t in self._tasks if not t.done()]
 
     async def _relay_service_events(self) -> None:
-        """Remote mode: the service's event stream (this user's leases) into jupyter_events."""
+        """Remote mode: the service's event stream (this user's) into the kernels' relay, jupyter_events
+        and the idle monitor. After a disconnect the stream resumes after the last event read, and the
+        service replays what came meanwhile; when it cannot (`stream.reset`), the server reads its
+        user's leases and jobs again and passes on what changed (resync.py)."""
         delay = 1.0
         while True:
             try:
-                async for event in self.client.events():
+                if self.stream_position.last_id is None:  # first connection: what is there already
+                    self.stream_mirror.load(await self.client.leases(), await self._jobs())
+                async for event in self.client.events(position=self.stream_position):
                     delay = 1.0
                     self.availability.answered()
-                    self.kernel_events.publish(event)
-                    self.events.relay_lease_event(event)
-                    await self.monitor.on_event(event)
+                    if event.get("type") == RESET:
+                        await self._catch_up(event)
+                    else:
+                        await self._pass_on(event)
             except (GpuAllocError, OSError) as err:
                 self.availability.failed(err)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
+
+    async def _pass_on(self, event: dict) -> None:
+        self.stream_mirror.seen(event)
+        self.kernel_events.publish(event)
+        self.events.relay_lease_event(event)
+        await self.monitor.on_event(event)
+
+    async def _catch_up(self, reset: dict) -> None:
+        """The service could not replay what this server missed: read the state, pass on what changed."""
+        self.log.info("gpualloc: event stream reset (%s): reading leases and jobs again",
+                      (reset.get("data") or {}).get("reason", ""))
+        leases = await self.client.leases()
+        ended: dict[str, dict | None] = {}
+        for lease_id in self.stream_mirror.missing(leases):
+            try:
+                ended[lease_id] = await self.client.lease(lease_id)
+            except NotFound:
+                ended[lease_id] = None
+        for event in self.stream_mirror.catch_up(leases, ended, await self._jobs(), reset.get("time") or 0.0):
+            await self._pass_on(event)
+
+    async def _jobs(self) -> list[dict]:
+        """This user's jobs ([] from a service without jobs)."""
+        try:
+            return await self.client.jobs()
+        except NotFound:
+            return []
 
     async def _report(self) -> None:
         try:

@@ -1,0 +1,214 @@
+"""Remote mode: the server's stream from the service survives outages without losing a lease's end.
+
+A real service process behind a TCP proxy the test cuts (a network blip), the extension in an
+in-process Jupyter server, and a kernel-side subscriber of the server's relay (LeaseNotices, as
+the %gpu magic runs it in a kernel). Events published while the stream is down reach the
+kernel-side subscriber: replayed when the service still has them, made again from the state
+after a `stream.reset` (service restart, or more events than it keeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from jupyter_gpualloc.client import SyncGpuAllocClient
+from jupyter_gpualloc.kernel.notices import LeaseNotices
+from tests.server.conftest import extension_config, wait_for
+from tests.service.conftest import ALICE, BOB, ServiceProcess
+
+MIG = {"kind": "mig", "profile": "1g.5gb"}
+TTL = 3.0  # seconds a lease lives without heartbeats: how leases end while the server's stream is down
+
+
+class CuttableProxy:
+    """A TCP proxy on a fixed local port to `target_port`; cut() drops every connection and refuses new ones."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: set[socket.socket] = set()
+        self._serve()
+
+    def _serve(self) -> None:
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            self.sockets |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self.listener.close()
+        for s in list(self.sockets):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self.sockets.clear()
+
+    def restore(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self._serve()
+
+
+@pytest.fixture
+def replay_size() -> int:
+    return 10_000
+
+
+@pytest.fixture
+def remote(tmp_path, replay_size):
+    config = (f"c.GpuAllocService.tick_interval = 0.2\nc.SchedulerPolicy.heartbeat_ttl = {TTL}\n"
+              f"c.GpuAllocService.event_replay_size = {replay_size}\n")
+    service = ServiceProcess(tmp_path / "service", config=config).start()
+    proxy = CuttableProxy(service.port)
+    yield service, proxy
+    proxy.cut()
+    service.kill()
+
+
+@pytest.fixture
+def jp_server_config(tmp_path, remote):
+    _, proxy = remote
+    return extension_config(tmp_path, GpuAllocExtension={
+        "mode": "remote", "service_url": f"http://127.0.0.1:{proxy.port}/", "service_token": ALICE,
+        "report_interval": 60.0})
+
+
+class KernelSide:
+    """What a kernel holding `lease_id` is told through the server's relay: notice lines, and the events."""
+
+    def __init__(self, ext):
+        self.lines: list[str] = []
+        self.lease_id: str | None = None
+        self.client = SyncGpuAllocClient(ext.kernel_link.events_url, ALICE)
+        self.notices = LeaseNotices(lambda: self.client, lambda: self.lease_id, show=self.lines.append, retry=0.2)
+        self.events: list[dict] = []
+        self.queue = ext.kernel_events.subscribe()
+
+    async def drain(self) -> list[dict]:
+        while not self.queue.empty():
+            self.events.append(self.queue.get_nowait())
+        return self.events
+
+    def close(self) -> None:
+        self.notices.stop()
+        self.client.close()
+
+
+@pytest.fixture
+def kernel_side(gpualloc):
+    side = KernelSide(gpualloc)
+    side.notices.start()
+    yield side
+    side.close()
+
+
+async def connected(ext) -> str:
+    """The server's stream position once it has one (its stream is open)."""
+    return await wait_for(lambda: ext.stream_position.last_id, timeout=20)
+
+
+async def ended(service, lease_id: str) -> dict:
+    async def read():
+        lease = await asyncio.to_thread(service.call, "GET", f"leases/{lease_id}", None, ALICE)
+        return lease.json() if lease.json()["state"] == "expired" else None
+    return await wait_for(read, timeout=20, interval=0.2)
+
+
+def lease_events(events: list, lease_id: str) -> list[tuple[str, str]]:
+    return [(t, d["lease_id"]) for t, d in events if d.get("lease_id") == lease_id]
+
+
+async def test_events_of_a_network_blip_are_replayed_to_the_kernels(gpualloc, remote, kernel_side, events):
+    service, proxy = remote
+    await connected(gpualloc)
+    await asyncio.sleep(0.3)  # the kernel side's stream is open too
+    proxy.cut()
+    lease = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:gone"},
+                                     ALICE)).json()
+    kernel_side.lease_id = lease["id"]
+    await ended(service, lease["id"])  # granted, then expired (no heartbeat), while the server could not hear
+    proxy.restore()
+    line = f"gpu: lease {lease['id']} expired: no heartbeat from kernel:gone"
+    await wait_for(lambda: any(l.startswith(line) for l in kernel_side.lines), timeout=30)
+    relayed = [e for e in await kernel_side.drain() if e.get("lease_id") == lease["id"]]
+    assert [e["type"] for e in relayed] == ["lease.granted", "lease.expired"]
+    assert all(e["id"] and "resync" not in e for e in relayed)  # replayed by the service, not made up
+    assert lease_events(events, lease["id"]) == [("lease.granted", lease["id"]), ("lease.expired", lease["id"])]
+
+
+@pytest.mark.parametrize("gap,replay_size", [("restart", 10_000), ("overflow", 2)])
+async def test_after_a_reset_the_server_reads_the_state_and_a_kernel_learns_its_lease_ended(
+        gpualloc, remote, kernel_side, events, gap, replay_size):
+    service, proxy = remote
+    await connected(gpualloc)
+    lease = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:gone"},
+                                     ALICE)).json()
+    kernel_side.lease_id = lease["id"]
+    await wait_for(lambda: lease["id"] in gpualloc.stream_mirror.leases)  # the server heard of the grant
+    proxy.cut()
+    before = gpualloc.stream_position.last_id
+    if gap == "restart":
+        await asyncio.to_thread(service.kill, signal.SIGTERM)
+        await asyncio.to_thread(service.start)
+    else:  # another user's lease: its events count against what the service keeps, yet alice never sees them
+        other = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:b"},
+                                         BOB)).json()
+        await asyncio.to_thread(service.call, "DELETE", f"leases/{other['id']}", None, BOB)
+    final = await ended(service, lease["id"])
+    proxy.restore()
+    line = f"gpu: lease {lease['id']} expired: {final['reason']}"
+    await wait_for(lambda: line in kernel_side.lines, timeout=30)
+    relayed = [e for e in await kernel_side.drain() if e.get("lease_id") == lease["id"]]
+    assert [(e["type"], e.get("resync")) for e in relayed] == [("lease.granted", None), ("lease.expired", True)]
+    assert relayed[1]["data"]["holder"] == "kernel:gone" and relayed[1]["time"] == final["ended_at"]
+    assert lease_events(events, lease["id"]) == [("lease.granted", lease["id"]), ("lease.expired", lease["id"])]
+    assert gpualloc.stream_mirror.leases == {}
+    position = await wait_for(lambda: gpualloc.stream_position.last_id != before and gpualloc.stream_position.last_id)
+    if gap == "restart":
+        assert position.split("-")[0] != before.split("-")[0]
+        # the same state read again after another restart says nothing more
+        proxy.cut()
+        await asyncio.to_thread(service.kill, signal.SIGTERM)
+        await asyncio.to_thread(service.start)
+        proxy.restore()
+        await wait_for(lambda: gpualloc.stream_position.last_id.split("-")[0] not in (position.split("-")[0],),
+                       timeout=30)
+        await asyncio.sleep(0.5)
+        assert [e for e in await kernel_side.drain() if e.get("resync")] == [relayed[1]]
+        assert len(kernel_side.lines) == 1, kernel_side.lines
