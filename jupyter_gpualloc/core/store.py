@@ -326,8 +326,7 @@ class Store:
     def _in_transaction(self, write: Callable[[Connection], None]) -> None:
         """Call `write` in one transaction, committed when it returns; the driver's refusals come out
         as StoreError. A kept connection that failed is rolled back by begin(), and one the driver
-        invalidated reconnects at its next use. (A plain method: a generator context manager cost
-        more than the rest of this around each transaction.)"""
+        invalidated reconnects at its next use."""
         try:
             if self._keeps_writer:
                 conn = self._writer
