@@ -103,6 +103,12 @@ class Endpoint:
     token: str = field(repr=False)
 
 
+def _ended(fetch: asyncio.Future) -> None:
+    """A stream's request has ended; its error counts as read (a reader that stopped early never reads it)."""
+    if not fetch.cancelled():
+        fetch.exception()
+
+
 @dataclass
 class StreamPosition:
     """Where a reader of GET /events is: the id of the last message it read, to resume after."""
@@ -368,7 +374,7 @@ class GpuAllocClient:
             request.headers["Last-Event-ID"] = position.last_id
         stream_http = AsyncHTTPClient(force_instance=True)
         fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
-        fetch.add_done_callback(lambda _: queue.put_nowait(None))
+        fetch.add_done_callback(lambda done: queue.put_nowait(_ended(done)))
         buffer = b""
         try:
             while True:
