@@ -103,12 +103,6 @@ class Endpoint:
     token: str = field(repr=False)
 
 
-def _ended(fetch: asyncio.Future) -> None:
-    """A stream's request has ended; its error counts as read (a reader that stopped early never reads it)."""
-    if not fetch.cancelled():
-        fetch.exception()
-
-
 @dataclass
 class StreamPosition:
     """Where a reader of GET /events is: the id of the last message it read, to resume after."""
@@ -374,7 +368,13 @@ class GpuAllocClient:
             request.headers["Last-Event-ID"] = position.last_id
         stream_http = AsyncHTTPClient(force_instance=True)
         fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
-        fetch.add_done_callback(lambda done: queue.put_nowait(_ended(done)))
+
+        def ended(done: asyncio.Future) -> None:
+            if not done.cancelled():
+                done.exception()  # counts as read: a reader that stopped early never reads it
+            queue.put_nowait(None)
+
+        fetch.add_done_callback(ended)
         buffer = b""
         try:
             while True:
