@@ -359,6 +359,30 @@ class GpuAllocClient:
         the service sends in between. The service replays what was missed, or sends a
         `stream.reset` event first when it cannot.
         """
+        messages = self._event_messages(query, position)
+        try:
+            async for event in messages:
+                if event is not None:
+                    yield event
+        finally:
+            await messages.aclose()
+
+    async def event_position(self) -> str:
+        """Where the event stream is now (the id its opening comment carries): a position to resume after
+        later, for a reader that reads the state first and wants every event after that."""
+        position = StreamPosition()
+        messages = self._event_messages(None, position)
+        try:
+            async for _ in messages:
+                if position.last_id:
+                    return position.last_id
+        finally:
+            await messages.aclose()
+        raise ServiceUnavailable(f"the event stream from {self.url} ended before it said where it was")
+
+    async def _event_messages(self, query: Mapping[str, str] | None,
+                              position: StreamPosition | None) -> AsyncIterator[dict | None]:
+        """Each message of GET /events: its event, or None for one that only moves `position`."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         suffix = f"?{urlencode(query)}" if query else ""
         request = self._request("GET", "events" + suffix, timeout=STREAM_TIMEOUT,
@@ -393,10 +417,13 @@ class GpuAllocClient:
                     fields = [line.partition(b":") for line in message.split(b"\n") if line and line[:1] != b":"]
                     data = [value.removeprefix(b" ") for name, _, value in fields if name == b"data"]
                     ids = [value.strip().decode() for name, _, value in fields if name == b"id"]
+                    moved = ids and position is not None
                     if data:
-                        yield json.loads(b"\n".join(data))
-                    if ids and position is not None:
+                        yield json.loads(b"\n".join(data))  # taken by the caller before the position moves
+                    if moved:
                         position.last_id = ids[-1]
+                    if moved and not data:
+                        yield None
         finally:
             stream_http.close()
 

@@ -296,8 +296,10 @@ class GpuAllocExtension(ExtensionApp):
         delay = 1.0
         while True:
             try:
-                if self.stream_position.last_id is None:  # first connection: what is there already
+                if self.stream_position.last_id is None:  # first connection: the state, and every event after it
+                    start = await self.client.event_position()
                     self.stream_mirror.load(await self.client.leases(), await self._jobs())
+                    self.stream_position.last_id = start
                 async for event in self.client.events(position=self.stream_position):
                     delay = 1.0
                     self.availability.answered()

@@ -4,7 +4,8 @@ The server's stream from the service resumes after the last event it read, and t
 replays what came meanwhile. When it cannot (it restarted, or more events came than it keeps),
 its first event is `stream.reset`; the server then reads its user's leases and jobs again, and
 `StreamMirror.catch_up` compares them with what the stream told it (and what it read when it
-first connected), and makes the events its consumers missed: the idle monitor (which shuts a
+first connected: the stream's position first, then the state, then the events after that
+position, so none falls between), and makes the events its consumers missed: the idle monitor (which shuts a
 kernel down when its lease was taken away), jupyter_events (the sidebar), the kernels' relay
 (their notices). They are the events the service would have sent (REST API v1's event JSON, with
 `"resync": true` and no `id`), built from the state, for what changed only:

@@ -97,6 +97,20 @@ def test_a_resumed_stream_replays_what_was_missed_in_order_then_goes_on_live(ser
     asyncio.run(scenario())
 
 
+def test_a_reader_that_takes_the_position_first_misses_nothing_before_its_stream_opens(service):
+    async def scenario():
+        async with gc.GpuAllocClient(base_url(service), ALICE) as alice:
+            start = await alice.event_position()
+            lease = await alice.request_lease(MIG, "kernel:p1")  # e.g. while the reader reads the state
+            async for event in alice.events(position=gc.StreamPosition(start)):
+                break
+            await alice.release(lease["id"])
+        assert (event["type"], event["lease_id"], counter(event["id"])) == ("lease.granted", lease["id"],
+                                                                          counter(start) + 1)
+
+    asyncio.run(scenario())
+
+
 def raw_stream(service, token: str, path: str = "events", headers: dict | None = None):
     conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
     conn.request("GET", "/api/v1/" + path, headers={"Authorization": f"Bearer {token}", **(headers or {})})
