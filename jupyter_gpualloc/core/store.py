@@ -24,7 +24,7 @@ from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.sql import Executable
 
 from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
@@ -258,9 +258,8 @@ class Store:
         self._select_lease = select(leases).where(leases.c.id == bindparam("id"))
         self._held = 0
         self._group = _Group()
-        # SQLite: writes go through one connection kept open (a pool checkout per transaction cost about
-        # as much CPU as the transaction's statements); other databases take one from the pool each time.
-        self._keeps_writer = is_sqlite
+        # Writes go through one connection kept open: a pool checkout per transaction cost about as much
+        # CPU as the transaction's statements on SQLite, and a pre-ping round trip on a server.
         self._writer: Connection | None = None
 
     def close(self) -> None:
@@ -324,21 +323,27 @@ class Store:
             self._group = _Group()
 
     def _in_transaction(self, write: Callable[[Connection], None]) -> None:
-        """Call `write` in one transaction, committed when it returns; the driver's refusals come out
-        as StoreError. A kept connection that failed is rolled back by begin(), and one the driver
-        invalidated reconnects at its next use."""
-        try:
-            if self._keeps_writer:
+        """Call `write` in one transaction on the kept writer connection, committed when it returns;
+        the driver's refusals come out as StoreError. A kept connection that failed is rolled back by
+        begin(), and one the driver invalidated reconnects at its next use. A connection found dead
+        before the commit (a database server restarted, an idle connection dropped) costs one
+        reconnect and a second try, not an error: nothing of the first try was committed."""
+        for last_try in (False, True):
+            written = False  # once True, a failure came at the commit, whose outcome is unknown: no second try
+            try:
                 conn = self._writer
                 if conn is None:
                     conn = self._writer = self.engine.connect()
                 with conn.begin():
                     write(conn)
-            else:
-                with self.engine.begin() as conn:
-                    write(conn)
-        except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
-            raise StoreError(err) from err
+                    written = True
+                return
+            except DBAPIError as err:
+                if err.connection_invalidated and not written and not last_try:
+                    continue
+                raise StoreError(err) from err
+            except (SQLAlchemyError, UnicodeEncodeError) as err:  # a lone surrogate fails before the driver
+                raise StoreError(err) from err
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
