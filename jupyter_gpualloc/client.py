@@ -335,18 +335,37 @@ class GpuAllocClient:
 
     async def follow_job_log(self, job_id: str) -> AsyncIterator[str]:
         """The job's log as it grows, chunk by chunk, until the job ends."""
+        chunks = self._stream(f"jobs/{quote(job_id, safe='')}/log?follow=1", "job log", {})
+        try:
+            async for chunk in chunks:
+                yield chunk.decode("utf-8", "replace")
+        finally:
+            await chunks.aclose()
+
+    async def _stream(self, path: str, what: str, headers: Mapping[str, str]) -> AsyncIterator[bytes]:
+        """The body of a long GET, chunk by chunk as it arrives. A refusal comes out as the error of its
+        status; a connection that drops or never opens as ServiceUnavailable, never tornado's own."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        request = self._request("GET", f"jobs/{quote(job_id, safe='')}/log?follow=1", timeout=STREAM_TIMEOUT,
-                                streaming_callback=queue.put_nowait)
+        request = self._request("GET", path, timeout=STREAM_TIMEOUT, streaming_callback=queue.put_nowait)
+        request.headers.update(headers)
         stream_http = AsyncHTTPClient(force_instance=True)
         fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
-        fetch.add_done_callback(lambda _: queue.put_nowait(None))
+
+        def ended(done: asyncio.Future) -> None:
+            if not done.cancelled():
+                done.exception()  # counts as read: a reader that stopped early never reads it
+            queue.put_nowait(None)
+
+        fetch.add_done_callback(ended)
         try:
             while (chunk := await queue.get()) is not None:
-                yield chunk.decode("utf-8", "replace")
-            response = fetch.result()
+                yield chunk
+            try:
+                response = fetch.result()
+            except (OSError, StreamClosedError, HTTPClientError) as err:  # e.g. the connection dropped
+                raise ServiceUnavailable(f"the {what} from {self.url} broke: {err}") from err
             if response.code >= 400:
-                raise error_for(response.code, {"error": f"job log refused (HTTP {response.code})"})
+                raise error_for(response.code, {"error": f"{what} refused (HTTP {response.code})"})
         finally:
             stream_http.close()
 
@@ -383,34 +402,14 @@ class GpuAllocClient:
     async def _event_messages(self, query: Mapping[str, str] | None,
                               position: StreamPosition | None) -> AsyncIterator[dict | None]:
         """Each message of GET /events: its event, or None for one that only moves `position`."""
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         suffix = f"?{urlencode(query)}" if query else ""
-        request = self._request("GET", "events" + suffix, timeout=STREAM_TIMEOUT,
-                                streaming_callback=queue.put_nowait)
-        request.headers["Accept"] = "text/event-stream"
+        headers = {"Accept": "text/event-stream"}
         if position is not None and position.last_id:
-            request.headers["Last-Event-ID"] = position.last_id
-        stream_http = AsyncHTTPClient(force_instance=True)
-        fetch = asyncio.ensure_future(stream_http.fetch(request, raise_error=False))
-
-        def ended(done: asyncio.Future) -> None:
-            if not done.cancelled():
-                done.exception()  # counts as read: a reader that stopped early never reads it
-            queue.put_nowait(None)
-
-        fetch.add_done_callback(ended)
+            headers["Last-Event-ID"] = position.last_id
+        chunks = self._stream("events" + suffix, "event stream", headers)
         buffer = b""
         try:
-            while True:
-                chunk = await queue.get()
-                if chunk is None:
-                    try:
-                        response = fetch.result()
-                    except (OSError, StreamClosedError, HTTPClientError) as err:  # e.g. the connection dropped
-                        raise ServiceUnavailable(f"the event stream from {self.url} broke: {err}") from err
-                    if response.code >= 400:
-                        raise error_for(response.code, {"error": f"event stream refused (HTTP {response.code})"})
-                    return
+            async for chunk in chunks:
                 buffer += chunk
                 while b"\n\n" in buffer:
                     message, buffer = buffer.split(b"\n\n", 1)
@@ -425,7 +424,7 @@ class GpuAllocClient:
                     if moved and not data:
                         yield None
         finally:
-            stream_http.close()
+            await chunks.aclose()
 
 
 class SyncGpuAllocClient:

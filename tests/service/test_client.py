@@ -157,3 +157,23 @@ def test_sync_wrapper_works_inside_a_running_event_loop(service):
             return alice.release(lease["id"])["state"]
 
     assert asyncio.run(kernel_cell()) == "released"
+
+
+def test_a_job_log_followed_while_the_service_dies_ends_as_service_unavailable(fresh_service, tmp_path):
+    service = fresh_service().start()
+    job = service.call("POST", "jobs", {"spec": WHOLE_L4, "workdir": str(tmp_path), "name": "train",
+                                        "source": {"kind": "cell", "code": "x = 1"}}, ALICE).json()
+    assert service.call("POST", f"jobs/{job['id']}/start", token=ALICE).status == 200
+
+    async def scenario():
+        async with gc.GpuAllocClient(base_url(service), ALICE) as alice:
+            chunks = alice.follow_job_log(job["id"])
+            reading = asyncio.ensure_future(chunks.__anext__())
+            await asyncio.sleep(0.5)  # the stream is open, waiting for the log to grow
+            service.kill()
+            with pytest.raises(gc.ServiceUnavailable, match="job log"):
+                await reading
+                async for _ in chunks:
+                    pass
+
+    asyncio.run(scenario())
