@@ -165,7 +165,8 @@ class KernelGpu:
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
         self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
-        self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id)
+        self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id,
+                                    read_lease=lambda lease_id: self.client.lease(lease_id))
         cap = cap_from_env(self.environ)
         if cap is not None:
             self.caps.install(cap)

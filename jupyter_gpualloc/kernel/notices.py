@@ -5,8 +5,10 @@ the caller's own events only; in a server with the extension in remote mode, the
 its own stream, $GPUALLOC_EVENTS_URL) on the client's thread and prints one line to stderr for the
 events of that lease that its user must act on: a deadline or idle warning, a usage quota nearly
 or wholly used up, and the lease ending without being released by its holder. In a kernel the
-line shows under the cell that ran last. A stream that ends (the service restarted) is opened
-again after `retry` seconds.
+line shows under the cell that ran last. A stream that ends (the service or the server
+restarted, the network dropped) is opened again after `retry` seconds; what the lease went through
+meanwhile is then read from the lease itself (`read_lease`, from the service): an end, an idle or a
+deadline warning the stream did not deliver is told once, as its event would have been.
 """
 
 from __future__ import annotations
@@ -20,6 +22,26 @@ from .extend import extensions_text, moment_text
 from .sizes import format_duration
 
 RETRY_SECONDS = 5.0
+TOLD_OF_ENDS = ("expired", "preempted")  # the ends notice_line has words for
+
+
+def missed_events(lease: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The events a lease's state says it went through that notice_line speaks of (ends and warnings),
+    as the service would have sent them, with the times the state keeps."""
+    lease_id, state = lease["id"], lease.get("state")
+    if state in TOLD_OF_ENDS:
+        return [{"type": f"lease.{state}", "time": lease.get("ended_at"), "lease_id": lease_id,
+                 "data": {"reason": lease.get("reason", "")}}]
+    if state != "granted":
+        return []
+    made = []
+    if lease.get("idle_warned_at") is not None:
+        made.append({"type": "lease.idle_warning", "time": lease["idle_warned_at"], "lease_id": lease_id, "data": {}})
+    deadline = lease.get("deadline") or {}
+    if deadline.get("warned_at") is not None:
+        made.append({"type": "lease.deadline_warning", "time": deadline["warned_at"], "lease_id": lease_id,
+                     "data": {"deadline": deadline["at"], "extensions_left": deadline.get("extensions_left", 0)}})
+    return made
 
 
 def notice_line(event: Mapping[str, Any]) -> str | None:
@@ -52,11 +74,14 @@ class LeaseNotices:
     """Prints `notice_line` for the events of the lease `lease_id()` names, while started."""
 
     def __init__(self, client: Callable[[], Any], lease_id: Callable[[], str | None], *,
+                 read_lease: Callable[[str], Mapping[str, Any]] | None = None,
                  show: Callable[[str], None] = say, retry: float = RETRY_SECONDS):
         self.client = client
         self.lease_id = lease_id
+        self.read_lease = read_lease
         self.show = show
         self.retry = retry
+        self._told: set[tuple] = set()  # (lease, type, time) of each line shown: none is shown twice
         self._stop: threading.Event | None = None
         self._stream: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
@@ -82,7 +107,9 @@ class LeaseNotices:
             stream.cancel()
 
     def _run(self, stop: threading.Event) -> None:
+        caught_up = True  # nothing was missed before the first stream
         while not stop.is_set():
+            stream = None
             try:
                 stream = self.client().watch_events(self._on_event)
                 with self._lock:
@@ -90,14 +117,31 @@ class LeaseNotices:
                         stream.cancel()
                     else:
                         self._stream = stream
+                if not caught_up:  # read once the stream is asked for, so what comes after the read is streamed
+                    self._catch_up()
+                    caught_up = True
                 stream.result()
             except (Exception, concurrent.futures.CancelledError):  # down, restarting, or stopped
-                pass
+                if stream is not None:
+                    stream.cancel()
+            caught_up = False
             stop.wait(self.retry)
+
+    def _catch_up(self) -> None:
+        """After the stream was down: tell what the lease's state says the stream did not."""
+        lease_id = self.lease_id()
+        if self.read_lease is None or lease_id is None:
+            return
+        for event in missed_events(self.read_lease(lease_id)):
+            self._on_event(event)
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
         if event.get("lease_id") is None or event.get("lease_id") != self.lease_id():
             return
         line = notice_line(event)
-        if line is not None:
-            self.show(line)
+        told = (event["lease_id"], event.get("type"), event.get("time"))
+        with self._lock:
+            if line is None or told in self._told:
+                return
+            self._told.add(told)
+        self.show(line)
