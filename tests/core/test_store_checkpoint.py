@@ -33,11 +33,17 @@ def test_automatic_checkpoints_are_the_stores_choice(tmp_path, auto):
     store.close()
 
 
+def scheduler_on_a_store_checkpointed_by_hand(path: Path) -> tuple[Store, Scheduler]:
+    """A store without automatic checkpoints (its tables already in the database file), and a scheduler on it."""
+    store = Store(sqlite_url(path), sqlite_autocheckpoint=False)
+    scheduler = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(**POLICY))
+    store.checkpoint()
+    return store, scheduler
+
+
 def test_checkpoint_copies_the_wal_into_the_database_file(tmp_path):
     path = tmp_path / "s.sqlite"
-    store = Store(sqlite_url(path), sqlite_autocheckpoint=False)
-    s = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(**POLICY))
-    store.checkpoint()  # the tables
+    store, s = scheduler_on_a_store_checkpointed_by_hand(path)
     s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
     assert leases_in_database_file(path, tmp_path) == set()
     store.checkpoint()

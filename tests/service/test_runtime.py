@@ -6,15 +6,11 @@ from __future__ import annotations
 import gc
 import time
 
-from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
-from jupyter_gpualloc.core.policy import SchedulerPolicy
-from jupyter_gpualloc.core.scheduler import Scheduler
-from jupyter_gpualloc.core.store import Store, sqlite_url
 from jupyter_gpualloc.service.app import freeze_startup_heap
 from jupyter_gpualloc.service.checkpoint import WalCheckpointer
 
-from ..core.test_store_checkpoint import leases_in_database_file
-from ..core.test_store_failures import FLEET, POLICY, SHARED
+from ..core.test_store_checkpoint import leases_in_database_file, scheduler_on_a_store_checkpointed_by_hand
+from ..core.test_store_failures import SHARED
 
 
 class _Held:
@@ -43,9 +39,7 @@ def test_startup_heap_is_frozen_and_full_collections_skip_it():
 
 def test_checkpointer_copies_commits_into_the_database_file_until_stopped(tmp_path):
     path = tmp_path / "s.sqlite"
-    store = Store(sqlite_url(path), sqlite_autocheckpoint=False)
-    s = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(**POLICY))
-    store.checkpoint()  # the tables
+    store, s = scheduler_on_a_store_checkpointed_by_hand(path)
     checkpointer = WalCheckpointer(store, 0.05)
     checkpointer.start()
     try:
