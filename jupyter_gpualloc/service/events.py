@@ -141,6 +141,11 @@ class EventBroker:
         """The id of the last event published (`<epoch>-0` before the first)."""
         return f"{self.epoch}-{self._seq}"
 
+    @property
+    def _oldest_kept(self) -> int:
+        """The number of the oldest event kept (the next one's when none is)."""
+        return self._kept[0][0] if self._kept else self._seq + 1
+
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
 
@@ -174,8 +179,7 @@ class EventBroker:
                                      "data": {"reason": why_not, "last_event_id": f"{after[0]}-{after[1]}"}})
             else:
                 stream.start = f"{after[0]}-{after[1]}"
-                oldest = self._kept[0][0] if self._kept else self._seq + 1
-                for seq, event in itertools.islice(self._kept, after[1] - oldest + 1, None):
+                for seq, event in itertools.islice(self._kept, after[1] - self._oldest_kept + 1, None):
                     data = visible_event(event, identity)
                     if data is not None:
                         data["id"] = f"{self.epoch}-{seq}"
@@ -189,8 +193,7 @@ class EventBroker:
             return "the service restarted: the events of its previous run are not kept"
         if seq > self._seq:
             return f"the service has sent no event {epoch}-{seq} yet"
-        oldest = self._kept[0][0] if self._kept else self._seq + 1
-        if seq < oldest - 1:
+        if seq < self._oldest_kept - 1:
             return (f"the events after {epoch}-{seq} are no longer kept "
                     f"(the service keeps its last {self._kept.maxlen})")
         return ""
