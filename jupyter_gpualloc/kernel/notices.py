@@ -22,7 +22,7 @@ from .extend import extensions_text, moment_text
 from .sizes import format_duration
 
 RETRY_SECONDS = 5.0
-TOLD_OF_ENDS = ("expired", "preempted")  # the ends notice_line has words for
+TOLD_OF_ENDS = ("expired", "preempted")  # the ends of a lease not released by its holder
 
 
 def missed_events(lease: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -60,9 +60,10 @@ def notice_line(event: Mapping[str, Any]) -> str | None:
         return f"gpu: usage quota nearly used up: {data.get('message', '')}"
     if kind == "usage.exceeded":
         return f"gpu: usage quota used up: {data.get('message', '')}"
-    if kind in ("lease.expired", "lease.preempted"):
+    end = (kind or "").removeprefix("lease.")
+    if end in TOLD_OF_ENDS:
         reason = f": {data['reason']}" if data.get("reason") else ""
-        return f"gpu: lease {lease_id} {kind.split('.', 1)[1]}{reason}"
+        return f"gpu: lease {lease_id} {end}{reason}"
     return None
 
 
