@@ -408,9 +408,11 @@ class _LayoutGraph:
         self.index: dict[Layout, int] = {layout: n for n, layout in enumerate(self.layouts)}
         width = max((len(t) for row in edges for t in row), default=0) or 1
         self.succ = np.full((len(reached), len(table), width), -1, dtype=np.int64)
+        self.successors: list[list[list[int]]] = [[] for _ in reached]  # [layout][profile]: by legal start
         for old, row in enumerate(edges):
-            for k, targets in enumerate(row):
-                self.succ[number[old], k, :len(targets)] = [number[t] for t in targets]
+            self.successors[number[old]] = [[number[t] for t in targets] for targets in row]
+            for k, targets in enumerate(self.successors[number[old]]):
+                self.succ[number[old], k, :len(targets)] = targets
         self.gains = np.array([p.compute_slices for p in table], dtype=float)
         fits = self.succ[:, :, 0] >= 0  # a profile's legal starts come first, so: any at all
         self._fits, self._unfit = fits, ~fits
@@ -462,16 +464,20 @@ class DefaultPlacer(MigPlacer):
     alike and learns the real mix over its first hundred or so placements (a request that waits
     and is asked about again counts once, when it is placed). The candidate (GPU, legal start)
     whose GPU loses the least value wins; ties go to the fuller GPU, then the lower index and
-    start. It never refuses when some GPU has a legal start.
+    start. It never refuses when some GPU has a legal start. The values are worked out again only
+    once the expected mix has moved by more than `mix_tolerance` since they last were: early on
+    that is every placement, on a hub that has placed thousands one in many.
     """
 
     name = "default"
     discount = 0.9  # about the next ten requests matter; see docs/benchmarks/mig.md
     prior_count = 10
+    mix_tolerance = 0.002  # total variation; see docs/benchmarks/mig.md
 
     def __init__(self) -> None:
         self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
         self._tables: tuple[dict[int, MigProfile], tuple[MigProfile, ...], _LayoutGraph] | None = None
+        self._valued: tuple[_LayoutGraph, np.ndarray, list[float]] | None = None  # graph, shares, values
 
     def _table(self, profiles: dict[int, MigProfile]) -> tuple[tuple[MigProfile, ...], _LayoutGraph]:
         """The profile table in id order and the layouts reachable from an empty GPU, kept for the
@@ -483,7 +489,7 @@ class DefaultPlacer(MigPlacer):
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
-        """O(layouts x legal starts) plus one `_LayoutGraph.values`."""
+        """O(layouts x legal starts) plus at most one `_LayoutGraph.values`."""
         first: dict[Layout, int] = {}  # an identical GPU earlier in the list wins every tie
         for index, layout in enumerate(layouts):
             first.setdefault(layout, index)
@@ -494,18 +500,26 @@ class DefaultPlacer(MigPlacer):
         table, graph = self._table(profiles)
         if any(layout not in graph.index for layout in first):  # not reachable from empty
             graph = _layout_graph(table, (graph.layouts[0], *first))
-        value = graph.values(self._shares(table), self.discount)
+        value = self._values(graph, self._shares(table))
         k = next(k for k, p in enumerate(table) if p.profile_id == profile.profile_id)
         best: tuple | None = None
         for index, layout, starts in candidates:
             at = graph.index[layout]
-            for j, start in enumerate(starts):  # the graph lists each layout's successors by legal start
-                change = value[graph.succ[at, k, j]] - value[at]
-                key = (round(change, 9), layout.compute_used, -index, -start)
+            # the graph lists each layout's successors by legal start
+            for start, after in zip(starts, graph.successors[at][k]):
+                key = (round(value[after] - value[at], 9), layout.compute_used, -index, -start)
                 if best is None or key > best[0]:
                     best = (key, index, start)
         self._placed[profile.profile_id] = self._placed.get(profile.profile_id, 0) + 1
         return best[1], best[2]
+
+    def _values(self, graph: _LayoutGraph, shares: np.ndarray) -> list[float]:
+        """The graph's values under `shares`, or the ones last worked out for it while `shares`
+        is within `mix_tolerance` of the mix they were worked out for: O(profiles) then."""
+        kept = self._valued
+        if kept is None or kept[0] is not graph or 0.5 * np.abs(kept[1] - shares).sum() > self.mix_tolerance:
+            kept = self._valued = (graph, shares, graph.values(shares, self.discount).tolist())
+        return kept[2]
 
     def _shares(self, table: tuple[MigProfile, ...]) -> np.ndarray:
         """Each profile's share of the placed instances plus `prior_count` of each non-media one."""
