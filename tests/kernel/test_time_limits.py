@@ -15,8 +15,8 @@ from tests.kernel.conftest import ALICE, BOB, POLICY, Service
 
 TIME_BOXED = POLICY + """
 c.GpuAllocService.tick_interval = 0.5
-c.SchedulerPolicy.max_duration = {"kernel": 30}
-c.SchedulerPolicy.deadline_warning = 25
+c.SchedulerPolicy.max_duration = {"kernel": 20}
+c.SchedulerPolicy.deadline_warning = 15
 c.SchedulerPolicy.max_extensions = 1
 c.SchedulerPolicy.extension = 5
 c.SchedulerPolicy.usage_quotas = {"*": {"gpu_hours": 40, "window": "calendar_week"},
@@ -51,7 +51,7 @@ def test_status_shows_the_time_limit_and_where_the_user_stands(service, start_ke
     assert status.status == "ok" and not status.stderr, status
     text = status.displays[0]["text/plain"]  # the lease view's text, as a terminal frontend shows it
     limit = re.search(rf"\n  time limit: {UNTIL}, 1 extension left \(%gpu extend\)\n", text)
-    assert limit and 25 <= int(limit.group(1)) <= 30, text
+    assert limit and 15 <= int(limit.group(1)) <= 20, text
     assert re.search(rf"\n  usage: {ALICE_STANDING}$", text), text
     extended = kernel.run("%gpu extend")
     assert re.fullmatch(rf"gpu: lease \w+ extended {UNTIL}, 0 extensions left\n", extended.stdout), extended
@@ -90,10 +90,10 @@ def test_a_warned_lease_prints_one_line_and_its_end_another(service, start_kerne
     warned = wait_for_stderr(kernel, r"reaches its time limit", 8)
     lines = warned.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(
-        r"gpu: lease \w+ reaches its time limit at \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in 2\ds\); 1 extension left: "
+        r"gpu: lease \w+ reaches its time limit at \d{4}-\d\d-\d\d \d\d:\d\d UTC \(in 1\ds\); 1 extension left: "
         r"%gpu extend moves it later", lines[0]), lines
-    ended = wait_for_stderr(kernel, r"expired", 32)
-    assert re.search(r"^gpu: lease \w+ expired: reached its maximum duration of 30s$", ended, re.M), ended
+    ended = wait_for_stderr(kernel, r"expired", 16)
+    assert re.search(r"^gpu: lease \w+ expired: reached its maximum duration of 20s$", ended, re.M), ended
     assert kernel.run("%gpu status").stdout.startswith("gpu: no GPU slice; lease ")
 
 
