@@ -17,7 +17,7 @@ Servers, measured one after the other in the same run:
 Mixes:
 
 * `alloc`: allocate+release: `POST /leases` (a MIG 1g.10gb slice, `wait: 0`) while fewer than 16
-  leases are held, else `DELETE /leases/{id}` of the oldest;
+  leases are held or asked for, else `DELETE /leases/{id}` of the oldest;
 * `touch`: over 48 granted leases, in turn `POST /leases/{id}/touch`, `POST /heartbeat` and
   `GET /leases`.
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import json
 import os
 import secrets
@@ -60,6 +61,7 @@ CONNECTIONS = 64
 USERS = 64
 HELD = 16  # the alloc mix releases once this many leases are held
 TOUCHED = 48  # granted leases the touch mix works on
+HOLDERS = itertools.count()  # the alloc mix's holder names
 KNEE_P99_MS = 50.0
 RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
          "touch": [500, 1000, 1500, 2000, 3000, 4000, 5000, 6000]}
@@ -297,24 +299,32 @@ class OpenLoop:
 
 
 class AllocMix:
-    """Allocate while fewer than HELD leases are held, else release the oldest."""
+    """Allocate while fewer than HELD leases are held or asked for, else release the oldest held.
+
+    Allocations still unanswered count: a server that falls behind is not sent more of them than
+    the mix holds (which would run the fleet out of room and answer "no capacity")."""
 
     def __init__(self, tokens: list[str]):
         self.tokens = tokens
         self.held: collections.deque[tuple[str, str]] = collections.deque()
+        self.asked = 0  # allocations sent and not yet answered
         self.count = 0
 
     def next(self) -> tuple[str, str, str, dict | None, object]:
         self.count += 1
-        if len(self.held) >= HELD:
+        if self.held and len(self.held) + self.asked >= HELD:
             token, lease_id = self.held.popleft()
             return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
         token = self.tokens[self.count % len(self.tokens)]
-        return "POST", "/api/v1/leases", token, {"spec": SPEC, "holder": f"kernel:b{self.count}", "wait": 0}, token
+        self.asked += 1
+        holder = f"kernel:b{next(HOLDERS)}"  # never one a lease left over from an earlier rate still has
+        return "POST", "/api/v1/leases", token, {"spec": SPEC, "holder": holder, "wait": 0}, token
 
     def answered(self, status: int, body: bytes, token: object) -> None:
-        if token is not None and status == 201:
-            self.held.append((token, json.loads(body)["id"]))
+        if token is not None:
+            self.asked -= 1
+            if status == 201:
+                self.held.append((token, json.loads(body)["id"]))
 
 
 class TouchMix:
