@@ -25,13 +25,14 @@ from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Float, Unicode, default, validate
+from traitlets import Bool, Float, Int, Unicode, default, validate
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
 from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError
 from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
+from ..service.events import REPLAY_SIZE
 from ..jobs.runner import JobRunner
 from . import handlers
 from .availability import Availability
@@ -98,6 +99,10 @@ class GpuAllocExtension(ExtensionApp):
     ).tag(config=True)
     db_url = Unicode(help="Embedded mode: SQLAlchemy URL of the state database. Default: a SQLite file under the Jupyter data dir.").tag(config=True)
     audit_log = Unicode("", help="Embedded mode: JSON-lines file of every scheduler event; empty: none.").tag(config=True)
+    event_replay_size = Int(
+        REPLAY_SIZE, min=0, help="""Embedded mode: how many of the latest events are kept for event streams that
+        resume (Last-Event-ID or ?since=), as GpuAllocService.event_replay_size is for the service.""",
+    ).tag(config=True)
     tick_interval = Float(5.0, help="Embedded mode: seconds between scheduler ticks.").tag(config=True)
     owner = Unicode(help="Embedded mode: the user every authenticated caller of this server is. Default: the OS user.").tag(config=True)
     owner_is_admin = Bool(True, help="Embedded mode: whether the owner administers the allocator (drain, all leases, metrics).").tag(config=True)
@@ -146,7 +151,7 @@ class GpuAllocExtension(ExtensionApp):
                 state_file=str(Path(self.db_url.replace("sqlite:///", "")).with_suffix(".mig.json"))
                 if self.db_url.startswith("sqlite:///") else "",
                 db_url=self.db_url, parent=self, user=self.owner, admin=self.owner_is_admin,
-                audit_log=self.audit_log, log=self.log)
+                audit_log=self.audit_log, replay_size=self.event_replay_size, log=self.log)
             device_backend = self.embedded.backend
             self.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
             self.kernel_token = self.server_token()

@@ -29,7 +29,7 @@ from ..core.store import Store
 from ..service import handlers as h
 from ..service.app import API_PATH, ROUTES, join_url, route_regex
 from ..service.auth import Forbidden, Identity
-from ..service.events import AuditLog, EventBroker
+from ..service.events import REPLAY_SIZE, AuditLog, EventBroker
 from ..service.metrics import ServiceMetrics
 from ..service.openapi import openapi_document
 
@@ -104,12 +104,13 @@ class EmbeddedScheduler:
     """The core, its events and metrics, and the REST API v1 routes, inside the Jupyter server."""
 
     def __init__(self, backend: DeviceBackend, db_url: str, policy: SchedulerPolicy, *, user: str,
-                 admin: bool = True, audit_log: str = "", log: logging.Logger | None = None):
+                 admin: bool = True, audit_log: str = "", replay_size: int = REPLAY_SIZE,
+                 log: logging.Logger | None = None):
         self.log = log or logging.getLogger(__name__)
         self.backend = backend
         self.store = Store(db_url)
         self.scheduler = Scheduler(backend, self.store, policy, now=time.time())
-        self.broker = EventBroker(AuditLog(audit_log) if audit_log else None, log=self.log)
+        self.broker = EventBroker(AuditLog(audit_log) if audit_log else None, log=self.log, replay_size=replay_size)
         self.metrics = ServiceMetrics(self.scheduler)
         self.broker.add_listener(self.metrics.observe)
         self.scheduler.subscribe(self.broker.publish)
@@ -120,7 +121,7 @@ class EmbeddedScheduler:
 
     @classmethod
     def from_config(cls, *, backend: str, fleet: str, process_dir: str, state_file: str, db_url: str,
-                    parent: Configurable, user: str, admin: bool, audit_log: str,
+                    parent: Configurable, user: str, admin: bool, audit_log: str, replay_size: int,
                     log: logging.Logger) -> "EmbeddedScheduler":
         """Build the backend (simulated when a fleet is given, else NVML) and the core."""
         name = backend or ("simulated" if fleet else "nvml")
@@ -130,7 +131,7 @@ class EmbeddedScheduler:
                        "state_file": state_file or None}
         device_backend = make_backend(name, **options)
         return cls(device_backend, db_url, SchedulerPolicy(parent=parent), user=user, admin=admin,
-                   audit_log=audit_log, log=log)
+                   audit_log=audit_log, replay_size=replay_size, log=log)
 
     def handlers(self, base_url: str) -> list[web.URLSpec]:
         """REST API v1 at `<base_url>gpualloc/api/v1/...`, the service's own handlers."""
