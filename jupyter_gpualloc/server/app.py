@@ -226,7 +226,7 @@ class GpuAllocExtension(ExtensionApp):
         elif self.client is not None:  # kernels follow the service's events through this server
             web_app.add_handlers(".*$", [(url_path_join(web_app.settings["base_url"], EVENTS_PATH),
                                           KernelEventsHandler, {"relay": self.kernel_events,
-                                                                "token": self.kernel_token})])
+                                                                "kernels_token": self.kernel_token})])
 
     def server_slices(self) -> list[dict]:
         """Slices of the server's own leases (kernels without a lease inherit the server's env)."""

@@ -4,7 +4,8 @@ In remote mode each kernel holding a lease follows its lease's events (kernel/no
 than one service connection per kernel, the extension serves the events it already receives from
 the service, unchanged (REST API v1's event JSON), at `<base_url>gpualloc/relay/api/v1/events`;
 kernels are given that root as $GPUALLOC_EVENTS_URL. The stream asks for the token the kernels
-were given for the service (the same user's), so it shows nothing its caller could not read there.
+were given for the service (the same user's), so it shows nothing its caller could not read there,
+and answers only the Host names the server answers to (its allow-list against DNS rebinding).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hmac
 import json
 from typing import Any, Mapping
 
-from tornado import web
+from jupyter_server.base.handlers import JupyterHandler
 from tornado.iostream import StreamClosedError
 
 RELAY_ROOT = "gpualloc/relay"
@@ -50,24 +51,35 @@ class KernelEventRelay:
             queue.put_nowait(None)
 
 
-class KernelEventsHandler(web.RequestHandler):
-    """GET: server-sent events, `data: {event JSON}` each, as the service sent them to this server."""
+class KernelEventsHandler(JupyterHandler):
+    """GET: server-sent events, `data: {event JSON}` each, as the service sent them to this server.
 
-    def initialize(self, relay: KernelEventRelay, token: str) -> None:
+    Not the server's own authentication (prepare() is not the server's): the kernels' token."""
+
+    def initialize(self, relay: KernelEventRelay, kernels_token: str) -> None:
         self.relay = relay
-        self.token = token
+        self.kernels_token = kernels_token
 
     def _authorized(self) -> bool:
         scheme, _, given = self.request.headers.get("Authorization", "").partition(" ")
         return scheme.lower() in ("bearer", "token") and bool(given) and \
-            hmac.compare_digest(given.strip().encode(), self.token.encode())
+            hmac.compare_digest(given.strip().encode(), self.kernels_token.encode())
+
+    def prepare(self) -> None:
+        """Nothing of the server's own prepare(): this stream has its own token, checked in get()."""
+
+    def _refuse(self, status: int, error: str, field: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": error, "field": field}))
 
     async def get(self) -> None:
         if not self._authorized():
-            self.set_status(401)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"error": "the kernels' event stream needs the token this server gave its kernels",
-                                    "field": "Authorization"}))
+            self._refuse(401, "the kernels' event stream needs the token this server gave its kernels",
+                         "Authorization")
+            return
+        if not self.check_host():
+            self._refuse(403, "this Jupyter server does not answer to that Host", "Host")
             return
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-store")

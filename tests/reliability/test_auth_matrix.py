@@ -235,6 +235,10 @@ def test_relay_answers_only_the_token_its_server_gave_its_kernels(remote, path, 
     for headers in strangers:
         response = requests.request(method, url, headers=headers, timeout=30)
         assert_refused(response, what=(method, path, headers), allowed=(401,))
+    for foreign in ({"Host": "evil.example"}, {"Host": "evil.example:80"}):  # the right token, a rebound name
+        response = requests.request(method, url, headers={**bearer(USER), **foreign}, timeout=30)
+        assert_refused(response, what=(method, path, foreign), allowed=(403,))
+        assert response.json()["field"] == "Host"
     with requests.request(method, url, headers=bearer(USER), stream=True, timeout=30) as response:
         assert response.status_code == 200, response.text[:300]
         assert next(response.iter_lines()) == b": connected"
