@@ -32,8 +32,8 @@ from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError
 from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
-from ..service.events import REPLAY_SIZE
 from ..jobs.runner import JobRunner
+from ..service.events import REPLAY_SIZE
 from . import handlers
 from .availability import Availability
 from .embedded import URL_ROOT, EmbeddedScheduler

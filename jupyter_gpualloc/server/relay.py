@@ -54,7 +54,8 @@ class KernelEventRelay:
 class KernelEventsHandler(JupyterHandler):
     """GET: server-sent events, `data: {event JSON}` each, as the service sent them to this server.
 
-    Not the server's own authentication (prepare() is not the server's): the kernels' token."""
+    A JupyterHandler for the server's Host allow-list and headers; the caller is the kernels' token,
+    not the server's own authentication."""
 
     def initialize(self, relay: KernelEventRelay, kernels_token: str) -> None:
         self.relay = relay
