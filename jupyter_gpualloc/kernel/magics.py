@@ -166,7 +166,8 @@ class KernelGpu:
         self.caps = FrameworkCaps()
         self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
         self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id,
-                                    read_lease=lambda lease_id: self.client.lease(lease_id))
+                                    read_lease=lambda lease_id: self.client.lease(lease_id),
+                                    read_quotas=self.usage_quotas)
         cap = cap_from_env(self.environ)
         if cap is not None:
             self.caps.install(cap)
@@ -407,9 +408,13 @@ class KernelGpu:
         from ..client import GpuAllocError
 
         try:
-            return [quota["message"] for quota in self.client.usage(since=self.clock() - 3600).get("quotas", [])]
+            return [quota["message"] for quota in self.usage_quotas()]
         except GpuAllocError:
             return []
+
+    def usage_quotas(self) -> list[dict]:
+        """The user's usage quotas and where each stands (UsageQuota JSON), from the service."""
+        return self.client.usage(since=self.clock() - 3600).get("quotas", [])
 
     def offers(self) -> list[str]:
         offers = self.client.offers()

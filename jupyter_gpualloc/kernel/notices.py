@@ -7,8 +7,9 @@ events of that lease that its user must act on: a deadline or idle warning, a us
 or wholly used up, and the lease ending without being released by its holder. In a kernel the
 line shows under the cell that ran last. A stream that ends (the service or the server
 restarted, the network dropped) is opened again after `retry` seconds; what the lease went through
-meanwhile is then read from the lease itself (`read_lease`, from the service): an end, an idle or a
-deadline warning the stream did not deliver is told once, as its event would have been.
+meanwhile is then read from the lease itself (`read_lease`, from the service) and from the user's
+usage quotas (`read_quotas`): an end, an idle or a deadline warning, or a quota's warning the
+stream did not deliver is told once, as its event would have been.
 """
 
 from __future__ import annotations
@@ -16,18 +17,38 @@ from __future__ import annotations
 import concurrent.futures
 import sys
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .extend import extensions_text, moment_text
 from .sizes import format_duration
 
 RETRY_SECONDS = 5.0
 TOLD_OF_ENDS = ("expired", "preempted")  # the ends of a lease not released by its holder
+USAGE_EVENTS = ("usage.warning", "usage.exceeded")
 
 
-def missed_events(lease: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The events a lease's state says it went through that notice_line speaks of (ends and warnings),
-    as the service would have sent them, with the times the state keeps."""
+def usage_event_type(quota: Mapping[str, Any]) -> str | None:
+    """The usage event the service sends each running lease a quota (UsageQuota JSON) counts against:
+    usage.exceeded at its limit, usage.warning from its warn_fraction of it, else None."""
+    used, limit = quota["gpu_hours"], quota["limit"]
+    if used >= limit:
+        return "usage.exceeded"
+    return "usage.warning" if used >= quota.get("warn_fraction", 1.0) * limit else None
+
+
+def told_key(event: Mapping[str, Any]) -> tuple:
+    """What makes two notices the same: a quota's warning or end once per lease, quota and level (as
+    the service sends them, and whatever time a catch-up gives it); any other event once per time."""
+    kind, data = event.get("type"), event.get("data") or {}
+    if kind in USAGE_EVENTS:
+        return event.get("lease_id"), kind, data.get("scope"), data.get("who")
+    return event.get("lease_id"), kind, event.get("time")
+
+
+def missed_events(lease: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The events a lease's state, and the state of its user's usage `quotas`, say it went through
+    that notice_line speaks of (ends and warnings), as the service would have sent them, with the
+    times the state keeps (a quota's warning: none)."""
     lease_id, state = lease["id"], lease.get("state")
     if state in TOLD_OF_ENDS:
         return [{"type": f"lease.{state}", "time": lease.get("ended_at"), "lease_id": lease_id,
@@ -41,6 +62,10 @@ def missed_events(lease: Mapping[str, Any]) -> list[dict[str, Any]]:
     if deadline.get("warned_at") is not None:
         made.append({"type": "lease.deadline_warning", "time": deadline["warned_at"], "lease_id": lease_id,
                      "data": {"deadline": deadline["at"], "extensions_left": deadline.get("extensions_left", 0)}})
+    for quota in quotas:
+        kind = usage_event_type(quota)
+        if kind is not None:
+            made.append({"type": kind, "time": None, "lease_id": lease_id, "data": dict(quota)})
     return made
 
 
@@ -76,13 +101,15 @@ class LeaseNotices:
 
     def __init__(self, client: Callable[[], Any], lease_id: Callable[[], str | None], *,
                  read_lease: Callable[[str], Mapping[str, Any]] | None = None,
+                 read_quotas: Callable[[], Iterable[Mapping[str, Any]]] | None = None,
                  show: Callable[[str], None] = say, retry: float = RETRY_SECONDS):
         self.client = client
         self.lease_id = lease_id
         self.read_lease = read_lease
+        self.read_quotas = read_quotas
         self.show = show
         self.retry = retry
-        self._told: set[tuple] = set()  # (lease, type, time) of each line shown: none is shown twice
+        self._told: set[tuple] = set()  # told_key of each line shown: none is shown twice
         self._stop: threading.Event | None = None
         self._stream: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
@@ -133,14 +160,21 @@ class LeaseNotices:
         lease_id = self.lease_id()
         if self.read_lease is None or lease_id is None:
             return
-        for event in missed_events(self.read_lease(lease_id)):
+        lease = self.read_lease(lease_id)
+        quotas = list(self.read_quotas()) if self.read_quotas is not None and lease.get("state") == "granted" else []
+        with self._lock:  # a quota back under its warning level is warned again when it passes it again
+            for quota in quotas:
+                if usage_event_type(quota) is None:
+                    self._told -= {told_key({"type": kind, "lease_id": lease_id, "data": quota})
+                                   for kind in USAGE_EVENTS}
+        for event in missed_events(lease, quotas):
             self._on_event(event)
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
         if event.get("lease_id") is None or event.get("lease_id") != self.lease_id():
             return
         line = notice_line(event)
-        told = (event["lease_id"], event.get("type"), event.get("time"))
+        told = told_key(event)
         with self._lock:
             if line is None or told in self._told:
                 return

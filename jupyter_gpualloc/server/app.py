@@ -297,13 +297,13 @@ class GpuAllocExtension(ExtensionApp):
         """Remote mode: the service's event stream (this user's) into the kernels' relay, jupyter_events
         and the idle monitor. After a disconnect the stream resumes after the last event read, and the
         service replays what came meanwhile; when it cannot (`stream.reset`), the server reads its
-        user's leases and jobs again and passes on what changed (resync.py)."""
+        user's leases, jobs and usage quotas again and passes on what changed (resync.py)."""
         delay = 1.0
         while True:
             try:
                 if self.stream_position.last_id is None:  # first connection: the state, and every event after it
                     start = await self.client.event_position()
-                    self.stream_mirror.load(await self.client.leases(), await self._jobs())
+                    self.stream_mirror.load(await self.client.leases(), await self._jobs(), await self._quotas())
                     self.stream_position.last_id = start
                 async for event in self.client.events(position=self.stream_position):
                     delay = 1.0
@@ -334,8 +334,13 @@ class GpuAllocExtension(ExtensionApp):
                 ended[lease_id] = await self.client.lease(lease_id)
             except NotFound:
                 ended[lease_id] = None
-        for event in self.stream_mirror.catch_up(leases, ended, await self._jobs(), reset.get("time") or 0.0):
+        for event in self.stream_mirror.catch_up(leases, ended, await self._jobs(), reset.get("time") or 0.0,
+                                                 await self._quotas()):
             await self._pass_on(event)
+
+    async def _quotas(self) -> list[dict]:
+        """This user's usage quotas and where each stands."""
+        return (await self.client.usage(since=time.time() - 3600))["quotas"]
 
     async def _jobs(self) -> list[dict]:
         """This user's jobs ([] from a service without jobs)."""

@@ -16,15 +16,20 @@ kernel down when its lease was taken away), jupyter_events (the sidebar), the ke
 - a granted lease warned idle (`lease.idle_warning`, `idle_s` since its last reported activity,
   no `release_at`: the grace is the service's policy), or no longer (`lease.idle_cleared`);
 - a deadline warned (`lease.deadline_warning`) or moved later (`lease.extended`);
+- a granted lease's usage quota (the user's, read from GET /usage) that passed its warning level
+  or its limit since the stream last told of it: `usage.warning` / `usage.exceeded`, with the
+  quota's standing as its data, as the service sends each running lease once per level;
 - a job whose state changed: `job.<state>`, `job.started` for running.
 
-What the state does not keep (usage warnings) is not made up. Reading the same state again makes
-nothing: a service that restarted and recovered every lease unchanged causes no event at all.
+Reading the same state again makes nothing: a service that restarted and recovered every lease
+unchanged causes no event at all.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
+
+from ..kernel.notices import USAGE_EVENTS, usage_event_type
 
 RESET = "stream.reset"
 ENDED = ("released", "expired", "preempted", "cancelled", "rejected")
@@ -43,16 +48,21 @@ def job_event_type(state: str) -> str:
 
 
 class StreamMirror:
-    """The leases (id -> lease_view) and jobs (id -> state) of the server's user, as its stream told them."""
+    """The leases (id -> lease_view), jobs (id -> state) and usage warnings ((lease, quota scope,
+    quota who) -> event type) of the server's user, as its stream told them."""
 
     def __init__(self) -> None:
         self.leases: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, str] = {}
+        self.usage: dict[tuple[str, str, str], str] = {}
 
-    def load(self, leases: Iterable[Mapping[str, Any]], jobs: Iterable[Mapping[str, Any]]) -> None:
+    def load(self, leases: list[Mapping[str, Any]], jobs: Iterable[Mapping[str, Any]],
+             quotas: Iterable[Mapping[str, Any]] = ()) -> None:
         """Start from the state read before the stream first opened (nothing is announced)."""
         self.leases = {l["id"]: lease_view(l) for l in leases}
         self.jobs = {j["id"]: j["state"] for j in jobs}
+        self.usage = {}
+        self._usage_changes(quotas, leases)
 
     def seen(self, event: Mapping[str, Any]) -> None:
         """Follow one event of the stream."""
@@ -60,11 +70,14 @@ class StreamMirror:
         if kind.startswith("job.") and data.get("job_id"):
             self.jobs[data["job_id"]] = data.get("state", "")
             return
+        if kind in USAGE_EVENTS and lease_id is not None:
+            self.usage[(lease_id, data.get("scope", ""), data.get("who", ""))] = kind
+            return
         if not kind.startswith("lease.") or lease_id is None:
             return
         state = data.get("state", "")
         if state in ENDED:
-            self.leases.pop(lease_id, None)
+            self._forget(lease_id)
             return
         view = self.leases.setdefault(lease_id, {"state": state, "holder": data.get("holder", ""),
                                                  "idle_warned_at": None, "deadline": None,
@@ -85,16 +98,19 @@ class StreamMirror:
         return [lease_id for lease_id in self.leases if lease_id not in active]
 
     def catch_up(self, leases: list[Mapping[str, Any]], ended: Mapping[str, Mapping[str, Any] | None],
-                 jobs: list[Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+                 jobs: list[Mapping[str, Any]], now: float,
+                 quotas: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
         """The events that bring a reader of this mirror up to the state read, in order; the mirror follows.
 
         `leases`: the user's active leases; `ended`: each of `missing(leases)` as read again (None:
-        the service does not know it); `jobs`: the user's jobs; `now`: the service's time (the reset's).
+        the service does not know it); `jobs`: the user's jobs; `now`: the service's time (the reset's);
+        `quotas`: the user's usage quotas (GET /usage).
         """
         made: list[dict[str, Any]] = []
         for lease_id in self.missing(leases):
             lease = ended.get(lease_id)
-            view = self.leases.pop(lease_id)
+            view = self.leases[lease_id]
+            self._forget(lease_id)
             if lease is not None and lease["state"] not in ENDED:
                 continue  # active again only in a read made later than the list: the next reset tells
             state = lease["state"] if lease else "expired"
@@ -104,6 +120,9 @@ class StreamMirror:
         for lease in leases:
             made.extend(self._changes(lease, self.leases.get(lease["id"]), now))
             self.leases[lease["id"]] = lease_view(lease)
+        for lease, quota, kind in self._usage_changes(quotas, leases):
+            made.append({"type": kind, "time": now, "lease_id": lease["id"], "user": lease.get("user"),
+                         "resync": True, "data": {"holder": lease.get("holder", ""), "state": "granted", **quota}})
         for job in jobs:
             if self.jobs.get(job["id"]) != job["state"]:
                 self.jobs[job["id"]] = job["state"]
@@ -143,6 +162,29 @@ class StreamMirror:
                                     deadline=new["deadline"], release_at=new["deadline"],
                                     extensions_left=deadline.get("extensions_left")))
         return made
+
+    def _usage_changes(self, quotas: Iterable[Mapping[str, Any]],
+                       leases: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping, Mapping, str]]:
+        """(lease, quota, event type) for each granted lease whose quota stands at a level not yet
+        told of; the mirror takes the quotas' levels."""
+        quotas = list(quotas)
+        changes = []
+        for lease in leases:
+            if lease["state"] != "granted":
+                continue
+            for quota in quotas:
+                key, kind = (lease["id"], quota["scope"], quota["who"]), usage_event_type(quota)
+                if kind is None:
+                    self.usage.pop(key, None)
+                elif self.usage.get(key) != kind:
+                    self.usage[key] = kind
+                    changes.append((lease, quota, kind))
+        return changes
+
+    def _forget(self, lease_id: str) -> None:
+        """A lease ended: nothing more is told of it."""
+        self.leases.pop(lease_id, None)
+        self.usage = {key: kind for key, kind in self.usage.items() if key[0] != lease_id}
 
     @staticmethod
     def _event(kind: str, time: float, lease_id: str, lease: Mapping[str, Any], **data: Any) -> dict[str, Any]:

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from jupyter_gpualloc.client import SyncGpuAllocClient
-from jupyter_gpualloc.kernel.notices import LeaseNotices
+from jupyter_gpualloc.kernel.notices import LeaseNotices, usage_event_type
 from tests.cuttable_proxy import CuttableProxy
+from tests.kernel.test_notices_catch_up import TINY_QUOTA
 from tests.server.conftest import extension_config, wait_for
 from tests.service.conftest import ALICE, BOB, ServiceProcess
 
@@ -31,9 +32,14 @@ def replay_size() -> int:
 
 
 @pytest.fixture
-def remote(tmp_path, replay_size):
+def more_config() -> str:
+    return ""
+
+
+@pytest.fixture
+def remote(tmp_path, replay_size, more_config):
     config = (f"c.GpuAllocService.tick_interval = 0.2\nc.SchedulerPolicy.heartbeat_ttl = {TTL}\n"
-              f"c.GpuAllocService.event_replay_size = {replay_size}\n")
+              f"c.GpuAllocService.event_replay_size = {replay_size}\n") + more_config
     service = ServiceProcess(tmp_path / "service", config=config).start()
     proxy = CuttableProxy(service.port)
     yield service, proxy
@@ -152,3 +158,31 @@ async def test_after_a_reset_the_server_reads_the_state_and_a_kernel_learns_its_
         await asyncio.sleep(0.5)
         assert [e for e in await kernel_side.drain() if e.get("resync")] == [relayed[1]]
         assert len(kernel_side.lines) == 1, kernel_side.lines
+
+
+@pytest.mark.parametrize("replay_size,more_config", [(2, TINY_QUOTA + "c.SchedulerPolicy.heartbeat_ttl = 600\n")])
+async def test_after_a_reset_a_kernel_learns_its_usage_quota_passed_its_warning_level(
+        gpualloc, remote, kernel_side, events, replay_size, more_config):
+    service, proxy = remote
+    await connected(gpualloc)
+    proxy.cut()
+    lease = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:k1"},
+                                     ALICE)).json()
+    kernel_side.lease_id = lease["id"]
+
+    async def warned():
+        quotas = (await asyncio.to_thread(service.call, "GET", "usage", None, ALICE)).json()["quotas"]
+        return usage_event_type(quotas[0]) == "usage.warning"
+    await wait_for(warned, timeout=20, interval=0.2)
+    await asyncio.sleep(0.5)  # a tick or two: the service has sent its warning; then more than it keeps
+    other = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:b"}, BOB)).json()
+    await asyncio.to_thread(service.call, "DELETE", f"leases/{other['id']}", None, BOB)
+    proxy.restore()
+    await wait_for(lambda: any(l.startswith("gpu: usage quota nearly used up: ") for l in kernel_side.lines),
+                   timeout=30)
+    relayed = [e for e in await kernel_side.drain() if e.get("lease_id") == lease["id"]]
+    assert [(e["type"], e.get("resync")) for e in relayed] == [("lease.granted", True), ("usage.warning", True)]
+    assert relayed[1]["data"]["scope"] == "user" and relayed[1]["data"]["holder"] == "kernel:k1"
+    assert ("usage.warning", lease["id"]) in lease_events(events, lease["id"])
+    await asyncio.sleep(1)
+    assert len(kernel_side.lines) == 1, kernel_side.lines

@@ -17,6 +17,11 @@ def deadline(at: float, extensions: int = 0, warned_at: float | None = None) -> 
     return {"at": at, "extensions": extensions, "extensions_left": 2 - extensions, "warned_at": warned_at}
 
 
+def quota(used: float, who: str = "alice", scope: str = "user", limit: float = 10.0) -> dict:
+    return {"scope": scope, "who": who, "gpu_hours": used, "limit": limit, "window": "7d", "resets_at": None,
+            "warn_fraction": 0.9, "message": f"you have used {used:.2f} of {limit:g} GPU-hours in the last 7d"}
+
+
 def kinds(events: list[dict]) -> list[tuple[str, str | None]]:
     return [(e["type"], e["lease_id"]) for e in events]
 
@@ -71,3 +76,25 @@ def test_events_seen_on_the_stream_are_not_made_again():
         mirror.seen(event)
     state = [lease("a", idle_warned_at=30.0, deadline=deadline(800.0, extensions=1, warned_at=32.0))]
     assert mirror.catch_up(state, {}, [], now=40.0) == []
+
+
+def test_usage_warnings_missed_are_made_once_per_lease_quota_and_level():
+    mirror = StreamMirror()
+    group = quota(9.5, "students", "group", limit=10.0)
+    # the group's quota was warned of before the stream opened: not again
+    mirror.load([lease("a"), lease("b"), lease("q", "queued")], [], [quota(1.0), group])
+    mirror.seen({"type": "usage.warning", "time": 30.0, "lease_id": "a", "data": quota(9.1)})
+    now = [lease("a"), lease("b"), lease("q", "queued")]
+    quotas = [quota(9.2), quota(10.0, "students", "group")]
+    made = mirror.catch_up(now, {}, [], now=100.0, quotas=quotas)
+    assert kinds(made) == [("usage.exceeded", "a"), ("usage.warning", "b"), ("usage.exceeded", "b")]
+    assert all(e["resync"] and e["time"] == 100.0 for e in made)
+    assert made[0]["data"]["who"] == "students" and made[1]["data"]["holder"] == "kernel:b"
+    assert notice_line(made[1]) == "gpu: usage quota nearly used up: you have used 9.20 of 10 GPU-hours in the last 7d"
+    assert mirror.catch_up(now, {}, [], now=200.0, quotas=quotas) == []  # the same levels again: nothing
+    # back under the warning level (a rolling window), then past it again: warned again, as the service does
+    assert mirror.catch_up(now, {}, [], now=300.0, quotas=[quota(5.0), quota(5.0, "students", "group")]) == []
+    again = mirror.catch_up(now, {}, [], now=400.0, quotas=[quota(9.3), quota(5.0, "students", "group")])
+    assert kinds(again) == [("usage.warning", "a"), ("usage.warning", "b")]
+    mirror.catch_up([lease("b")], {"a": lease("a", "released", ended_at=410.0)}, [], now=420.0, quotas=quotas)
+    assert {key[0] for key in mirror.usage} == {"b"}  # an ended lease's warnings are forgotten
