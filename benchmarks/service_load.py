@@ -418,6 +418,10 @@ def knee(steps: list[Step], server: str, mix: str) -> float:
     return max(met) if met else 0.0
 
 
+def step_at(steps: list[Step], server: str, mix: str, rate: float) -> Step | None:
+    return next((s for s in steps if s.server == server and s.mix == mix and s.offered == rate), None)
+
+
 def cell(step: Step | None) -> str:
     if step is None:
         return "—"
@@ -451,18 +455,32 @@ def table(steps: list[Step], before: list[Step]) -> str:
                              f"| {cell(old)} | {cell(now)} | {ratio} |")
         lines.append("")
         for mix in ("alloc", "touch"):
-            cost = {name: min((cpu_per_request(s) for s in pool if s.server == name and s.mix == mix),
-                              default=float("inf")) for name, pool in (("hello", steps), (server, steps))}
-            old = min((cpu_per_request(s) for s in before if s.server == server and s.mix == mix), default=float("inf"))
-            was = f"before {old:.2f} ms, " if before else ""
-            lines.append(f"CPU per request ({mix}, lowest of the sweep): hello {cost['hello']:.2f} ms, {was}"
-                         f"after {cost[server]:.2f} ms: one dedicated core would take about "
-                         f"{1000 / cost[server]:,.0f} req/s ({cost[server] / cost['hello']:.1f}x hello's cost).  ")
+            lines.append(f"CPU per request ({mix}) at the knee: {cost_at_knee(steps, before, server, mix)}.  ")
             was = f"before {knee(before, server, mix):,.0f} req/s, " if before else ""
             lines.append(f"Knee ({mix}): hello {knee(steps, 'hello', mix):,.0f} req/s, {was}"
                          f"after {knee(steps, server, mix):,.0f} req/s.  ")
         lines.append("")
     return "\n".join(lines)
+
+
+def cost_at_knee(steps: list[Step], before: list[Step], server: str, mix: str) -> str:
+    """The CPU per request at the highest rate met, beside hello's at the same rate. Not the lowest
+    of the sweep: past the knee a saturated server batches more per turn, and its cost per request
+    falls with how far the sweep went."""
+    rate = knee(steps, server, mix)
+    now, hello = step_at(steps, server, mix, rate), step_at(steps, "hello", mix, rate)
+    if now is None:
+        text = "after, no rate met"
+    else:
+        text = f"after {cpu_per_request(now):.2f} ms at {rate:,.0f} req/s"
+        if hello is not None:
+            ratio = cpu_per_request(now) / cpu_per_request(hello)
+            text += f" (hello {cpu_per_request(hello):.2f} ms there: {ratio:.1f}x)"
+    if before:
+        rate = knee(before, server, mix)
+        old = step_at(before, server, mix, rate)
+        text += f"; before {cpu_per_request(old):.2f} ms at {rate:,.0f} req/s" if old else "; before, no rate met"
+    return text
 
 
 def main() -> None:
