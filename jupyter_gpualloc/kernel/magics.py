@@ -413,8 +413,9 @@ class KernelGpu:
             return []
 
     def usage_quotas(self) -> list[dict]:
-        """The user's usage quotas and where each stands (UsageQuota JSON), from the service."""
-        return self.client.usage(since=self.clock() - 3600).get("quotas", [])
+        """The user's usage quotas and where each stands (UsageQuota JSON), from the service (the
+        report's default period, so that no clock but the service's is read)."""
+        return self.client.usage().get("quotas", [])
 
     def offers(self) -> list[str]:
         offers = self.client.offers()

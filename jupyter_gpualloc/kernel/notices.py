@@ -161,7 +161,12 @@ class LeaseNotices:
         if self.read_lease is None or lease_id is None:
             return
         lease = self.read_lease(lease_id)
-        quotas = list(self.read_quotas()) if self.read_quotas is not None and lease.get("state") == "granted" else []
+        quotas = []
+        if self.read_quotas is not None and lease.get("state") == "granted":
+            try:
+                quotas = list(self.read_quotas())
+            except Exception:  # the lease's own notices go on; the quotas' wait for the next catch-up
+                quotas = []
         with self._lock:  # a quota back under its warning level is warned again when it passes it again
             for quota in quotas:
                 if usage_event_type(quota) is None:

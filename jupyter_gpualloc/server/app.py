@@ -339,8 +339,13 @@ class GpuAllocExtension(ExtensionApp):
             await self._pass_on(event)
 
     async def _quotas(self) -> list[dict]:
-        """This user's usage quotas and where each stands."""
-        return (await self.client.usage(since=time.time() - 3600))["quotas"]
+        """This user's usage quotas and where each stands ([] when the service does not answer for
+        them: the leases' and jobs' catch-up goes on without)."""
+        try:
+            return (await self.client.usage())["quotas"]
+        except GpuAllocError as err:
+            self.log.warning("gpualloc: cannot read the usage quotas: %s", err)
+            return []
 
     async def _jobs(self) -> list[dict]:
         """This user's jobs ([] from a service without jobs)."""

@@ -102,3 +102,13 @@ def test_a_quota_warning_is_told_once_per_level_however_it_arrives_and_again_aft
     quotas[0] = dict(user)
     notices._catch_up()
     assert len(lines) == 3 and lines[2] == lines[0]
+
+
+def test_a_catch_up_that_cannot_read_the_quotas_still_tells_what_the_lease_says():
+    def unanswered():
+        raise ConnectionError("the usage report did not answer")
+    lines: list[str] = []
+    notices = LeaseNotices(lambda: None, lambda: "L1", show=lines.append, read_quotas=unanswered,
+                           read_lease=lambda lease_id: {"id": "L1", "state": "granted", "idle_warned_at": 1000.0})
+    notices._catch_up()
+    assert len(lines) == 1 and "is idle" in lines[0], lines

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jupyter_gpualloc.client import SyncGpuAllocClient
+from jupyter_gpualloc.client import GpuAllocError, SyncGpuAllocClient
 from jupyter_gpualloc.kernel.notices import LeaseNotices, usage_event_type
 from tests.cuttable_proxy import CuttableProxy
 from tests.kernel.test_notices_catch_up import TINY_QUOTA
@@ -118,11 +118,16 @@ async def test_events_of_a_network_blip_are_replayed_to_the_kernels(gpualloc, re
     assert lease_events(events, lease["id"]) == [("lease.granted", lease["id"]), ("lease.expired", lease["id"])]
 
 
-@pytest.mark.parametrize("gap,replay_size", [("restart", 10_000), ("overflow", 2)])
+@pytest.mark.parametrize("gap,replay_size,usage_answers", [("restart", 10_000, True), ("overflow", 2, True),
+                                                            ("overflow", 2, False)])
 async def test_after_a_reset_the_server_reads_the_state_and_a_kernel_learns_its_lease_ended(
-        gpualloc, remote, kernel_side, events, gap, replay_size):
+        gpualloc, remote, kernel_side, events, gap, replay_size, usage_answers, monkeypatch):
     service, proxy = remote
     await connected(gpualloc)
+    if not usage_answers:  # the quotas are read too, but a usage report refused must not stop the catch-up
+        async def refused(**query):
+            raise GpuAllocError("usage: 400 until must be later than since", 400)
+        monkeypatch.setattr(gpualloc.client, "usage", refused)
     lease = (await asyncio.to_thread(service.call, "POST", "leases", {"spec": MIG, "holder": "kernel:gone"},
                                      ALICE)).json()
     kernel_side.lease_id = lease["id"]
