@@ -192,6 +192,14 @@ class QuotaStatus:
     def fraction(self) -> float:
         return self.used / self.limit if self.limit else float("inf")
 
+    @property
+    def standing(self) -> str:
+        """'exceeded' at the limit, 'warning' from warn_fraction of it, else 'ok': running leases the
+        quota counts against get the event usage.<standing> (none when ok)."""
+        if self.fraction >= 1.0:
+            return "exceeded"
+        return "warning" if self.fraction >= self.warn_fraction else "ok"
+
     def sentence(self) -> str:
         owner = "you have" if self.scope == "user" else f"group {self.who} has"
         text = f"{owner} used {self.used:.2f} of {self.limit:g} GPU-hours {self.window.describe()}"
@@ -203,7 +211,7 @@ class QuotaStatus:
     def to_json(self) -> dict:
         return {"scope": self.scope, "who": self.who, "gpu_hours": round(self.used, 6), "limit": self.limit,
                 "window": self.window.name, "resets_at": self.resets_at, "warn_fraction": self.warn_fraction,
-                "message": self.sentence()}
+                "standing": self.standing, "message": self.sentence()}
 
 
 @dataclass(frozen=True)
@@ -540,13 +548,10 @@ class UsageLedger:
                 cache[key] = self.quotas_for(lease.user, lease.groups, now, known)
             for status in cache[key]:
                 mark = (lease.id, status.scope, status.who)
-                if status.fraction >= 1.0:
-                    event = "usage.exceeded"
-                elif status.fraction >= self.policy.usage_warn_fraction:
-                    event = "usage.warning"
-                else:
+                if status.standing == "ok":
                     self._warned.pop(mark, None)
                     continue
+                event = f"usage.{status.standing}"
                 release = event == "usage.exceeded" and self.policy.usage_enforcement == "release" and \
                     (holder_kind(lease.holder) != "job" or self.policy.usage_release_jobs)
                 if self._warned.get(mark) != event or release:

@@ -28,12 +28,10 @@ USAGE_EVENTS = ("usage.warning", "usage.exceeded")
 
 
 def usage_event_type(quota: Mapping[str, Any]) -> str | None:
-    """The usage event the service sends each running lease a quota (UsageQuota JSON) counts against:
-    usage.exceeded at its limit, usage.warning from its warn_fraction of it, else None."""
-    used, limit = quota["gpu_hours"], quota["limit"]
-    if used >= limit:
-        return "usage.exceeded"
-    return "usage.warning" if used >= quota.get("warn_fraction", 1.0) * limit else None
+    """The usage event the service sends each running lease a quota (UsageQuota JSON) counts against
+    at the quota's standing, or None while it stands ok."""
+    standing = quota.get("standing", "ok")
+    return None if standing == "ok" else f"usage.{standing}"
 
 
 def told_key(event: Mapping[str, Any]) -> tuple:

@@ -447,7 +447,8 @@ OPERATIONS.update({
 
 SCHEMAS.update({
     "UsageQuota": {
-        "type": "object", "required": ["scope", "who", "gpu_hours", "limit", "window", "resets_at", "message"],
+        "type": "object",
+        "required": ["scope", "who", "gpu_hours", "limit", "window", "resets_at", "standing", "message"],
         "properties": {
             "scope": {"enum": ["user", "group"]}, "who": {"type": "string"},
             "gpu_hours": {"type": "number", "description": "Used in the window now."},
@@ -456,6 +457,9 @@ SCHEMAS.update({
                                                             "falls under the limit if nothing more runs."},
             "warn_fraction": {"type": "number", "description": "The used fraction from which the quota's running "
                                                                 "leases are warned (policy usage_warn_fraction)."},
+            "standing": {"enum": ["ok", "warning", "exceeded"],
+                         "description": "exceeded at the limit, warning from warn_fraction of it: the quota's "
+                                        "running leases get the event usage.<standing>."},
             "message": {"type": "string", "description": "e.g. you have used 12.50 of 40 GPU-hours this week."},
         },
     },

@@ -85,7 +85,7 @@ def test_a_usage_warning_given_while_the_stream_was_down_is_told_when_it_is_back
 
 def test_a_quota_warning_is_told_once_per_level_however_it_arrives_and_again_after_it_cleared():
     user = {"scope": "user", "who": "alice", "gpu_hours": 9.5, "limit": 10.0, "warn_fraction": 0.9,
-            "message": "you have used 9.50 of 10 GPU-hours in the last 7d"}
+            "standing": "warning", "message": "you have used 9.50 of 10 GPU-hours in the last 7d"}
     quotas = [dict(user)]
     lines: list[str] = []
     notices = LeaseNotices(lambda: None, lambda: "L1", read_lease=lambda lease_id: {"id": "L1", "state": "granted"},
@@ -93,11 +93,12 @@ def test_a_quota_warning_is_told_once_per_level_however_it_arrives_and_again_aft
     notices._on_event({"type": "usage.warning", "time": 1000.0, "lease_id": "L1", "data": dict(user)})
     notices._catch_up()
     assert lines == ["gpu: usage quota nearly used up: you have used 9.50 of 10 GPU-hours in the last 7d"]
-    quotas[0] = {**user, "gpu_hours": 10.0, "message": "you have used 10.00 of 10 GPU-hours in the last 7d"}
+    quotas[0] = {**user, "gpu_hours": 10.0, "standing": "exceeded",
+                 "message": "you have used 10.00 of 10 GPU-hours in the last 7d"}
     notices._catch_up()
     notices._on_event({"type": "usage.exceeded", "time": 1010.0, "lease_id": "L1", "data": quotas[0]})
     assert lines[1:] == ["gpu: usage quota used up: you have used 10.00 of 10 GPU-hours in the last 7d"]
-    quotas[0] = {**user, "gpu_hours": 5.0}  # the rolling window let it fall back
+    quotas[0] = {**user, "gpu_hours": 5.0, "standing": "ok"}  # the rolling window let it fall back
     notices._catch_up()
     quotas[0] = dict(user)
     notices._catch_up()

@@ -18,8 +18,10 @@ def deadline(at: float, extensions: int = 0, warned_at: float | None = None) -> 
 
 
 def quota(used: float, who: str = "alice", scope: str = "user", limit: float = 10.0) -> dict:
+    standing = "exceeded" if used >= limit else "warning" if used >= 0.9 * limit else "ok"
     return {"scope": scope, "who": who, "gpu_hours": used, "limit": limit, "window": "7d", "resets_at": None,
-            "warn_fraction": 0.9, "message": f"you have used {used:.2f} of {limit:g} GPU-hours in the last 7d"}
+            "warn_fraction": 0.9, "standing": standing,
+            "message": f"you have used {used:.2f} of {limit:g} GPU-hours in the last 7d"}
 
 
 def kinds(events: list[dict]) -> list[tuple[str, str | None]]:
