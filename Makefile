@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 # The JupyterLab extension: its sources, and what its build leaves in the Python package.
 LABEXT_SOURCES := $(shell find labextension/src labextension/style -type f) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
@@ -14,19 +15,25 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" jlpm
 
 .PHONY: demo test bench venv labextension clean
 
+# The demo's environment: the package itself (its editable install builds labextension/ with
+# hatch-jupyter-builder when it is not built yet) and JupyterHub's proxy. No test tools.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# the editable install builds labextension/ (hatch-jupyter-builder) when it is not built yet
-	$(PY) -m pip install -q -e '.[test]'
-	# link the built extension into the environment, so a rebuild is what JupyterLab serves
-	$(VENV)/bin/jupyter-builder develop --overwrite .
+	$(PY) -m pip install -q -e .
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error configurable-http-proxy@4
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The test tools on top, and the built extension linked into the environment, so a rebuild is
+# what JupyterLab serves (jupyter-builder comes with the test extras)
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	$(VENV)/bin/jupyter-builder develop --overwrite .
+	touch $(TEST_STAMP)
 
-$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(STAMP)
+venv: $(TEST_STAMP)
+
+$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(TEST_STAMP)
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 
 labextension: $(LABEXT_BUILT)
@@ -34,11 +41,11 @@ labextension: $(LABEXT_BUILT)
 demo: $(STAMP)
 	$(VENV)/bin/jupyter-gpualloc demo
 
-test: $(STAMP) $(LABEXT_BUILT)
+test: $(TEST_STAMP) $(LABEXT_BUILT)
 	cd labextension && $(JLPM) install --immutable && $(JLPM) test
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) benchmarks/run_all.py
 
