@@ -5,6 +5,7 @@ The main kernel has no GPUALLOC_HOLDER, so its holder comes from its connection 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import time
@@ -258,6 +259,11 @@ def test_a_lease_applied_at_launch_and_framework_caps_on_import(service, start_k
     assert not status.stdout and not status.stderr, status
     text = status.displays[0]["text/plain"]
     assert f"lease {lease['id']}" in text and "(in effect in this kernel)" in text
+    env_seen = json.loads(launched.run("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+                                       "('CUDA_VISIBLE_DEVICES', 'GPUALLOC_MEMORY_FRACTION')}))").stdout)
+    assert env_seen == {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"], "GPUALLOC_MEMORY_FRACTION": "0.3556"}
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: the cap applied on its import is not checked")
     probe = ("import json, torch\n"
              "from jupyter_gpualloc.kernel import _LOADED\n"
              "[gpu] = _LOADED.values()\n"
