@@ -69,7 +69,7 @@ def main() -> None:
     specs = requests(args.leases)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(sqlite_url(Path(tmp) / "bench.sqlite"))
-        policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0)
+        policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, wait_for_holders=False)
         scheduler = Scheduler(SimulatedBackend(nodes), store, policy)
         loaded = rss_mib()
         times = []

@@ -57,7 +57,7 @@ def fleet(gpus: int, mig: bool = False) -> list[Node]:
 
 
 def scheduler(gpus: int, mig: bool = False, store_url: str = "sqlite://") -> Scheduler:
-    policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0)
+    policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, wait_for_holders=False)
     return Scheduler(SimulatedBackend(fleet(gpus, mig)), Store(store_url), policy)
 
 

@@ -108,7 +108,8 @@ class Day:
     def __init__(self, arrivals: list[Arrival], gpus: int, mixed: bool, db_url: str):
         self.mixed = mixed
         self.store = Store(db_url)
-        policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, server_idle_timeout=0, reserve_after=600)
+        policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, server_idle_timeout=0, reserve_after=600,
+                                 wait_for_holders=False)
         self.scheduler = Scheduler(SimulatedBackend(fleet(gpus)), self.store, policy, now=0.0)
         self.jobs = Jobs(self.scheduler, now=0.0)
         self.gpu_mib = 40 * 1024

@@ -54,7 +54,7 @@ def free_port() -> int:
 def start_service(workdir: Path, users: int) -> tuple[subprocess.Popen, int, list[str]]:
     tokens = {f"bench-token-{n:04d}": {"user": f"user{n}"} for n in range(users)}
     config = workdir / "gpualloc_config.py"
-    config.write_text(f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\n")
+    config.write_text(f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\nc.SchedulerPolicy.wait_for_holders = False\n")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--port", str(port), "--fleet", str(FLEET),
@@ -98,7 +98,8 @@ def http_cycles(port: int, token: str, cycles: int, holder: str, post_ms: list, 
 
 def core_cycles(workdir: Path, cycles: int) -> tuple[list, list]:
     store = Store(sqlite_url(workdir / "core.sqlite"))
-    scheduler = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(heartbeat_ttl=0), now=time.time())
+    scheduler = Scheduler(SimulatedBackend(FLEET), store, SchedulerPolicy(heartbeat_ttl=0, wait_for_holders=False),
+                          now=time.time())
     spec = SliceSpec.from_json(SPEC)
     submit_ms, release_ms = [], []
     for _ in range(cycles):

@@ -167,7 +167,7 @@ def start_service(name: str, workdir: Path, core: int, db_url: str) -> Server:
     tokens = {secrets.token_hex(16): {"user": f"user{n}"} for n in range(USERS)}
     (workdir / "fleet.yaml").write_text(FLEET)
     (workdir / "gpualloc_config.py").write_text(
-        f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\n")
+        f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\nc.SchedulerPolicy.wait_for_holders = False\n")
     port = free_port()
     argv = [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--port", str(port),
             "--fleet", str(workdir / "fleet.yaml"), "--db", db_url, "-f", str(workdir / "gpualloc_config.py"),

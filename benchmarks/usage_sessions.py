@@ -48,7 +48,8 @@ TRACE = HERE.parent.parent / "shared" / "data" / "notebookos-sensei-june2021" / 
 MINUTE = 60.0
 POLL = 10 * MINUTE  # how often a session's holder touches its lease and its GPU is sampled
 BUSY_SM = 90.0  # SM utilisation of a notebook's process during a burst (0 otherwise)
-BASE = {"heartbeat_ttl": 0, "idle_timeout": 30 * MINUTE, "idle_grace": 5 * MINUTE, "preemption": False}
+BASE = {"heartbeat_ttl": 0, "idle_timeout": 30 * MINUTE, "idle_grace": 5 * MINUTE, "preemption": False,
+        "wait_for_holders": False}  # a kernel whose lease ended is shut down at once
 POLICIES = {
     "activity idle release": {},
     "+ 4 h time-boxed leases": {"max_duration": {"kernel": 4 * 3600}, "max_extensions": 2, "extension": 7200},

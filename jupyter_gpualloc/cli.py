@@ -72,7 +72,7 @@ def simulate_requests(args: argparse.Namespace, out: TextIO) -> int:
 
     with tempfile.TemporaryDirectory() as tmp, open(args.requests) as stream:
         store = Store(args.db or sqlite_url(Path(tmp) / "simulate.sqlite"))
-        policy = SchedulerPolicy(placement=args.placement, heartbeat_ttl=0)
+        policy = SchedulerPolicy(placement=args.placement, heartbeat_ttl=0, wait_for_holders=False)
         scheduler = Scheduler(SimulatedBackend(args.fleet), store, policy)
         printer = _OutcomePrinter(out)
         scheduler.subscribe(printer)

@@ -264,8 +264,17 @@ class GpuAllocClient:
                 body[name] = value
         return await self.call("POST", "leases", body, timeout=self.timeout + (wait or 0))
 
-    async def release(self, lease_id: str) -> dict:
-        return await self.call("DELETE", f"leases/{quote(lease_id, safe='')}")
+    async def release(self, lease_id: str, *, holder_gone: bool = False) -> dict:
+        """End a lease. Its slice returns to the pool once its holder is gone: at once with
+        `holder_gone` (the caller knows the holder no longer uses the GPU), else when holders_gone()
+        names the holder or its heartbeats stop."""
+        query = "?holder_gone=true" if holder_gone else ""
+        return await self.call("DELETE", f"leases/{quote(lease_id, safe='')}{query}")
+
+    async def holders_gone(self, holders: list[str]) -> list[dict]:
+        """Say that these holders of the caller's (a kernel's process, a server, a job's process)
+        have ended: their leases end and their slices return to the pool. The leases whose slices returned."""
+        return (await self.call("POST", "holders/gone", {"holders": list(holders)}))["leases"]
 
     async def extend(self, lease_id: str) -> dict:
         """Move a time-boxed lease's deadline later; NoCapacity (409) with the reason when refused."""
@@ -476,8 +485,11 @@ class SyncGpuAllocClient:
     def request_lease(self, spec: Mapping[str, Any], holder: str, **options: Any) -> dict:
         return self._run(self._client.request_lease(spec, holder, **options))
 
-    def release(self, lease_id: str) -> dict:
-        return self._run(self._client.release(lease_id))
+    def release(self, lease_id: str, *, holder_gone: bool = False) -> dict:
+        return self._run(self._client.release(lease_id, holder_gone=holder_gone))
+
+    def holders_gone(self, holders: list[str]) -> list[dict]:
+        return self._run(self._client.holders_gone(holders))
 
     def extend(self, lease_id: str) -> dict:
         return self._run(self._client.extend(lease_id))

@@ -219,7 +219,7 @@ class Jobs:
         self._undo.clear()
         self._pending.clear()
         for lease_id, now in leases:
-            self._release(lease_id, now, "its job was not stored")
+            self._release(lease_id, now, "its job was not stored", holder_gone=True)  # nothing ran on it
 
     # ------------------------------------------------------------------ reads
     def job(self, job_id: str) -> Job:
@@ -347,7 +347,7 @@ class Jobs:
                 self._emit("job.requeued", now, job, reason=job.reason)
             else:
                 self._end(job, JobState(outcome), now, reason or outcome)
-        self._release(lease_id, now, f"job {outcome}")
+        self._release(lease_id, now, f"job {outcome}", holder_gone=True)  # reported once its process ended
         self.tick(now)
         return job
 
@@ -356,10 +356,11 @@ class Jobs:
         job = self.job(job_id)
         if not job.state.active:
             raise JobConflict(job, f"job {job_id} has already ended ({job.state.value})")
+        started = job.state is JobState.RUNNING  # then its runner returns the slice once the attempt stopped
         with self._atomic():
             lease_id = self._drop_lease(job)
             self._end(job, JobState.CANCELLED, now, f"cancelled by {by}")
-        self._release(lease_id, now, "job cancelled")
+        self._release(lease_id, now, "job cancelled", holder_gone=not started)
         return job
 
     def tick(self, now: float, reason: str = "its lease ended") -> None:
@@ -388,12 +389,13 @@ class Jobs:
         job.lease_id = None
         return lease.id if lease is not None else None
 
-    def _release(self, lease_id: str | None, now: float, reason: str) -> None:
-        """End a lease no job holds any more; if the store refuses, its heartbeat TTL ends it."""
+    def _release(self, lease_id: str | None, now: float, reason: str, holder_gone: bool = False) -> None:
+        """End a lease no job holds any more (its slice returns at once if `holder_gone`, else once
+        the runner says the attempt's process ended); if the store refuses, its heartbeat TTL ends it."""
         if lease_id is None:
             return
         try:
-            self.scheduler.release(lease_id, now=now, reason=reason)
+            self.scheduler.release(lease_id, now=now, reason=reason, holder_gone=holder_gone)
         except (NotFound, StoreFailed):
             pass
 

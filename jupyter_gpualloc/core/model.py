@@ -283,6 +283,7 @@ class Lease:
     idle_warned_at: float | None = None
     idle_timeout: float | None = None
     reason: str = ""
+    returning: bool = False  # ended, its slice still held until its holder is gone
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -304,6 +305,7 @@ class Lease:
             "idle_warned_at": self.idle_warned_at,
             "idle_timeout": self.idle_timeout,
             "reason": self.reason,
+            "returning": self.returning,
         }
 
 

@@ -58,6 +58,17 @@ class SchedulerPolicy(Configurable):
         help="Seconds without a heartbeat after which a holder is presumed dead and its lease ends.",
     ).tag(config=True)
 
+    wait_for_holders = Bool(
+        False,
+        help="""Whether an ended lease's slice waits for its holder to be gone before anyone else
+        gets it: a lease that is released (unless the caller says its holder is gone), idle,
+        preempted, over its usage quota or past its deadline keeps its slice out of the pool
+        ("returning") until the holder is reported gone (the server stopped, the kernel's or
+        job's process ended) or its heartbeats stop for `heartbeat_ttl`. False frees it at once,
+        as a simulation of the queue does; it is the default until every client reports its
+        holders gone (docs/architecture.md).""",
+    ).tag(config=True)
+
     reserve_after = Float(
         600.0,
         help="""Seconds a queued request may wait before capacity is reserved for it: later,

@@ -192,6 +192,11 @@ class Scheduler:
         self._listeners: list[Callable[[Event], None]] = list(listeners)
         self._active_leases = ActiveLeases()  # by user, group and preemptibility; users' held memory
         self._leases: dict[str, Lease] = self._active_leases.by_id
+        # Ended leases whose holders still hold their slices (policy wait_for_holders): the slice
+        # stays in its GPU's owner/shares until holders_gone(), a release with holder_gone, or
+        # the holder's heartbeats stop; `_returning_changes` is what the next commit writes of it.
+        self._returning: dict[str, Lease] = {}
+        self._returning_changes: dict[str, bool] = {}
         self._generation = 0  # bumped by every change that can alter what a scheduling pass grants
         self._pass_done: tuple[int, float] | None = None  # (generation, valid until) of the last idle pass
         self._no_room: set[tuple] | None = None  # placements that failed during the current pass
@@ -291,10 +296,12 @@ class Scheduler:
         holds writes for a group commit, the change waits in the group: commit_group() writes it,
         then announces it, or undoes it."""
         destroyed = self._destroyed
-        if self._dirty or self._instance_changes or self._drains or self._intents or destroyed:
+        if self._dirty or self._instance_changes or self._drains or self._intents or self._returning_changes \
+                or destroyed:
             try:
                 self.store.save(list(self._dirty.values()), self._instance_changes + [c for c, _ in destroyed],
-                                self._seq, drains=self._drains, intents_done=self._intents)
+                                self._seq, drains=self._drains, intents_done=self._intents,
+                                returning=self._returning_changes)
             except StoreError as err:
                 raise StoreFailed(f"the store refused the change ({err.kind}); nothing of it took effect") from err
         events, self._pending_events = [e for _, e in destroyed] + self._pending_events, []
@@ -306,6 +313,7 @@ class Scheduler:
         self._dirty.clear()
         self._instance_changes.clear()
         self._drains.clear()
+        self._returning_changes.clear()
         self._intents.clear()
         self._undo = _Undo(self._seq)
         if self._staged and not self.store.holding:  # written above, with the group before it
@@ -409,8 +417,12 @@ class Scheduler:
             self._plans.pop(lease_id, None)
             if lease_id in self._queue:
                 self._queue.remove(lease_id)
+            self._returning.pop(lease_id, None)
             if before is not None:
                 vars(lease).update(vars(before))
+                if lease.returning:
+                    self._returning[lease_id] = lease
+                    continue
                 self._add_active(lease)
                 self._plans[lease_id] = plans
                 if lease.state is LeaseState.QUEUED:
@@ -423,6 +435,7 @@ class Scheduler:
         self._instance_changes = [c for c in self._instance_changes if c[1] not in made]
         self._dirty.clear()
         self._drains.clear()
+        self._returning_changes.clear()
         self._pending_events.clear()
         self._undo = _Undo(self._seq)
         kept: set[str] = set()  # intents of instances the device would not destroy: recorded next commit
@@ -455,7 +468,7 @@ class Scheduler:
     def _touch_lease(self, lease: Lease) -> None:
         """Mark a lease changed, before changing it: stored at the next commit, put back if that fails."""
         if lease.id not in self._undo.leases:
-            before = copy.copy(lease) if lease.id in self._leases else None
+            before = copy.copy(lease) if lease.id in self._leases or lease.id in self._returning else None
             self._undo.leases[lease.id] = (before, self._plans.get(lease.id))
         self._dirty[lease.id] = lease
 
@@ -536,19 +549,58 @@ class Scheduler:
             self._settle(now)
         return lease
 
-    def release(self, lease_id: str, *, now: float, reason: str = "released by holder") -> Lease:
+    def release(self, lease_id: str, *, now: float, reason: str = "released by holder",
+                holder_gone: bool = False) -> Lease:
         """Give a slice back (or withdraw a queued request): O(the lease's groups) and the store's
         write, then a scheduling pass (`_schedule`), O(1) when the queue is empty. A MIG instance
         the core made is destroyed after the write (while the store holds a group: after the
-        group's, by commit_group())."""
+        group's, by commit_group()).
+
+        The slice returns to the pool at once only if `holder_gone` (the caller knows the holder
+        no longer uses the GPU) or policy `wait_for_holders` is off; otherwise it is returning
+        until holders_gone() names the holder or its heartbeats stop. `holder_gone` on a lease
+        that ended and is returning gives its slice back."""
+        returning = self._returning.get(lease_id)
+        if returning is not None and holder_gone:
+            with self._atomic(now):
+                self._return_slice(returning, now, reason)
+            self._settle(now)
+            return returning
         lease = self._active(lease_id)
         with self._atomic(now):
             if lease.state is LeaseState.QUEUED:
                 self._end(lease, LeaseState.CANCELLED, now, reason)
             else:
-                self._end(lease, LeaseState.RELEASED, now, reason, destroy_later=True)
+                self._end(lease, LeaseState.RELEASED, now, reason, destroy_later=True, holder_gone=holder_gone)
         self._settle(now)
         return lease
+
+    def holders_gone(self, user: str, holders: Iterable[str], *, now: float,
+                     reason: str = "its holder ended") -> list[Lease]:
+        """The user's `holders` ended (a server stopped, a kernel's or job's process exited): their
+        active leases end and every slice they held returns to the pool. The leases whose slices
+        returned; O(the user's leases + returning leases), then a scheduling pass."""
+        gone = set(holders)
+        for holder in gone:
+            _check_holder(holder)
+        returned: list[Lease] = []
+        with self._atomic(now):
+            for lease in [l for l in self._active_leases.of_user(user) if l.holder in gone]:
+                if lease.state is LeaseState.GRANTED:
+                    returned.append(lease)
+                    self._end(lease, LeaseState.RELEASED, now, reason, destroy_later=True, holder_gone=True)
+                else:
+                    self._end(lease, LeaseState.CANCELLED, now, reason)
+            for lease in [l for l in self._returning.values() if l.user == user and l.holder in gone]:
+                self._return_slice(lease, now, reason)
+                returned.append(lease)
+        if returned:
+            self._settle(now)
+        return returned
+
+    def returning(self, user: str | None = None) -> list[Lease]:
+        """Ended leases whose holders still hold their slices, of one user or all, oldest first."""
+        return sorted((l for l in self._returning.values() if user is None or l.user == user), key=lambda l: l.seq)
 
     def cancel(self, lease_id: str, *, now: float) -> Lease:
         """Withdraw a request; a granted lease is released."""
@@ -631,6 +683,9 @@ class Scheduler:
             if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
                 alive.append(lease)
+        for lease in self._returning.values():  # a holder still alive keeps its slice returning
+            if lease.user == user and (wanted is None or lease.holder in wanted):
+                lease.heartbeat_at = now
         self.usage.accrue(alive, now, keep_if_refused=True)
         return alive
 
@@ -650,11 +705,16 @@ class Scheduler:
         return announced
 
     def _tick(self, now: float, ttl: float) -> None:
-        """The tick as one change: end leases past their heartbeat, idle, usage or time limits; grant."""
+        """The tick as one change: return the slices of holders whose heartbeats stopped; end leases
+        past their heartbeat, idle, usage or time limits; grant."""
         with self._atomic(now):
+            for lease in list(self._returning.values()):
+                if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
+                    self._return_slice(lease, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
             for lease in list(self._leases.values()):
                 if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
-                    self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
+                    self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s",
+                              holder_gone=True)  # presumed dead
                 elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
                     self._check_idle(lease, now)
             granted = [l for l in self._leases.values() if l.state is LeaseState.GRANTED]
@@ -689,7 +749,7 @@ class Scheduler:
 
     def lease(self, lease_id: str) -> Lease:
         """An active lease, or an ended one from the store."""
-        lease = self._leases.get(lease_id) or self._stored_lease(lease_id)
+        lease = self._leases.get(lease_id) or self._returning.get(lease_id) or self._stored_lease(lease_id)
         if lease is None:
             raise NotFound(f"no lease {lease_id}")
         return lease
@@ -725,7 +785,8 @@ class Scheduler:
                     layout = gs.layout()
                     entry["instances"] = [
                         {"uuid": i.uuid, "profile": gs.profiles[i.profile_id].name, "start": i.start,
-                         "size": i.size, "lease_id": gs.owner.get(i.uuid)}
+                         "size": i.size, "lease_id": gs.owner.get(i.uuid),
+                         "returning": gs.owner.get(i.uuid) in self._returning}
                         for i in sorted(gs.instances.values(), key=lambda i: i.start)]
                     entry["memory_slices"] = layout.geometry.memory_slices
                     entry["compute_slices"] = layout.geometry.compute_slices
@@ -733,11 +794,11 @@ class Scheduler:
                     entry["free_compute_slices"] = layout.free_compute_slices
                     entry["free_profiles"] = self._free_profiles(gs, layout)
                 else:
-                    used = sum(self._leases[l].slice.memory_mib for l in gs.shares
-                               if self._leases[l].slice.kind is SliceKind.SHARED)
-                    whole = [l for l in gs.shares if self._leases[l].slice.kind is SliceKind.WHOLE]
-                    entry["shares"] = [{"lease_id": l, "memory_mib": self._leases[l].slice.memory_mib,
-                                        "kind": self._leases[l].slice.kind.value} for l in gs.shares]
+                    held = sorted((self._leases.get(l) or self._returning[l] for l in gs.shares), key=lambda l: l.seq)
+                    used = sum(l.slice.memory_mib for l in held if l.slice.kind is SliceKind.SHARED)
+                    whole = [l for l in held if l.slice.kind is SliceKind.WHOLE]
+                    entry["shares"] = [{"lease_id": l.id, "memory_mib": l.slice.memory_mib,
+                                        "kind": l.slice.kind.value, "returning": l.returning} for l in held]
                     entry["free_memory_mib"] = 0 if whole else gpu.memory_mib - used
                     entry["free_milli"] = gs.free_milli()
                     entry["whole_free"] = not gs.shares
@@ -827,10 +888,11 @@ class Scheduler:
             self._end(lease, LeaseState.EXPIRED, now, f"idle for {now - idle_since:.0f} s")
 
     def _end(self, lease: Lease, state: LeaseState, now: float, reason: str, holds: bool = True,
-             destroy_later: bool = False) -> None:
-        """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here).
-        `destroy_later`: while the store holds a group, the slice's MIG instance is left to
-        commit_group() (a release; an expiry or a preemption makes its room at once)."""
+             destroy_later: bool = False, holder_gone: bool = False) -> None:
+        """End a lease, freeing its slice (unless `holds` is False: nothing of it is held here),
+        or, under policy wait_for_holders and unless `holder_gone`, keeping it returning until
+        its holder is gone. `destroy_later`: while the store holds a group, the slice's MIG
+        instance is left to commit_group() (a release; an expiry or a preemption makes its room at once)."""
         self.usage.stop(lease, now)
         self.deadlines.stop(lease)
         self._touch_lease(lease)
@@ -842,9 +904,24 @@ class Scheduler:
         lease.reason = reason
         self._drop_active(lease.id)
         self._plans.pop(lease.id, None)
+        if frees and self.policy.wait_for_holders and not holder_gone:
+            lease.returning = True
+            self._returning[lease.id] = lease
+            self._returning_changes[lease.id] = True
+            self._emit(f"lease.{state.value}", now, lease, reason=reason, returning=True)
+            return
         self._emit(f"lease.{state.value}", now, lease, reason=reason)
         if frees:
             self._free(lease, now, destroy_later)
+
+    def _return_slice(self, lease: Lease, now: float, reason: str) -> None:
+        """An ended lease's holder is gone: its slice returns to the pool."""
+        self._touch_lease(lease)
+        lease.returning = False
+        del self._returning[lease.id]
+        self._returning_changes[lease.id] = False
+        self._emit("lease.slice_returned", now, lease, reason=reason, slice=lease.slice.to_json())
+        self._free(lease, now, destroy_later=True)
 
     def _free(self, lease: Lease, now: float, destroy_later: bool = False) -> None:
         sl = lease.slice
@@ -1356,12 +1433,15 @@ class Scheduler:
 
     def _preempt_for(self, lease: Lease, plans: Sequence[_Plan], reserved: set[str],
                      now: float) -> _Placement | None:
-        """Preempt the fewest, newest preemptible batch leases that make room; then place.
+        """Preempt the fewest, newest preemptible batch leases that make room; then place. While
+        a preempted lease's slice is still returning, nothing more is preempted.
 
         O(1) when no preemptible lease is active; otherwise it searches only the GPUs (and, for
         whole GPUs, the nodes) that hold one."""
         if not self._active_leases.preemptible:
             return None
+        if any(l.state is LeaseState.PREEMPTED for l in self._returning.values()):
+            return None  # the room preempted before is still being given back: no more victims meanwhile
         held = {u for i in self._active_leases.preemptible if self._leases[i].state is LeaseState.GRANTED
                 for u in self._leases[i].slice.gpu_uuids}
         if not held:
@@ -1383,7 +1463,7 @@ class Scheduler:
         at the same time go newest request (highest seq) first, so the order never depends on
         set iteration (string hashing)."""
         holders = set(gs.owner.values()) | set(gs.shares)
-        leases = [self._leases[h] for h in holders]
+        leases = [self._leases[h] for h in holders if h in self._leases]  # not those returning
         return sorted((l for l in leases if l.preemptible and l.priority is PriorityClass.BATCH),
                       key=lambda l: (-(l.granted_at or 0), -l.seq))
 
@@ -1499,7 +1579,8 @@ class Scheduler:
 
     # -------------------------------------------------------------- recovery
     def _recover(self, now: float) -> None:
-        """Rebuild leases and MIG ownership from the store and reconcile with the devices.
+        """Rebuild leases (and the slices of ended ones still returning) and MIG ownership from
+        the store and reconcile with the devices.
 
         An instance the store does not know is the administrator's, unless a MIG intent names its
         place: then the core made it before a crash and destroys it, as no lease was recorded for it."""
@@ -1548,6 +1629,13 @@ class Scheduler:
             else:
                 self.usage.start(lease, now)
                 self.deadlines.start(lease, now)
+        for lease in sorted(state.returning, key=lambda l: l.seq):
+            lease.heartbeat_at = now  # its holder gets a full TTL to be seen again, as active ones do
+            if self._reattach(lease):
+                self._returning[lease.id] = lease
+            else:
+                lease.returning = False
+                self._returning_changes[lease.id] = False
         for gs in self._gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
                 for mig_uuid in [u for u in gs.created if u not in gs.owner]:

@@ -53,6 +53,12 @@ leases = Table(
     Column("reason", Text, nullable=False, default=""),
 )
 
+# Ended leases whose slices their holders still hold (Scheduler: "returning"): recovered as held.
+returning_slices = Table(
+    "returning_slices", metadata,
+    Column("lease_id", String(64), primary_key=True),
+)
+
 mig_instances = Table(
     "mig_instances", metadata,
     Column("uuid", String(128), primary_key=True),
@@ -191,6 +197,7 @@ class StoredState:
     intents: list[MigIntent] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     seq: int = 0
+    returning: list[Lease] = field(default_factory=list)  # ended leases whose slices are still held
 
 
 def sqlite_url(path: str | Path) -> str:
@@ -249,6 +256,8 @@ class Store:
         self._upsert_jobs = upsert(jobs, ["id"])
         self._upsert_instance = upsert(mig_instances, ["uuid"])
         self._delete_instance = delete_by(mig_instances, "uuid")
+        self._delete_returning = delete_by(returning_slices, "lease_id")
+        self._insert_returning = insert(returning_slices)
         self._delete_drain = delete_by(drained_gpus, "gpu_uuid")
         self._insert_drain = insert(drained_gpus)
         self._delete_deadline = delete_by(lease_deadlines, "lease_id")
@@ -355,9 +364,11 @@ class Store:
             raise StoreError(err) from err
 
     def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
-             seq: int, *, drains: Mapping[str, bool] | None = None, intents_done: Sequence[str] = ()) -> None:
+             seq: int, *, drains: Mapping[str, bool] | None = None, intents_done: Sequence[str] = (),
+             returning: Mapping[str, bool] | None = None) -> None:
         """One transaction: upsert leases, add/remove MIG instance records, set GPUs' drain marks,
-        drop fulfilled MIG intents, remember the sequence. StoreError, and nothing written, if any part fails.
+        mark or unmark ended leases whose slices are still held (`returning`), drop fulfilled MIG
+        intents, remember the sequence. StoreError, and nothing written, if any part fails.
         The rows are taken now; in a group, a lease written twice is written once, as it was last."""
         rows = [_lease_row(l) for l in changed]
         instances = [(mig_uuid, inst and {
@@ -365,9 +376,14 @@ class Store:
             "size": inst.size, "gi_id": inst.gi_id, "ci_id": inst.ci_id, "created_by_core": created})
             for gpu_uuid, mig_uuid, inst, created in instance_changes]
         drains = dict(drains or {})
+        returning = dict(returning or {})
         intents_done = list(intents_done)
 
         def write(conn: Connection) -> None:
+            for lease_id, held in returning.items():
+                self._delete_returning.run(conn, {"lease_id": lease_id})
+                if held:
+                    self._insert_returning.run(conn, {"lease_id": lease_id})
             for mig_uuid, row in instances:
                 if row is None:
                     self._delete_instance.run(conn, {"uuid": mig_uuid})
@@ -401,12 +417,18 @@ class Store:
 
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:
-        """Active leases, recorded MIG instances and intents, drained GPUs, the last sequence number."""
+        """Active leases, ended ones whose slices are still held, recorded MIG instances and intents,
+        drained GPUs, the last sequence number."""
         state = StoredState()
         with self.engine.connect() as conn:
             active = [LeaseState.QUEUED.value, LeaseState.GRANTED.value]
             for row in conn.execute(select(leases).where(leases.c.state.in_(active))).mappings():
                 state.leases.append(_lease_from_row(row))
+            held = select(leases).join(returning_slices, returning_slices.c.lease_id == leases.c.id)
+            for row in conn.execute(held).mappings():
+                lease = _lease_from_row(row)
+                lease.returning = True
+                state.returning.append(lease)
             for row in conn.execute(select(mig_instances)).mappings():
                 state.instances.append(InstanceRecord(row["gpu_uuid"], MigInstance(
                     uuid=row["uuid"], profile_id=row["profile_id"], start=row["start"], size=row["size"],

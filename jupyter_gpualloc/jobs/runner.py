@@ -67,6 +67,7 @@ class Attempt:
 
     job_id: str
     number: int
+    lease_id: str
     km: AsyncKernelManager | None = None
     task: asyncio.Task | None = None
     stopping: str = ""  # why the runner stops it (then the core has already moved the job on)
@@ -89,12 +90,15 @@ class JobRunner:
         self._recovered = False
         self._cleaned: set[str] = set()  # ended jobs whose inputs are deleted
         self._unreported: dict[str, tuple[int, str, str]] = {}  # job id: (attempt, outcome, reason) to report again
+        self._unreturned: set[str] = set()  # leases of stopped attempts whose slices are to be returned again
 
     async def poll(self) -> None:
         """One round: recover once, heartbeat, stop what must stop, claim what may start."""
         try:
             for job_id, report in list(self._unreported.items()):
                 await self._finish(job_id, *report)
+            for lease_id in list(self._unreturned):
+                await self._return_slice(lease_id)
             mine = [j for j in await self.client.jobs() if j.get("runner", "server") == self.client.server]
             jobs = [j for j in mine if j["state"] in ("queued", "running")]
             self._delete_inputs([j for j in mine if j["state"] not in ("queued", "running")])
@@ -156,7 +160,7 @@ class JobRunner:
         except GpuAllocError as err:  # another runner took it, or it moved on meanwhile
             self.log.info("gpualloc jobs: job %s not started: %s", job["id"], err)
             return
-        attempt = Attempt(job["id"], job["attempts"])
+        attempt = Attempt(job["id"], job["attempts"], job["lease"]["id"])
         self.attempts[job["id"]] = attempt
         attempt.task = asyncio.ensure_future(self._run(job, attempt))
         attempt.task.add_done_callback(lambda _: self.attempts.pop(job["id"], None))
@@ -203,6 +207,19 @@ class JobRunner:
             nbformat.write(nb, folder / "executed.ipynb")
         if not attempt.stopping:
             await self._finish(job["id"], attempt.number, outcome, reason)
+        else:
+            await self._return_slice(attempt.lease_id)
+
+    async def _return_slice(self, lease_id: str) -> None:
+        """A stopped attempt's kernel is gone: its ended lease's slice may go to someone else now
+        (told again at the next rounds while the service cannot take it)."""
+        self._unreturned.discard(lease_id)
+        try:
+            await self.client.release(lease_id, holder_gone=True)
+        except ServiceUnavailable:
+            self._unreturned.add(lease_id)
+        except GpuAllocError as err:  # already returned (its heartbeats stopped, a restart found it gone)
+            self.log.info("gpualloc jobs: the slice of lease %s was not returned: %s", lease_id, err)
 
     async def _execute(self, job: dict, nb, attempt: Attempt, log_file) -> None:
         km = AsyncKernelManager(kernel_name=job["kernel_name"])

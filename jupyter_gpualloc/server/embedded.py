@@ -153,14 +153,15 @@ class EmbeddedScheduler:
             self.jobs.tick(now)
 
     def release_holders(self, holders: set[str], reason: str) -> None:
-        """End the active leases of these holders in-process (at server stop, when the API is no longer served)."""
+        """These holders are gone (at server stop, its kernels shut down, when the API is no longer
+        served): end their leases in-process and return every slice they held."""
         now = time.time()
-        for lease in self.scheduler.leases():
-            if lease.holder in holders:
-                try:
-                    self.scheduler.release(lease.id, now=now, reason=reason)
-                except Exception as err:  # e.g. the store refused: the lease ends with the heartbeat TTL
-                    self.log.warning("gpualloc: cannot release lease %s of %s: %s", lease.id, lease.holder, err)
+        held = self.scheduler.leases() + self.scheduler.returning()
+        for user in sorted({l.user for l in held if l.holder in holders}):
+            try:
+                self.scheduler.holders_gone(user, holders, now=now, reason=reason)
+            except Exception as err:  # e.g. the store refused: the slices return with the heartbeat TTL
+                self.log.warning("gpualloc: cannot return the slices of %s's %s: %s", user, sorted(holders), err)
 
     def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str) -> None:
         """Report a job attempt's end in-process (at server stop, when the API is no longer served)."""

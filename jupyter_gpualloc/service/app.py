@@ -61,6 +61,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/leases/{lease_id}", h.LeaseHandler, "lease"),
     ("/leases/{lease_id}/touch", h.TouchHandler, "touch"),
     ("/heartbeat", h.HeartbeatHandler, "heartbeat"),
+    ("/holders/gone", h.HoldersGoneHandler, "holders_gone"),
     ("/events", h.EventsHandler, "events"),
     *JOB_ROUTES,
     ("/gpus/{gpu_uuid}/drain", h.DrainHandler, "drain"),

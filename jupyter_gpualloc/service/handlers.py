@@ -259,7 +259,8 @@ class InventoryHandler(ApiHandler):
         """Each held slice names its lease, user and holder: all of them for an admin, the
         caller's own for a user (another user's lease reads 'other')."""
         inventory = self.scheduler.inventory()
-        visible = {l.id: l for l in self.scheduler.leases(None if self.identity.admin else self.identity.user)}
+        whose = None if self.identity.admin else self.identity.user
+        visible = {l.id: l for l in self.scheduler.leases(whose) + self.scheduler.returning(whose)}
         for node in inventory["nodes"]:
             for gpu in node["gpus"]:
                 for held in gpu.get("instances", []) + gpu.get("shares", []):
@@ -327,14 +328,37 @@ class LeaseHandler(ApiHandler):
         self.write_json(self.lease_json(self.visible_lease(lease_id)))
 
     async def delete(self, lease_id: str) -> None:
+        """End the lease; `holder_gone=true`: its holder no longer uses the GPU, the slice returns
+        at once (also for a lease that ended and is still returning)."""
+        holder_gone = self.get_query_argument("holder_gone", "false")
+        if holder_gone not in HOLDER_GONE:
+            raise ApiError(400, "holder_gone must be true or false", field="holder_gone")
+        holder_gone = HOLDER_GONE[holder_gone]
         lease = self.visible_lease(lease_id)
-        if not lease.state.active:
+        if not lease.state.active and not (holder_gone and lease.returning):
             raise ApiError(404, f"lease {lease_id} has already ended", state=lease.state.value)
         def release() -> Lease:
             with self.ctx.metrics.timed("release"):
-                return self.scheduler.release(lease_id, now=self.ctx.clock(), reason=f"released by {self.identity.user}")
+                return self.scheduler.release(lease_id, now=self.ctx.clock(), reason=f"released by {self.identity.user}",
+                                              holder_gone=holder_gone)
         lease = await self.ctx.group.change(release)
         self.write_json(self.lease_json(lease))
+
+
+HOLDER_GONE = {"true": True, "1": True, "false": False, "0": False}
+
+
+class HoldersGoneHandler(ApiHandler):
+    async def post(self) -> None:
+        """The caller's holders ended: their leases end and their slices return to the pool."""
+        holders, now = self.json_body()["holders"], self.ctx.clock()
+        def gone() -> list[Lease]:
+            try:
+                return self.scheduler.holders_gone(self.identity.user, holders, now=now)
+            except SpecError as err:
+                raise ApiError(400, str(err), field="holders") from None
+        leases = await self.ctx.group.change(gone)
+        self.write_json({"leases": [self.lease_json(l) for l in leases]})
 
 
 class TouchHandler(ApiHandler):

@@ -122,6 +122,8 @@ SCHEMAS: dict[str, Any] = {
             "last_activity": NULLABLE_NUMBER, "heartbeat_at": NULLABLE_NUMBER, "busy": {"type": "boolean"},
             "idle_warned_at": NULLABLE_NUMBER, "idle_timeout": NULLABLE_NUMBER,
             "reason": {"type": "string"},
+            "returning": {"type": "boolean",
+                          "description": "Ended, its slice still held: nobody else gets it until its holder is gone."},
             "position": {"type": ["integer", "null"],
                          "description": "1-based place in the queue when queued; in every /leases answer, "
                                         "not in the lease a job carries."},
@@ -153,6 +155,8 @@ SCHEMAS: dict[str, Any] = {
     },
     "Heartbeat": {"type": "object", "additionalProperties": False,
                   "properties": {"holders": {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}}},
+    "HoldersGone": {"type": "object", "additionalProperties": False, "required": ["holders"],
+                    "properties": {"holders": {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}}},
     "Inventory": {
         "type": "object", "required": ["nodes", "queue"],
         "properties": {
@@ -263,7 +267,17 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                 "responses": {"200": _json(_ref("Lease"), "The lease."), "401": AUTH_ERRORS["401"],
                               "404": _error("No such lease (or not the caller's).")}},
         "delete": {"summary": "Release a granted slice or withdraw a queued request.",
-                   "responses": {"200": _json(_ref("Lease"), "The ended lease."), "401": AUTH_ERRORS["401"],
+                   "description": "The slice goes to nobody else until its holder is gone: at once with "
+                                  "`holder_gone=true` (the caller knows the holder no longer uses the GPU); "
+                                  "otherwise the ended lease is `returning` until POST /holders/gone names its "
+                                  "holder, or the holder's heartbeats stop (policy `wait_for_holders`). "
+                                  "`holder_gone=true` on a returning lease gives its slice back.",
+                   "parameters": [{"name": "holder_gone", "in": "query", "required": False,
+                                   "schema": {"enum": ["true", "false", "1", "0"]},
+                                   "description": "Whether the holder no longer uses the GPU."}],
+                   "responses": {"200": _json(_ref("Lease"), "The ended lease."),
+                                 "400": _error("A `holder_gone` that is not true or false."),
+                                 "401": AUTH_ERRORS["401"],
                                  "404": _error("No such active lease (or not the caller's).")}},
     },
     "/leases/{lease_id}/touch": {
@@ -279,6 +293,16 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                                 "(its usage accrual is written once the store is back).",
                  "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("Heartbeat")}}},
                  "responses": {"200": _json(_ref("LeaseList"), "The leases kept alive."),
+                               "400": _error("Bad input."), "401": AUTH_ERRORS["401"]}},
+    },
+    "/holders/gone": {
+        "post": {"summary": "Say that some of the caller's holders ended (a server stopped, a kernel's or "
+                            "a job's process exited).",
+                 "description": "Their active leases end (released, or cancelled while queued) and every "
+                                "slice they still held returns to the pool; answers the leases whose slices "
+                                "returned.",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("HoldersGone")}}},
+                 "responses": {"200": _json(_ref("LeaseList"), "The leases whose slices returned."),
                                "400": _error("Bad input."), "401": AUTH_ERRORS["401"]}},
     },
     "/events": {

@@ -43,6 +43,7 @@ op = st.one_of(
     st.tuples(st.just("submit"), st.integers(0, 3), st.sampled_from(range(len(SPECS))),
               st.sampled_from([PriorityClass.INTERACTIVE, PriorityClass.BATCH]), st.booleans()),
     st.tuples(st.just("release"), st.integers(0, 10_000)),
+    st.tuples(st.just("gone"), st.integers(0, 10_000)),
     st.tuples(st.just("tick"), st.integers(1, 50)),
 )
 
@@ -50,6 +51,9 @@ op = st.one_of(
 def check_invariants(s: Scheduler, backend: SimulatedBackend) -> None:
     leases = s.leases()
     granted = [l for l in leases if l.state is LeaseState.GRANTED]
+    quota_counted = list(granted)
+    granted += s.returning()  # ended, their slices still held: nobody else may have them
+    assert all(not l.state.active for l in s.returning())
     nodes = backend.discover()
     gpus = {g.uuid: g for n in nodes for g in n.gpus}
     # MIG: legal layouts, one holder per instance, every granted instance exists.
@@ -79,7 +83,7 @@ def check_invariants(s: Scheduler, backend: SimulatedBackend) -> None:
         assert sum(l.spec.host_memory_mib for l in on_node) <= node.memory_mib
     # Quotas.
     for user, limits in QUOTAS.items():
-        mine = [l for l in granted if l.user == user]
+        mine = [l for l in quota_counted if l.user == user]
         if "slices" in limits:
             assert len(mine) <= limits["slices"]
         if "memory_gib" in limits:
@@ -119,6 +123,11 @@ def test_random_streams_keep_every_invariant(ops):
                 active = s.leases()
                 if active:
                     s.release(active[step[1] % len(active)].id, now=now)
+            elif step[0] == "gone":  # a holder ends: its active lease or the slice it still held
+                held = s.leases() + s.returning()
+                if held:
+                    lease = held[step[1] % len(held)]
+                    s.holders_gone(lease.user, [lease.holder], now=now)
             else:
                 now += step[1]
                 s.tick(now)
@@ -127,6 +136,9 @@ def test_random_streams_keep_every_invariant(ops):
         for _ in range(len(ids) + 1):
             for lease in [l for l in s.leases() if l.state is LeaseState.GRANTED]:
                 s.release(lease.id, now=now)
+            check_invariants(s, backend)
+            for lease in s.returning():
+                s.holders_gone(lease.user, [lease.holder], now=now)
             check_invariants(s, backend)
             if not s.leases():
                 break

@@ -19,7 +19,7 @@ from .conftest import A100_40, fleet
 FLEET = fleet({"model": A100_40, "count": 1, "mig": "dynamic"}, {"model": "L4", "count": 2})
 MIG_3G = SliceSpec.from_json({"kind": "mig", "profile": "3g.20gb"})
 SHARED = SliceSpec.from_json({"kind": "shared", "memory_gib": 8, "model": "L4"})
-POLICY = {"heartbeat_ttl": 0, "preemption": False}
+POLICY = {"heartbeat_ttl": 0, "preemption": False, "wait_for_holders": False}  # releases by holders that are gone
 
 
 # The last statement of every save, and the one statement of a MIG intent's write.
@@ -47,7 +47,8 @@ def picture(s: Scheduler) -> tuple:
     """What the core holds: its leases with their slices, and every GPU's instances with owners."""
     leases = [(l.id, l.user, l.holder, l.state.value, l.slice.to_json() if l.slice else None, l.seq)
               for l in s.leases()]
-    return leases, s.inventory()["nodes"]
+    returning = [(l.id, l.state.value, l.slice.to_json()) for l in s.returning()]
+    return leases, returning, s.inventory()["nodes"]
 
 
 def device_instances(backend: SimulatedBackend) -> set[str]:
@@ -170,8 +171,12 @@ def test_random_changes_with_random_store_failures_stay_as_stored(store_urls, tm
         store.fail_next = {rng.choice(["save", "record_intent"])} if rng.random() < 0.25 else set()
         try:
             active = s.leases()
+            returning = s.returning()
             if active and rng.random() < 0.4:
                 s.release(rng.choice(active).id, now=step)
+            elif returning and rng.random() < 0.3:
+                gone = rng.choice(returning)
+                s.holders_gone(gone.user, [gone.holder], now=step)
             elif rng.random() < 0.1:
                 s.tick(step)
             else:

@@ -213,7 +213,7 @@ def test_a_preemption_in_a_group_makes_its_room_at_once(store_urls):
     url = store_urls.fresh()
     backend = SimulatedBackend(FLEET)
     store = Store(url)
-    s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, preemption=True))
+    s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, preemption=True, wait_for_holders=False))
     whole = SliceSpec.from_json({"kind": "mig", "profile": "7g.40gb"})
     s.submit("alice", "job:a", whole, PriorityClass.BATCH, now=1, lease_id="A", preemptible=True)
     with store.hold():

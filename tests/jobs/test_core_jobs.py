@@ -22,7 +22,7 @@ class Core:
     def __init__(self, tmp_path, **policy):
         self.url = sqlite_url(tmp_path / "gpualloc.sqlite")
         self.backend = SimulatedBackend(FLEET)
-        self.policy = policy
+        self.policy = {"wait_for_holders": True, **policy}  # a preempted attempt's slice waits for its runner
         self.events: list = []
         self.build(0.0)
 
@@ -73,15 +73,18 @@ def test_jobs_wait_behind_each_other_and_interactive_requests_go_first(core):
     second = core.jobs.submit("alice", request(), now=2.0)
     assert core.jobs.view(second, 2.0)["position"] == 1
     core.jobs.start(first.id, now=3.0)
+    preempted = first.lease_id
     interactive = core.scheduler.submit("bob", "kernel:k1", SliceSpec.from_json(WHOLE), now=4.0)
-    # the running job is preemptible: the interactive request takes its GPU at once
-    assert interactive.state is LeaseState.GRANTED
+    # the running job is preemptible: the interactive request takes its GPU once the attempt stopped
     assert first.state is JobState.QUEUED and first.preemptions == 1 and first.lease_id is None
     assert "job.preempted" in core.types()
+    assert interactive.state is LeaseState.QUEUED
+    core.scheduler.release(preempted, now=4.5, holder_gone=True)  # the runner: its kernel is gone
+    assert interactive.state is LeaseState.GRANTED
     core.jobs.tick(5.0)
     order = [l.holder for l in core.scheduler.queue()]
     assert order == [f"job:{second.id}", f"job:{first.id}"]
-    core.scheduler.release(interactive.id, now=6.0)
+    core.scheduler.release(interactive.id, now=6.0, holder_gone=True)
     core.jobs.start(second.id, now=6.0)
     core.jobs.finish(second.id, 1, "succeeded", now=7.0)
     core.jobs.start(first.id, now=7.0)
@@ -182,7 +185,7 @@ def test_a_long_waiting_job_keeps_its_gpu_from_later_smaller_jobs(core):
     core.jobs.cancel(small.id, now=3.0, by="carol")
     later = core.jobs.submit("carol", request(share), now=700.0)  # big has waited past reserve_after
     assert core.jobs.view(later, 700.0)["position"] == 2
-    core.scheduler.release(kernel.id, now=800.0)
+    core.scheduler.release(kernel.id, now=800.0, holder_gone=True)
     assert core.jobs.view(core.jobs.job(big.id), 800.0)["position"] == 0
 
 

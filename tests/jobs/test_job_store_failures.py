@@ -87,9 +87,12 @@ def test_a_preemption_the_store_refuses_to_record_is_caught_up_by_the_next_tick(
 
     job = core.jobs.submit("alice", request(), now=1.0)
     core.jobs.start(job.id, now=2.0)
+    preempted = job.lease_id
     core.store.down = True
     kernel = core.scheduler.submit("bob", "kernel:k", SliceSpec.from_json({"kind": "whole", "model": "L4"}), now=3.0)
-    assert kernel.state is LeaseState.GRANTED  # the interactive request is served all the same
+    assert core.scheduler.lease(preempted).state is LeaseState.PREEMPTED  # the scheduler goes on all the same
+    core.scheduler.release(preempted, now=3.5, holder_gone=True)  # the runner stopped the attempt
+    assert kernel.state is LeaseState.GRANTED
     assert job.state is JobState.RUNNING  # as stored
     with pytest.raises(StoreFailed):
         core.jobs.tick(4.0)

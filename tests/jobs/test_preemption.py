@@ -16,9 +16,10 @@ async def test_an_interactive_request_preempts_a_running_job_which_later_succeed
     log_a = workdir / ".gpualloc" / "jobs" / a["id"] / "job.log"
     await wait_for(lambda: log_a.exists() and "a is working, attempt 1" in log_a.read_text(), 60)
 
-    # an interactive %gpu request goes before the queued job b, and takes a's GPU from it
-    out, err = await notebook_kernel("%gpu request --whole --model L4 --wait 30s")
-    assert out.startswith("gpu: granted whole GPU on L4"), (out, err)
+    # an interactive %gpu request goes before the queued job b, and takes a's GPU from it (once
+    # a's attempt has stopped, under policy wait_for_holders)
+    out, err = await notebook_kernel(f"%gpu request --whole --model L4 --wait {10 + 3 * PREEMPT_GRACE:g}s")
+    assert "gpu: granted whole GPU on L4" in out, (out, err)
     preempted = await jobs_client.job(a["id"])
     assert (preempted["state"], preempted["preemptions"]) == ("queued", 1), preempted
     await wait_for(lambda: "stopped: preempted" in log_a.read_text(), 10 + 3 * PREEMPT_GRACE)
