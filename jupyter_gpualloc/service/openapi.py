@@ -156,7 +156,7 @@ SCHEMAS: dict[str, Any] = {
     "Heartbeat": {"type": "object", "additionalProperties": False,
                   "properties": {"holders": {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}}},
     "HoldersGone": {"type": "object", "additionalProperties": False, "required": ["holders"],
-                    "properties": {"holders": {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}}},
+                    "properties": {"holders": {"type": "array", "items": HOLDER, "maxItems": MAX_HOLDERS}}},
     "Inventory": {
         "type": "object", "required": ["nodes", "queue"],
         "properties": {
