@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The extras `make test` installs; CI adds `frameworks` (JAX's CPU build) for the framework-cap tests
+TEST_EXTRAS ?= test
 # The JupyterLab extension: its sources, and what its build leaves in the Python package.
 LABEXT_SOURCES := $(shell find labextension/src labextension/style -type f) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml
 # The test tools on top, and the built extension linked into the environment, so a rebuild is
 # what JupyterLab serves (jupyter-builder comes with the test extras)
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
 	$(VENV)/bin/jupyter-builder develop --overwrite .
 	touch $(TEST_STAMP)
 
