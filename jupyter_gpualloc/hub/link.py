@@ -89,12 +89,18 @@ class ServiceLink:
         except NotFound:
             return None
 
-    async def release(self, lease_id: str) -> dict | None:
-        """End the lease; None when it had already ended or never existed."""
+    async def release(self, lease_id: str, *, holder_gone: bool = False) -> dict | None:
+        """End the lease; None when it had already ended or never existed. With `holder_gone` (the
+        server's process has ended) its slice returns to the pool at once, also when the lease had
+        already ended and its slice was waiting for the server to go."""
         try:
-            return await self.client.release(lease_id)
+            return await self.client.release(lease_id, holder_gone=holder_gone)
         except NotFound:
             return None
+
+    async def holders_gone(self, holders: list[str]) -> list[dict]:
+        """Say that these holders of the user's have ended: the slices they held return to the pool."""
+        return await self.client.holders_gone(holders)
 
     async def heartbeat(self, holder: str) -> list[dict]:
         return await self.client.heartbeat([holder])

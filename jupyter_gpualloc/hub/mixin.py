@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from typing import Any
 
@@ -40,6 +41,10 @@ from .link import ServiceLink, delete_token, user_service_token
 def describe_spec(spec: dict) -> str:
     """'3g.40gb slice on A100-SXM4-80GB', 'shared 8 GiB slice on L4', ... for messages."""
     return SliceSpec.from_json(spec).describe()
+
+
+# The spawner whose stop is running in the current task (see GPUSpawnerMixin.poll).
+_IN_GPU_STOP: contextvars.ContextVar = contextvars.ContextVar("gpualloc_in_stop", default=None)
 
 
 def spawn_error(message: str, reason: str, status: int) -> SpawnException:
@@ -158,6 +163,7 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_signal = asyncio.Event()
             self._gpu_done = True
             self._gpu_granted = ""
+            self._gpu_stop_task: asyncio.Future | None = None
 
     @property
     def gpu_holder(self) -> str:
@@ -394,11 +400,27 @@ class GPUSpawnerMixin(Spawner):
         try:
             url = await self.start_server()
         except BaseException:
-            await self.release_slice("the server failed to start")
+            await self._release_after_failed_start()
             raise
         if self.gpu_lease_id:
             self._start_heartbeats()
         return url
+
+    async def _release_after_failed_start(self) -> None:
+        """Give the slice back, to the pool at once if no server process is left; one that is left
+        is stopped by the hub (it calls stop() after a failed start), which gives it back then."""
+        if not self.gpu_lease_id:
+            return
+        try:
+            status = await self._poll_server()
+        except Exception:
+            self.log.exception("%s: poll after a failed start failed", self._log_name)
+            status = None
+        if status is not None:
+            await self.release_slice("the server failed to start", holder_gone=True)
+        else:
+            self.log.warning("%s: the server failed to start but still runs: its GPU slice is given back "
+                             "once it is stopped", self._log_name)
 
     async def start_server(self):
         """Start the server itself, the slice already held (the spawner class's own start())."""
@@ -469,27 +491,81 @@ class GPUSpawnerMixin(Spawner):
         except GpuAllocError as err:
             raise capacity_error(f"The GPU allocator refused a {what}: {err}") from None
 
-    async def release_slice(self, reason: str) -> None:
-        """Give the server's lease back (if any); errors are logged, never raised."""
+    async def release_slice(self, reason: str, *, holder_gone: bool = False) -> None:
+        """Give the server's lease back (if any); errors are logged, never raised.
+
+        `holder_gone` only once the server's process is known to have ended: its slice then
+        returns to the pool at once. Without it the slice waits (the lease "returning") until the
+        service hears that the holder is gone, or until its heartbeats (stopped here) time out.
+        """
         self._gpu_init()
         self._stop_heartbeats()
         lease_id, self.gpu_lease_id, self._gpu_lease = self.gpu_lease_id, "", None
+        await self._release_lease(lease_id, reason, holder_gone=holder_gone)
+
+    async def _release_lease(self, lease_id: str, reason: str, *, holder_gone: bool) -> None:
         if not lease_id:
             return
         try:
-            await self.gpu_link().release(lease_id)
-            self.log.info("%s: released lease %s (%s)", self._log_name, lease_id, reason)
+            link = self.gpu_link()
+            released = await link.release(lease_id, holder_gone=holder_gone)
+            if released is None and holder_gone:
+                # it had already ended (released from the sidebar, idle, a time limit...): its
+                # slice waits for this server to go, which it now has
+                await link.holders_gone([self.gpu_holder])
+            self.log.info("%s: released lease %s (%s)%s", self._log_name, lease_id, reason,
+                          "; the server has stopped" if holder_gone else "")
         except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
             self.log.warning("%s: could not release lease %s (%s): %s; it ends after the heartbeat TTL",
                              self._log_name, lease_id, reason, err)
         await self._gpu_close_link()
 
-    async def stop(self, now: bool = False):
+    # ------------------------------------------------------- stop and poll
+    #
+    # The spawner class's stop() polls while it waits for the process to end (LocalProcessSpawner's
+    # wait_for_death), so poll() must never stop the server itself from inside a stop: one stop at
+    # a time runs as a task of its own, and poll() from inside it only says whether the server
+    # runs; from anywhere else, poll() waits for that stop to finish first.
+
+    def _gpu_stopping(self) -> asyncio.Future | None:
+        """The stop under way (a task), or None."""
+        self._gpu_init()
+        task = self._gpu_stop_task
+        return task if task is not None and not task.done() else None
+
+    async def _gpu_stop(self, now: bool, reason: str) -> int | None:
+        """Stop the server with the spawner class's own stop(), then give its slice back: reported
+        gone only if poll() then finds the server's process ended. Calls made while a stop runs
+        wait for that one. The server's exit status, or None if it still runs."""
+        task = self._gpu_stopping()
+        if task is None:
+            task = self._gpu_stop_task = asyncio.ensure_future(self._gpu_stop_then_release(now, reason))
+        return await asyncio.shield(task)
+
+    async def _gpu_stop_then_release(self, now: bool, reason: str) -> int | None:
+        _IN_GPU_STOP.set(self)  # this task's context (and tasks it starts): poll() from inside the stop
+        lease_id = self.gpu_lease_id  # kept: the hub may clear the spawner's state meanwhile
+        self._stop_heartbeats()
+        status = None
         try:
             await super().stop(now=now)
         finally:
-            await self.release_slice("the server stopped")
+            try:
+                status = await self._poll_server()
+            except Exception:
+                self.log.exception("%s: poll after stop failed", self._log_name)
+            if status is None:
+                self.log.warning("%s: the server still runs after stop(): its GPU slice is not given back "
+                                 "before the service stops hearing from it", self._log_name)
+            if self.gpu_lease_id == lease_id:
+                self.gpu_lease_id, self._gpu_lease = "", None
+            await self._release_lease(lease_id, reason, holder_gone=status is not None)
             await self._gpu_close_link()
+        return status
+
+    async def stop(self, now: bool = False):
+        """Stop the server, then give its slice back (to the pool at once: its process has ended)."""
+        await self._gpu_stop(now, "the server stopped")
 
     async def _poll_server(self):
         """The wrapped spawner's poll(), keeping the lease id its clear_state() may drop."""
@@ -501,18 +577,44 @@ class GPUSpawnerMixin(Spawner):
         return status
 
     async def poll(self):
+        """None while the server runs. A server whose lease ended (released from the sidebar,
+        idle, a time limit, a usage quota, preemption) is stopped here, before its slice is
+        reported free; a server found dead gives its slice back."""
+        self._gpu_init()
+        stopping = self._gpu_stopping()
+        if stopping is not None:
+            if _IN_GPU_STOP.get() is self:  # the spawner class's stop() asking whether it is over
+                return await self._poll_server()
+            try:
+                await asyncio.shield(stopping)
+            except Exception:  # logged by the stop's own caller
+                pass
         status = await self._poll_server()
         if status is not None:
             if self.gpu_lease_id:
-                await self.release_slice(f"the server is not running (status {status})")
+                await self.release_slice(f"the server is not running (status {status})", holder_gone=True)
             return status
         if self.gpu_lease_id:
             if self._gpu_lost:
-                self.log.warning("%s: stopping the server: its GPU lease ended (%s)", self._log_name, self._gpu_lost)
-                await self.stop(now=True)
-                return 1
+                return await self._stop_for_lost_lease()
             self._start_heartbeats()
         return None
+
+    async def _stop_for_lost_lease(self) -> int | None:
+        """Stop the server whose lease ended, then report it gone (its slice is free only then)."""
+        lost = self._gpu_lost
+        self.log.warning("%s: stopping the server: its GPU lease ended (%s)", self._log_name, lost)
+        return await self._gpu_stop(True, f"the server was stopped: its GPU lease ended ({lost})")
+
+    async def _stop_lost_server_and_tell_the_hub(self) -> None:
+        """From the heartbeats: stop the server at once, then let the hub's poll callbacks see
+        that it stopped (as its periodic poll would, up to poll_interval later)."""
+        try:
+            status = await self._stop_for_lost_lease()
+            if status is not None:
+                await self.poll_and_notify()
+        except Exception:
+            self.log.exception("%s: stopping the server whose GPU lease ended failed", self._log_name)
 
     # ------------------------------------------------------------ heartbeats
     def _start_heartbeats(self) -> None:
@@ -525,17 +627,22 @@ class GPUSpawnerMixin(Spawner):
             task.cancel()
 
     async def _heartbeat_loop(self) -> None:
-        """Heartbeat while the server runs; a dead server's lease is released at once."""
-        while self.gpu_lease_id:
+        """Heartbeat while the server runs; a dead server's lease is released at once, and a
+        server whose lease ended is stopped at once (then its slice returns)."""
+        while self.gpu_lease_id and self._gpu_stopping() is None:
             status = await self._poll_server()
+            if self._gpu_stopping() is not None:
+                return
             if status is not None:
-                await self.release_slice(f"the server is not running (status {status})")
+                await self.release_slice(f"the server is not running (status {status})", holder_gone=True)
                 return
             try:
                 alive = await self.gpu_link().heartbeat(self.gpu_holder)
                 if not any(lease["id"] == self.gpu_lease_id for lease in alive):
                     lease = await self.gpu_link().lease(self.gpu_lease_id)
                     self._gpu_lost = (lease or {}).get("reason") or "the service no longer knows it"
+                    self._gpu_heartbeats = None  # the stop's release must not cancel what follows
+                    asyncio.ensure_future(self._stop_lost_server_and_tell_the_hub())
                     return
             except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
                 self.log.warning("%s: heartbeat of lease %s failed: %s", self._log_name, self.gpu_lease_id, err)

@@ -1,16 +1,23 @@
-"""start()'s slice handling against a real standalone service: waits, timeouts, quota, stale leases."""
+"""start()'s slice handling against a real standalone service: waits, timeouts, quota, stale leases;
+and how a server's lease ends: stop, a lost lease, a failed start (the server's processes end
+first, then its slice is free)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from jupyterhub.spawner import Spawner, SpawnException
 
 from jupyter_gpualloc.hub.link import ServiceLink
-from jupyter_gpualloc.hub.local import GPUSameUserSpawner
+from jupyter_gpualloc.hub.local import GPUSameUserSpawner, still_running
 from jupyter_gpualloc.hub.mixin import GPUSpawnerMixin
 from tests.service.conftest import ALICE, BOB, CAROL, DAVE, POLICY, ROOT, ServiceProcess
 
@@ -21,6 +28,8 @@ WHOLE_L4 = {"kind": "whole", "model": "L4"}
 def service(tmp_path_factory):
     policy = POLICY.replace('{"carol": {"slices": 1}}', '{"carol": {"slices": 1}, "dave": {"memory_gib": 20}}')
     assert policy != POLICY
+    # an ended lease's slice waits for its holder (the server) to be gone
+    policy += "c.SchedulerPolicy.wait_for_holders = True\n"
     svc = ServiceProcess(tmp_path_factory.mktemp("hub-mixin-service"), config=policy).start()
     yield svc
     svc.kill(signal.SIGTERM)
@@ -29,8 +38,10 @@ def service(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def release_everything(service):
     yield
+    for token in (ALICE, BOB, CAROL, DAVE):  # also the slices of ended leases still waiting for them
+        service.call("POST", "holders/gone", {"holders": ["server", "kernel:k", "kernel:k1"]}, token=token)
     for lease in service.call("GET", "leases?all=1", token=ROOT).json()["leases"]:
-        service.call("DELETE", f"leases/{lease['id']}", token=ROOT)
+        service.call("DELETE", f"leases/{lease['id']}?holder_gone=true", token=ROOT)
 
 
 def spawner_for(service, user: str, token: str, spawner_class=GPUSameUserSpawner, **settings) -> GPUSpawnerMixin:
@@ -77,7 +88,7 @@ def test_a_queued_request_is_granted_when_the_slice_frees(service):
         await asyncio.sleep(1.0)
         assert not waiting.done()
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: service.call("DELETE", f"leases/{blocker}", token=ALICE))
+            None, lambda: service.call("DELETE", f"leases/{blocker}?holder_gone=true", token=ALICE))
         return await asyncio.wait_for(waiting, 10)
 
     lease = asyncio.run(scenario())
@@ -186,7 +197,7 @@ def test_progress_follows_a_start_from_its_first_step(service):
             messages.append(event["message"])
             if "position 1 in queue" in event["message"]:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: service.call("DELETE", f"leases/{blocker}", token=ALICE))
+                    None, lambda: service.call("DELETE", f"leases/{blocker}?holder_gone=true", token=ALICE))
         return await started, messages
 
     url, messages = asyncio.run(scenario())
@@ -195,3 +206,180 @@ def test_progress_follows_a_start_from_its_first_step(service):
     assert messages[2].startswith("granted a whole GPU on L4 after")
     assert messages[3:] == ["Spawning server... (on your whole GPU on L4)"]
     asyncio.run(spawner.release_slice("test over"))
+
+
+# ------------------------------------------------------------ a server's lease ends
+# A real LocalProcessSpawner-based spawner (GPUSameUserSpawner) runs a stand-in server: a process
+# that starts a "kernel" of its own (which outlives it unless the spawner ends it) and sleeps.
+STAND_IN_SERVER = """
+import os, subprocess, sys, time
+kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(os.environ["KERNEL_PID_FILE"] + ".tmp", "w") as out:
+    out.write(str(kernel.pid))
+os.rename(os.environ["KERNEL_PID_FILE"] + ".tmp", os.environ["KERNEL_PID_FILE"])
+time.sleep(600)
+"""
+BOTH_L4 = {"kind": "whole", "model": "L4", "count": 2}
+
+
+def local_spawner(service, tmp_path: Path, **settings) -> GPUSameUserSpawner:
+    spawner = spawner_for(service, "bob", BOB, cmd=[sys.executable, "-c", STAND_IN_SERVER],
+                          home_dir_template=str(tmp_path / "homes" / "{username}"),
+                          environment={"KERNEL_PID_FILE": str(tmp_path / "kernel.pid")},
+                          term_timeout=3, kill_timeout=3, start_timeout=20, gpu_start_reserve=15,
+                          gpu_poll_interval=0.2, **settings)
+    spawner._gpu_offer = offer(WHOLE_L4)
+    return spawner
+
+
+async def start_stand_in(spawner, tmp_path: Path) -> list[psutil.Process]:
+    """Start the server on its whole L4; its process and its kernel's."""
+    await spawner.start()
+    pid_file = tmp_path / "kernel.pid"
+    deadline = time.monotonic() + 20
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the stand-in server did not start its kernel"
+        await asyncio.sleep(0.05)
+    return [psutil.Process(spawner.pid), psutil.Process(int(pid_file.read_text()))]
+
+
+async def in_thread(call, *args, **kwargs):
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: call(*args, **kwargs))
+
+
+def record_releases(spawner, processes: list[psutil.Process], service, waiting: dict) -> list[dict]:
+    """What the spawner tells the service, and what runs and what waits at that moment."""
+    calls: list[dict] = []
+    link = spawner._gpu_link
+    release, holders_gone = link.release, link.holders_gone
+
+    def seen(call: str, **details) -> None:
+        calls.append({"call": call, **details, "running": [p.pid for p in processes if still_running(p)],
+                      "waiting": service.call("GET", f"leases/{waiting['id']}", token=ALICE).json()["state"]
+                      if waiting else None})
+
+    async def recording_release(lease_id, *, holder_gone=False):
+        seen("release", holder_gone=holder_gone)
+        return await release(lease_id, holder_gone=holder_gone)
+
+    async def recording_holders_gone(holders):
+        seen("holders_gone", holders=holders)
+        return await holders_gone(holders)
+
+    link.release, link.holders_gone = recording_release, recording_holders_gone
+    return calls
+
+
+def ask_for_both_l4(service) -> dict:
+    """alice asks for both L4s while bob's server holds one: she waits for it."""
+    reply = service.call("POST", "leases", {"spec": BOTH_L4, "holder": "kernel:k1"}, token=ALICE)
+    assert reply.status == 202 and reply.json()["state"] == "queued", reply
+    return reply.json()
+
+
+def state_of(service, lease: dict) -> str:
+    return service.call("GET", f"leases/{lease['id']}", token=ALICE).json()["state"]
+
+
+def test_a_server_whose_lease_is_released_is_stopped_before_its_slice_is_free(service, tmp_path, caplog):
+    """As the sidebar's Release of the server's slice: the heartbeats find the lease ended, the
+    spawner stops the server and what it started, and only then is the slice given to alice;
+    the hub's poll meanwhile never re-enters stop(), and its callbacks hear of the stop at once."""
+    caplog.set_level(logging.INFO)
+    spawner = local_spawner(service, tmp_path, gpu_heartbeat_interval=0.2)
+
+    async def scenario():
+        processes = await start_stand_in(spawner, tmp_path)
+        lease_id = spawner.gpu_lease_id
+        assert psutil.Process(spawner.pid).environ()["CUDA_VISIBLE_DEVICES"] == \
+            service.call("GET", f"leases/{lease_id}", token=BOB).json()["slice"]["gpu_uuids"][0]
+        waiting = await in_thread(ask_for_both_l4, service)
+        calls = record_releases(spawner, processes, service, waiting)
+        told = asyncio.Event()
+        spawner.add_poll_callback(told.set)
+        # the user releases the server's slice (no holder_gone: the server still runs)
+        reply = await in_thread(service.call, "DELETE", f"leases/{lease_id}", token=BOB)
+        assert reply.status == 200, reply
+        assert await in_thread(state_of, service, waiting) == "queued"  # the slice waits for the server
+        statuses = []
+        started = time.monotonic()
+        while not told.is_set():  # the hub polls meanwhile, as its poll_interval does
+            assert time.monotonic() - started < 20, f"the server was not stopped: {calls}\n{caplog.text}"
+            statuses.append(await spawner.poll())
+            await asyncio.sleep(0.1)
+        return processes, waiting, calls, statuses, time.monotonic() - started
+
+    processes, waiting, calls, statuses, took = asyncio.run(scenario())
+    assert not any(still_running(p) for p in processes)
+    assert took < 15
+    assert calls and calls[0]["call"] == "release" and calls[0]["holder_gone"] is True
+    assert all(call["running"] == [] for call in calls), calls  # told only once nothing of it runs
+    assert calls[0]["waiting"] == "queued", calls
+    assert state_of(service, waiting) == "granted"
+    assert spawner.gpu_lease_id == "" and statuses[-1] is not None
+    assert caplog.text.count("stopping the server: its GPU lease ended (released by bob)") == 1
+    assert "RecursionError" not in caplog.text and "never died" not in caplog.text
+    assert asyncio.run(spawner.poll()) is not None
+
+
+def test_the_hubs_poll_stops_a_server_whose_lease_ended_without_recursing(service, tmp_path, caplog):
+    """poll() finding the lease ended (what the heartbeats found) stops the server once:
+    LocalProcessSpawner.stop() polls while it waits for the process, which must not stop again."""
+    spawner = local_spawner(service, tmp_path, gpu_heartbeat_interval=3600)
+
+    async def scenario():
+        processes = await start_stand_in(spawner, tmp_path)
+        reply = await in_thread(service.call, "DELETE", f"leases/{spawner.gpu_lease_id}", token=BOB)
+        assert reply.status == 200, reply
+        waiting = await in_thread(ask_for_both_l4, service)
+        calls = record_releases(spawner, processes, service, waiting)
+        spawner._gpu_lost = "released by bob"  # as the heartbeat that found it leaves it
+        status = await asyncio.wait_for(spawner.poll(), 30)
+        return processes, waiting, calls, status
+
+    processes, waiting, calls, status = asyncio.run(scenario())
+    assert status is not None and not any(still_running(p) for p in processes)
+    assert [(c["call"], c.get("holder_gone"), c["running"], c["waiting"]) for c in calls][:1] == \
+        [("release", True, [], "queued")]
+    assert all(c["running"] == [] for c in calls), calls
+    assert state_of(service, waiting) == "granted"
+    assert caplog.text.count("stopping the server: its GPU lease ended") == 1
+
+
+def test_stop_ends_the_server_then_frees_its_slice_at_once(service, tmp_path):
+    spawner = local_spawner(service, tmp_path, gpu_heartbeat_interval=3600)
+
+    async def scenario():
+        processes = await start_stand_in(spawner, tmp_path)
+        waiting = await in_thread(ask_for_both_l4, service)
+        calls = record_releases(spawner, processes, service, waiting)
+        poll_meanwhile = asyncio.ensure_future(asyncio.sleep(0.2))
+        stopping = asyncio.ensure_future(spawner.stop())
+        await poll_meanwhile
+        status_while_stopping = await spawner.poll()  # waits for the stop, then says it ended
+        await stopping
+        return processes, waiting, calls, status_while_stopping
+
+    processes, waiting, calls, status = asyncio.run(scenario())
+    assert status is not None and not any(still_running(p) for p in processes)
+    assert [(c["call"], c["holder_gone"], c["running"], c["waiting"]) for c in calls] == \
+        [("release", True, [], "queued")]
+    assert state_of(service, waiting) == "granted"
+    assert spawner.gpu_lease_id == ""
+
+
+def test_a_failed_start_frees_its_slice_at_once(service, tmp_path):
+    spawner = local_spawner(service, tmp_path)
+    spawner.cmd = [str(tmp_path / "no-such-server")]
+
+    async def scenario():
+        calls = record_releases(spawner, [], service, {})
+        with pytest.raises(FileNotFoundError):
+            await spawner.start()
+        return calls
+
+    calls = asyncio.run(scenario())
+    assert [(c["call"], c["holder_gone"]) for c in calls] == [("release", True)]
+    assert spawner.gpu_lease_id == ""
+    reply = service.call("POST", "leases", {"spec": BOTH_L4, "holder": "kernel:k1"}, token=ALICE)
+    assert reply.status == 201, reply
