@@ -53,13 +53,15 @@ JupyterHub on GPU slices: {url}
 
   Log in as alice, bob or carol (any password; any other name works too), or as `admin`.
   1. The spawn form lists the GPU offers with how many are free now: pick "MIG 1g.10gb" and
-     start. The server's CUDA_VISIBLE_DEVICES is its MIG device (open a terminal or a notebook
-     and run `env | grep -E "CUDA|GPUALLOC"`).
+     start; the progress page says "Spawning server... (on your 1g.10gb slice)" (its Event log
+     lists the request and the grant). The server's CUDA_VISIBLE_DEVICES is its MIG device: in
+     a JupyterLab terminal, `env | grep -E "^CUDA_|^GPUALLOC_(LEASE|SLICE|MEMORY)"` shows it
+     (and not GPUALLOC_TOKEN, the service token: never print that); in a notebook, `%gpu status`.
   2. In a second browser profile, log in as bob and pick "Whole H100"; then as carol: her form
      greys "Whole H100" out, "(over your quota: at most 20 GiB)". Pick it as
      another user (e.g. dave) while bob holds it: the spawn page shows "waiting for a whole GPU
-     on H100 80GB HBM3: position 1 in queue" until bob stops his server (Hub Control Panel ->
-     Stop My Server); then dave's server starts.
+     on H100 80GB HBM3: position 1 in queue" until bob stops his server (in JupyterLab: File ->
+     Hub Control Panel -> Stop My Server); then dave's server starts.
   3. As admin, the Hub Control Panel shows every server; in the same browser the allocator's API
      shows {url}/services/gpualloc/api/v1/leases?all=1 (every lease) and .../inventory (every GPU,
      with who holds each slice).

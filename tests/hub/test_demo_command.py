@@ -152,3 +152,19 @@ def test_a_service_that_cannot_start_stops_the_demo_with_one_line(tmp_path):
     assert last.startswith("error: the demo stopped before the allocator service was up: JupyterHub exited"), \
         result.stderr[-3000:]
     assert not any(port_in_use("127.0.0.1", port) for port in ports.values())  # no proxy left on the hub's URL
+
+
+def test_the_banner_shows_no_command_that_prints_the_service_token():
+    """The banner's env pattern finds the slice's variables and never GPUALLOC_TOKEN (the README says
+    never to print it); it names the menu path JupyterLab has for stopping the server."""
+    import re
+
+    from jupyter_gpualloc.hub.demo import GUIDE
+
+    patterns = re.findall(r'env \| grep -E "([^"]+)"', GUIDE)
+    assert patterns, GUIDE
+    names = ["CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID", "GPUALLOC_SLICE_KIND", "GPUALLOC_MEMORY_LIMIT_MIB"]
+    for pattern in patterns:
+        assert all(re.search(pattern, f"{name}=x") for name in names), pattern
+        assert not re.search(pattern, "GPUALLOC_TOKEN=secret"), pattern
+    assert "File -> Hub Control Panel -> Stop My Server" in " ".join(GUIDE.split())
