@@ -1,10 +1,12 @@
 """Idle release, the server's side: report each GPU kernel's activity, heartbeat every kernel.
 
 The decision is the scheduler's (policy `idle_timeout`, `idle_grace`, `release_busy`): this
-monitor only tells it, every `report_interval`, each GPU kernel's last activity, whether a cell
+monitor only tells it, every `report_interval`, each GPU kernel's last activity as a person made
+it (server/activity.py: cells clients ran, never the kernel's own output), whether such a cell
 is running and how many clients are connected, and heartbeats every kernel's holder so a crashed
 server loses its slices after the heartbeat TTL. When the scheduler ends a kernel's lease
-(idle expiry, preemption), the monitor shuts that kernel down and emits `kernel.gpu_shutdown`.
+(idle expiry, preemption), the monitor shuts that kernel down and emits `kernel.gpu_shutdown`;
+a kernel found gone is reported gone (`holders_gone`), so the slice its lease kept returns.
 
 Every kernel shutdown the extension starts goes through `shut_down`: one task per kernel, never
 cancelled with the caller (a shutdown cut midway leaves jupyter_client's kernel half stopped, and
@@ -17,7 +19,8 @@ import asyncio
 import logging
 from typing import Any, Mapping
 
-from ..client import GpuAllocClient, NotFound
+from ..client import GpuAllocClient, GpuAllocError, NotFound
+from .activity import PersonActivity
 from .events import GpuAllocEvents, kernel_of
 
 ENDS_KERNEL = ("expired", "preempted")
@@ -35,6 +38,8 @@ class KernelActivityMonitor:
         self.leases: dict[str, dict] = {}  # kernel id -> its granted lease (JSON of REST API v1)
         self.extra_holders: set[str] = set()  # other holders this server keeps alive (e.g. "server")
         self.shutdowns: dict[str, asyncio.Task] = {}  # kernel id -> its shutdown in progress
+        self.person = PersonActivity(kernel_manager, log=self.log)
+        self.unreported: set[str] = set()  # holders of kernels found gone, not yet reported gone
 
     def attach(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
         self.leases[kernel_id] = dict(lease)
@@ -46,18 +51,22 @@ class KernelActivityMonitor:
         return self.leases.get(kernel_id)
 
     def activity(self, kernel_id: str) -> dict[str, Any]:
-        """What the scheduler is told about a kernel: last activity, busy, connections."""
-        kernel = self.kernel_manager.get_kernel(kernel_id)
+        """What the scheduler is told about a kernel: a person's last activity, busy, connections."""
+        self.person.watch(kernel_id)
         connections = getattr(self.kernel_manager, "_kernel_connections", {}).get(kernel_id, 0)
-        last = getattr(kernel, "last_activity", None)
-        return {"last_activity": last.timestamp() if last is not None else None,
-                "busy": getattr(kernel, "execution_state", "") == "busy", "connections": int(connections)}
+        return {**self.person.of(kernel_id), "connections": int(connections)}
 
     async def report(self) -> None:
-        """One round: heartbeat every kernel's holder, touch each GPU kernel's lease."""
+        """One round: report kernels found gone, heartbeat every kernel's holder, touch each GPU kernel's lease."""
         running = set(self.kernel_manager.list_kernel_ids())
+        for kernel_id in running:
+            self.person.watch(kernel_id)
+        for kernel_id in self.person.watched() - running:
+            self.person.forget(kernel_id)
         for kernel_id in set(self.leases) - running:
             self.detach(kernel_id)
+            self.unreported.add(f"kernel:{kernel_id}")
+        await self.report_gone()
         holders = [f"kernel:{k}" for k in sorted(running)] + sorted(self.extra_holders)
         if holders:
             for lease in await self.client.heartbeat(holders):
@@ -69,6 +78,18 @@ class KernelActivityMonitor:
                 self.leases[kernel_id] = await self.client.touch(lease["id"], **self.activity(kernel_id))
             except NotFound:
                 await self.lease_ended(kernel_id, await self.client.lease(lease["id"]))
+
+    async def report_gone(self) -> None:
+        """Tell the service which kernels' processes ended; those it did not hear of wait for the next round."""
+        if not self.unreported:
+            return
+        holders = sorted(self.unreported)
+        try:
+            await self.client.holders_gone(holders)
+        except GpuAllocError as err:
+            self.log.warning("gpualloc: cannot report ended kernels %s: %s", holders, err)
+            return
+        self.unreported.difference_update(holders)
 
     async def on_event(self, event: Mapping[str, Any]) -> None:
         """React at once to a scheduler event that ends one of this server's kernels' leases."""

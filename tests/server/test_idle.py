@@ -38,3 +38,57 @@ async def test_idle_kernel_is_warned_then_shut_down_while_a_busy_one_is_left_alo
         assert ("lease.expired", busy_lease) not in types
     finally:
         client.stop_channels()
+
+
+NOISY_CELL = """
+import threading, time
+from ipykernel.comm import Comm
+
+def speak():  # what the project's own notices and widgets do: output and comm messages outside any cell
+    comm = Comm(target_name="gpualloc-test")
+    for n in range(200):
+        print("notice", n, flush=True)
+        comm.send({"n": n})
+        time.sleep(0.2)
+
+threading.Thread(target=speak, daemon=True).start()
+"""
+
+
+async def test_a_kernels_own_output_and_widget_messages_are_not_activity(gpualloc, jp_serverapp, events):
+    """Output printed and comm messages sent outside a cell (as the idle notice and the widgets do)
+    leave the kernel idle: it is warned and released all the same."""
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=MIG_KERNEL)
+    lease_id = lease_of(gpualloc, kernel_id).id
+    client = km.get_kernel(kernel_id).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=30)
+        reply = await client.execute(NOISY_CELL, reply=True, timeout=30)
+        assert reply["content"]["status"] == "ok"
+        await wait_for(lambda: kernel_id not in km, timeout=20)
+        types = [(t, d.get("lease_id")) for t, d in events]
+        assert ("lease.expired", lease_id) in types
+        assert gpualloc.embedded.scheduler.lease(lease_id).state.value == "expired"
+    finally:
+        client.stop_channels()
+
+
+async def test_a_person_s_cell_is_activity_and_a_silent_execution_is_not(gpualloc, jp_serverapp):
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=MIG_KERNEL)
+    monitor = gpualloc.monitor
+    client = km.get_kernel(kernel_id).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=30)
+        monitor.person.watch(kernel_id)
+        before = monitor.activity(kernel_id)["last_activity"]
+        await client.execute("x = 1", silent=True, reply=True, timeout=30)
+        assert monitor.activity(kernel_id)["last_activity"] == before
+        await client.execute("x = 2", reply=True, timeout=30)
+        await wait_for(lambda: (monitor.activity(kernel_id)["last_activity"] or 0) > (before or 0))
+        assert monitor.activity(kernel_id)["busy"] is False
+    finally:
+        client.stop_channels()
