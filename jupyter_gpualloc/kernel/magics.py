@@ -338,7 +338,7 @@ class KernelGpu:
             self.applied_id = None
             busy = cuda_initialised_by()
             if busy:
-                note += f"; CUDA in this kernel ({', '.join(busy)}) keeps its context until the kernel restarts"
+                note += f"; CUDA in this kernel ({', '.join(busy)}) keeps its context, and the slice stays out of the pool, until the kernel restarts"
         if lease["id"] == self.restart_needed_for:
             self.restart_needed_for = None
         return note
@@ -369,7 +369,9 @@ class KernelGpu:
         lease = self.current()
         if lease is None:
             return ["gpu: this kernel holds no GPU slice"]
-        ended = self.client.release(lease["id"])
+        # the slice returns to the pool at once unless this process may still use it (a CUDA context on it)
+        in_use = lease["id"] == self.applied_id and bool(cuda_initialised_by())
+        ended = self.client.release(lease["id"], holder_gone=not in_use)
         note = self.forget(ended)
         if lease["state"] == "queued":
             return [f"gpu: withdrew the request for a {describe_request(lease)} (lease {lease['id']})"]

@@ -23,6 +23,7 @@ from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
 from ..service.validation import InputError, parse_json
 from ..jobs.notebook import job_dir
+from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
 from .events import kernel_of
 from .watchdog import process_tree_map
@@ -53,7 +54,7 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
                 raise web.HTTPError(403, "cross-origin request refused") from None
             raise
         if self.needs_allocator and self.ext.client is None:
-            raise web.HTTPError(503, "no GPU allocator is configured for this server")
+            raise web.HTTPError(503, self.ext.off_reason)
 
     def body(self) -> dict[str, Any]:
         """The JSON object sent, with the API's bounds (depth, NaN, lone surrogates); 400 naming the field."""
@@ -113,6 +114,17 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
             if kernel_id is not None and process.used_mib is not None:
                 used[kernel_id] = used.get(kernel_id, 0) + process.used_mib
         return used
+
+    def kernel_uses_gpu(self, kernel_id: str) -> bool:
+        """Whether a kernel of this server may hold a CUDA context: the device backend counts memory
+        of its processes, or the CUDA driver library is mapped into its process."""
+        km = self.ext.serverapp.kernel_manager
+        if kernel_id not in km:
+            return False
+        if kernel_id in self.kernel_memory():
+            return True
+        pid = getattr(getattr(km.get_kernel(kernel_id), "provisioner", None), "pid", None)
+        return pid is not None and driver_loaded(f"/proc/{pid}/maps")
 
 
 class SlicesHandler(SidebarHandler):
@@ -200,23 +212,36 @@ class RequestHandler(SidebarHandler):
         elif not kernel_id:
             self.ext.monitor.extra_holders.add("server")
         entry = self.lease_entry(lease)
-        if kernel_id:
-            entry["note"] = "restart the kernel to use the slice (it is applied when the kernel starts)"
+        if kernel_id and self.kernel_uses_gpu(kernel_id):
+            entry["note"] = "restart the kernel to use the slice: CUDA already runs in it on another GPU"
+        elif kernel_id:
+            entry["note"] = "the kernel uses the slice from its next %gpu command, or when it restarts"
         self.set_status(201 if lease["state"] == "granted" else 202)
         self.finish(json.dumps(entry))
 
 
 class ReleaseHandler(SidebarHandler):
-    """POST {"lease_id": id}."""
+    """POST {"lease_id": id}. A kernel's slice that the kernel may still use (CUDA runs in it) returns
+    to the pool only when the kernel ends, any other kernel's at once. A JupyterHub server's slice
+    returns once the hub has stopped the server (hub/mixin.py); in embedded mode the server's own
+    slice runs nothing of its own, so it returns at once."""
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
-        lease = await self.service(self.ext.client.release(self.lease_id()))
-        kernel_id = kernel_of(lease["holder"])
+        lease_id = self.lease_id()
+        held = {l["id"]: l for l in await self.service(self.ext.client.leases())}.get(lease_id)
+        kernel_id = kernel_of(held["holder"]) if held else None
+        in_use = kernel_id is not None and self.kernel_uses_gpu(kernel_id)
+        server_slice = held is not None and held["holder"].partition(":")[0] == "server"
+        gone = (kernel_id is not None and not in_use) or (server_slice and self.ext.embedded is not None)
+        lease = await self.service(self.ext.client.release(lease_id, holder_gone=gone))
         if kernel_id is not None:
             self.ext.monitor.detach(kernel_id)
-        self.finish(json.dumps(self.lease_entry(lease)))
+        entry = self.lease_entry(lease)
+        if in_use:
+            entry["note"] = "CUDA runs in the kernel: its slice returns to the pool when the kernel restarts or shuts down"
+        self.finish(json.dumps(entry))
 
 
 class ExtendHandler(SidebarHandler):

@@ -7,7 +7,8 @@ magic (`--ext=jupyter_gpualloc`). A kernel whose kernelspec asks for a slice
 CUDA_VISIBLE_DEVICES and the cap variables in its env.
 On restart the kernel's active lease (however it was obtained, e.g. by the %gpu magic) is found
 by its holder and applied again (when the allocator does not answer, a kernel that asks for no
-slice starts without one); at shutdown it is released. Waiting for a queued slice is an
+slice starts without one); once its process has ended, at shutdown, the kernel is reported gone
+(`holders_gone`): its lease ends and its slice, ended or not, returns to the pool. Waiting for a queued slice is an
 async long-poll, so the server's event loop keeps running; past `wait_timeout` the kernel start
 fails with a message saying so.
 """
@@ -175,7 +176,7 @@ class GpuAllocProvisioner(LocalProvisioner):
             pass  # it ended already (expired, or released by the user)
 
     async def cleanup(self, restart: bool = False) -> None:
-        """At shutdown, release the kernel's lease; a restart keeps it."""
+        """At shutdown, its process ended: report the kernel gone; a restart keeps its lease."""
         await super().cleanup(restart=restart)
         if restart:
             return
@@ -187,11 +188,11 @@ class GpuAllocProvisioner(LocalProvisioner):
         if link.released_by_server:
             return
         try:
-            lease = await self._active_lease(link)
-            if lease is not None:
-                await self._release(link, lease["id"])
+            await link.client.holders_gone([self.holder])
         except GpuAllocError as err:  # the kernel still stops; its lease ends with the heartbeat TTL
-            self.log.warning("kernel %s: cannot release its GPU lease: %s", self.kernel_id, err)
+            self.log.warning("kernel %s: cannot report its end to the GPU allocator: %s", self.kernel_id, err)
+            if link.monitor is not None:
+                link.monitor.unreported.add(self.holder)  # the next report tries again
         self.lease_id = None
 
     async def get_provisioner_info(self) -> dict[str, Any]:
