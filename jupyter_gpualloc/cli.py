@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, TextIO
 
-from .core.devices.base import DeviceError
+from .core.devices.base import DeviceError, DeviceUnavailable
 
 # ----------------------------------------------------------------- simulate openb
 
@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USE_SIMULATED = "No GPU here? Use a simulated fleet: --backend simulated --fleet FLEET.yaml"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
@@ -372,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, sys.stdout)
     except DeviceError as err:
-        print(f"error: {err}", file=sys.stderr)
+        hint = f". {USE_SIMULATED}" if isinstance(err, DeviceUnavailable) else ""
+        print(f"error: {err}{hint}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -129,7 +129,9 @@ def discover(url: str | None = None, token: str | None = None, env: Mapping[str,
             path = "/".join(p for p in (base.strip("/"), "services", name) if p)
             url = f"{parsed.scheme}://{parsed.netloc}/{path}/"
     if not url:
-        raise ValueError("cannot find the gpualloc service: set GPUALLOC_URL (or pass url=...)")
+        raise ValueError("cannot find the gpualloc service: set GPUALLOC_URL (or pass url=...), or start "
+                         "this from a Jupyter server whose jupyter_gpualloc extension runs (without GPUs: "
+                         "c.GpuAllocExtension.fleet in ~/.jupyter/jupyter_server_config.py)")
     token = token or env.get("GPUALLOC_TOKEN") or env.get("JUPYTERHUB_API_TOKEN")
     if not token:
         raise ValueError("no token for the gpualloc service: set GPUALLOC_TOKEN (or pass token=...)")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from jupyter_client.provisioning.factory import KernelProvisionerFactory
-from jupyter_core.paths import jupyter_data_dir
+from jupyter_core.paths import jupyter_config_dir, jupyter_data_dir
 from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.utils import url_path_join
@@ -29,7 +29,7 @@ from traitlets import Bool, Float, Int, Unicode, default, validate
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
 from ..core.devices import make_backend
-from ..core.devices.base import DeviceBackend, DeviceError
+from ..core.devices.base import DeviceBackend, DeviceError, DeviceUnavailable
 from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
 from ..jobs.runner import JobRunner
@@ -44,6 +44,14 @@ from .provisioner import KernelLink, install_link
 from .relay import EVENTS_PATH, RELAY_ROOT, KernelEventRelay, KernelEventsHandler
 from .resync import RESET, StreamMirror
 from .watchdog import Watchdog, cap_mechanisms
+
+def no_gpu_reason(nvml_error: str) -> str:
+    """Embedded mode on a machine without GPUs and without a fleet file: what is off, and what to set."""
+    config = Path(jupyter_config_dir()) / "jupyter_server_config.py"
+    return (f"GPU slices and jobs are off: no GPU was found ({nvml_error}) and no fleet file is configured. "
+            f"To use simulated GPUs, set c.GpuAllocExtension.fleet = \"/path/to/fleet.yaml\" in {config} "
+            "and restart the server.")
+
 
 PROVISIONER_ENTRY_POINT = "jupyter_gpualloc.server.provisioner:GpuAllocProvisioner"
 # Server stop: seconds it waits for periodic work in flight (each call to the service has its own timeout)
@@ -145,13 +153,16 @@ class GpuAllocExtension(ExtensionApp):
         self.stream_position = StreamPosition()  # remote mode: where the service's stream resumes
         self.stream_mirror = StreamMirror()  # remote mode: what that stream told, to catch up after a reset
         device_backend: DeviceBackend | None = None
+        self.off_reason = "no GPU allocator is configured for this server"  # why GPU features are off, when they are
         if self.embedded_mode:
-            self.embedded = EmbeddedScheduler.from_config(
-                backend=self.backend, fleet=self.fleet, process_dir=self.process_dir,
-                state_file=str(Path(self.db_url.replace("sqlite:///", "")).with_suffix(".mig.json"))
-                if self.db_url.startswith("sqlite:///") else "",
-                db_url=self.db_url, parent=self, user=self.owner, admin=self.owner_is_admin,
-                audit_log=self.audit_log, replay_size=self.event_replay_size, log=self.log)
+            try:
+                self.embedded = self._embedded_scheduler()
+            except DeviceUnavailable as err:
+                if self.backend or self.fleet:
+                    raise
+                self.off_reason = no_gpu_reason(str(err))
+                self.log.warning("gpualloc: %s", self.off_reason)
+                return
             device_backend = self.embedded.backend
             self.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
             self.kernel_token = self.server_token()
@@ -159,6 +170,7 @@ class GpuAllocExtension(ExtensionApp):
             try:
                 endpoint = discover(self.service_url or None, self.service_token or None)
             except ValueError as err:
+                self.off_reason = f"no GPU allocator is configured for this server ({err})"
                 self.log.warning("gpualloc: no GPU allocator is configured for this server (%s); "
                                  "GPU slices and jobs are off, kernels start as usual", err)
                 return
@@ -174,6 +186,14 @@ class GpuAllocExtension(ExtensionApp):
                          if device_backend is not None else None)
         self._link_kernels()
         self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
+
+    def _embedded_scheduler(self) -> EmbeddedScheduler:
+        return EmbeddedScheduler.from_config(
+            backend=self.backend, fleet=self.fleet, process_dir=self.process_dir,
+            state_file=str(Path(self.db_url.replace("sqlite:///", "")).with_suffix(".mig.json"))
+            if self.db_url.startswith("sqlite:///") else "",
+            db_url=self.db_url, parent=self, user=self.owner, admin=self.owner_is_admin,
+            audit_log=self.audit_log, replay_size=self.event_replay_size, log=self.log)
 
     def server_token(self) -> str:
         return self.serverapp.identity_provider.token or ""

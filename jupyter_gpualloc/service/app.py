@@ -32,7 +32,7 @@ from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, TraitError,
 from traitlets.config import Application
 
 from ..core.devices import BACKENDS, make_backend
-from ..core.devices.base import DeviceError
+from ..core.devices.base import DeviceError, DeviceUnavailable
 from ..core.jobs import Jobs
 from ..core.policy import SchedulerPolicy
 from ..core.scheduler import Scheduler
@@ -468,6 +468,9 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+USE_SIMULATED = "No GPU here? Run on a simulated fleet: --backend simulated --fleet FLEET.yaml (examples/fleets/)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the service; configuration errors print one line and return 1."""
     app = GpuAllocService()
@@ -476,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     except (DeviceError, ValueError, OSError, TraitError, SQLAlchemyError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        hint = f". {USE_SIMULATED}" if isinstance(err, DeviceUnavailable) else ""
+        print(f"error: {' '.join(str(err).split())}{hint}", file=sys.stderr)
         return 1
     app.start()
     return 0

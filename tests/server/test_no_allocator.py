@@ -7,6 +7,9 @@ import time
 
 import pytest
 
+from jupyter_gpualloc.core.devices import make_backend
+from jupyter_gpualloc.core.devices.base import DeviceUnavailable
+
 from tests.server.test_server_process import JupyterServerProcess, servers  # noqa: F401 (fixture)
 from tests.service.conftest import ALICE, ServiceProcess
 
@@ -37,6 +40,29 @@ def test_no_allocator_configured_is_one_line_and_kernels_start(tmp_path, servers
     log = log_of(server)
     assert log.count("gpualloc: no GPU allocator is configured for this server") == 1, log
     assert "Traceback" not in log and "gpualloc: " not in log.replace("gpualloc: no GPU allocator", ""), log
+
+
+def test_no_gpu_and_no_fleet_says_in_one_line_what_to_set_and_where(tmp_path, servers):
+    """A workstation without GPUs, the extension enabled, no fleet file: the server starts, its log
+    and the panel's API say which trait to set in which file, and kernels start as usual."""
+    try:
+        make_backend("nvml").close()
+        pytest.skip("NVML finds GPUs on this machine")
+    except DeviceUnavailable:
+        pass
+    server = JupyterServerProcess(tmp_path, {"GpuAllocExtension": {"mode": "embedded"}}).start()
+    servers.append(server)
+    config_file = str(server.workdir / "config" / "jupyter_server_config.py")
+    status, body = server.call("GET", "gpualloc/api/slices")
+    assert status == 503
+    assert "c.GpuAllocExtension.fleet" in body["message"] and config_file in body["message"], body
+    assert server.call("GET", "gpualloc/api/status")[1]["mode"] == "off"
+    status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
+    assert status == 201, kernel
+    log = log_of(server)
+    lines = [line for line in log.splitlines() if "gpualloc: " in line]
+    assert len(lines) == 1 and "c.GpuAllocExtension.fleet" in lines[0] and config_file in lines[0], log
+    assert "Traceback" not in log and "--backend" not in log, log
 
 
 def test_an_allocator_that_does_not_answer_is_one_line_until_it_is_back(tmp_path, servers):

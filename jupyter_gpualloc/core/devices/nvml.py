@@ -25,10 +25,9 @@ from .base import (DeviceBackend, DeviceError, DevicePermissionError, DeviceUnav
 
 _MIB = 1024 * 1024
 log = logging.getLogger(__name__)
-_USE_SIMULATED = "No GPU here? Use the simulated fleet: --backend simulated --fleet FLEET.yaml"
-LIBRARY_NOT_FOUND = ("NVML not available: the NVIDIA driver library (libnvidia-ml.so.1) was not found. "
-                     + _USE_SIMULATED)
-DRIVER_NOT_LOADED = "NVML not available: the NVIDIA kernel driver is not loaded. " + _USE_SIMULATED
+# each caller says how to use a simulated fleet instead (a command-line option, a config trait)
+LIBRARY_NOT_FOUND = "NVML not available: the NVIDIA driver library (libnvidia-ml.so.1) was not found"
+DRIVER_NOT_LOADED = "NVML not available: the NVIDIA kernel driver is not loaded"
 _ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 _UNSAMPLED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NoPermission)
 _REASONS = {
@@ -51,7 +50,7 @@ class NvmlBackend(DeviceBackend):
         except pynvml.NVMLError_DriverNotLoaded:
             raise DeviceUnavailable(DRIVER_NOT_LOADED) from None
         except pynvml.NVMLError as exc:
-            raise DeviceUnavailable(f"NVML not available: {exc}. {_USE_SIMULATED}") from None
+            raise DeviceUnavailable(f"NVML not available: {exc}") from None
         self.node_name = node_name or socket.gethostname()
         self._can_change_mig = True
         self._profiles: dict[str, dict[int, MigProfile]] = {}

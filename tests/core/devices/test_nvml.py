@@ -170,7 +170,7 @@ def test_library_not_found_is_one_clear_message(monkeypatch):
     with pytest.raises(DeviceUnavailable) as err:
         NvmlBackend()
     assert str(err.value) == LIBRARY_NOT_FOUND
-    assert "libnvidia-ml.so.1" in str(err.value) and "--backend simulated --fleet FLEET.yaml" in str(err.value)
+    assert "libnvidia-ml.so.1" in str(err.value) and "--backend" not in str(err.value)  # each caller says how to simulate
     assert "\n" not in str(err.value)
     assert err.value.__cause__ is None and err.value.__suppress_context__
 
@@ -178,7 +178,7 @@ def test_library_not_found_is_one_clear_message(monkeypatch):
 def test_driver_not_loaded(monkeypatch, fake):
     fake.errors["nvmlInitWithFlags"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
     monkeypatch.setattr(pynvml, "nvmlLib", fake.lib)
-    with pytest.raises(DeviceUnavailable, match="driver is not loaded.*--backend simulated"):
+    with pytest.raises(DeviceUnavailable, match="driver is not loaded$"):
         NvmlBackend()
 
 
