@@ -10,6 +10,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
+import { streamQuery } from './model/stream';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
 
 /** The sidebar API's path below the server's base URL. */
@@ -135,12 +136,16 @@ export class GpuApi {
     return () => controller.abort();
   }
 
-  /** The event stream; `onEvent` for each event, `onState(true|false)` as it connects or drops. */
-  events(onEvent: (event: GpuEvent) => void, onState: (connected: boolean) => void): EventSource {
-    const query: Record<string, string> = this.settings.token ? { token: this.settings.token } : {};
+  /** The event stream; `onEvent` for each event, `onState(true|false)` as it connects or drops
+   * (`closed`: the browser gave up on it, e.g. a refusal, and will not try again). */
+  events(
+    onEvent: (event: GpuEvent) => void,
+    onState: (connected: boolean, closed: boolean) => void
+  ): EventSource {
+    const query = streamQuery(this.settings.token, document.cookie);
     const source = new EventSource(this.url(`${ROOT}/events`, query), { withCredentials: true });
-    source.onopen = () => onState(true);
-    source.onerror = () => onState(false);
+    source.onopen = () => onState(true, false);
+    source.onerror = () => onState(false, source.readyState === EventSource.CLOSED);
     source.onmessage = message => {
       try {
         onEvent(JSON.parse(message.data));

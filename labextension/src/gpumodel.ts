@@ -9,10 +9,11 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { GpuApi } from './api';
 import { extensionRefusal } from './model/deadline';
-import { ApiError, plainError } from './model/errors';
+import { ApiError, plainError, unreachableText } from './model/errors';
 import { namedAfterNotebook } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
+import { reconnectDelay } from './model/stream';
 import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
 
 /** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
@@ -69,6 +70,7 @@ export class GpuModel {
 
   dispose(): void {
     this._source?.close();
+    window.clearTimeout(this._reconnect);
     window.clearInterval(this._poll);
     window.clearTimeout(this._jobPoll);
   }
@@ -115,7 +117,7 @@ export class GpuModel {
       this.dismissClearedWarnings();
       this.unreachable = null;
     } catch (err) {
-      this.unreachable = `The GPU allocator cannot be reached: ${(err as Error).message}`;
+      this.unreachable = unreachableText(err);
     }
     this._changed.emit();
   }
@@ -279,12 +281,20 @@ export class GpuModel {
   private connect(): void {
     this._source = this.api.events(
       event => this.handle(event),
-      connected => {
+      (connected, closed) => {
         const reconnected = connected && !this.connected;
-        this.connected = connected;
-        this._changed.emit();
+        this._streamFailures = connected ? 0 : this._streamFailures + 1;
+        if (this.connected !== connected) {
+          this.connected = connected;
+          this._changed.emit();
+        }
         if (reconnected) {
           void this.refresh();
+        }
+        if (closed) {
+          this._source?.close();
+          this._source = null;
+          this._reconnect = window.setTimeout(() => this.connect(), reconnectDelay(this._streamFailures));
         }
       }
     );
@@ -292,6 +302,8 @@ export class GpuModel {
 
   private _changed = new Signal<GpuModel, void>(this);
   private _source: EventSource | null = null;
+  private _streamFailures = 0;
+  private _reconnect = 0;
   private _poll = 0;
   private _jobPoll = 0;
   private _announcedJobs = new Set<string>();

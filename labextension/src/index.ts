@@ -4,7 +4,7 @@
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { InputDialog } from '@jupyterlab/apputils';
+import { Dialog, InputDialog, showDialog } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { INotebookTracker } from '@jupyterlab/notebook';
@@ -15,6 +15,7 @@ import { Signal } from '@lumino/signaling';
 import { GpuApi } from './api';
 import { GpuModel } from './gpumodel';
 import { ICurrentNotebook } from './components/request';
+import { releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
 
@@ -64,7 +65,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       currentNotebook,
       currentChanged,
       slices: {
-        release: lease => void model.release(lease.id),
+        release: async lease => {
+          const question = releaseQuestion(lease);
+          if (question) {
+            const answer = await showDialog({
+              title: question.title,
+              body: question.body,
+              buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
+            });
+            if (!answer.button.accept) {
+              return;
+            }
+          }
+          await model.release(lease.id);
+        },
         keep: lease => void model.keep(lease.id),
         extendDeadline: lease => void model.extendDeadline(lease.id),
         notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,

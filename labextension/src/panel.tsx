@@ -43,7 +43,7 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
         </div>
       ))}
       <Section id="fleet" title="Fleet">
-        <Fleet inventory={model.inventory} mine={mine} />
+        <Fleet inventory={model.inventory} mine={mine} unavailable={!!model.unreachable} />
       </Section>
       <Section id="mine" title="My slices">
         <MySlices

@@ -4,7 +4,7 @@ import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import React from 'react';
 
 import { GpuModel } from './gpumodel';
-import { statusText } from './model/format';
+import { statusText, statusTitle } from './model/format';
 
 export class GpuStatus extends ReactWidget {
   constructor(
@@ -25,7 +25,7 @@ export class GpuStatus extends ReactWidget {
               className="jp-gpualloc-status-button"
               onClick={this.open}
               aria-label={`${text}: open the GPUs panel`}
-              title="Open the GPUs panel"
+              title={statusTitle(this.model.slices)}
             >
               {text}
             </button>

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { formatCountdown, formatDuration, secondsLeft } from '../src/model/countdown';
-import { namedAfterNotebook, statusText } from '../src/model/format';
+import { namedAfterNotebook, releaseQuestion, statusText, statusTitle } from '../src/model/format';
 import { LeaseEntry } from '../src/model/types';
 
 describe('idle countdown', () => {
@@ -52,6 +52,28 @@ describe('status-bar text', () => {
     expect(statusText([granted])).toBe('GPU 1g.10gb · 9.5 GiB');
     expect(statusText([{ ...granted, used_mib: 3174 }])).toBe('GPU 1g.10gb · 3.1/9.5 GiB');
     expect(statusText([granted, { ...granted, id: 'b' }])).toBe('GPU 1g.10gb · 9.5 GiB +1');
+  });
+
+  it('explains "+1" in its tooltip: each slice and who holds it', () => {
+    const kernel = { ...granted, id: 'b', holder: 'kernel:0123456789ab' };
+    expect(statusTitle([{ ...granted, holder: 'server' }, kernel])).toBe(
+      'Your GPU slices: 1g.10gb (this server), 1g.10gb (kernel 01234567)\nClick to open the GPUs panel'
+    );
+    expect(statusTitle([{ ...granted, state: 'queued', slice: null }])).toBe(
+      'You hold no GPU slice\n1 request queued\nClick to open the GPUs panel'
+    );
+  });
+
+  it("asks before releasing a server's slice: that stops the server", () => {
+    const question = releaseQuestion({ ...granted, holder: 'server' });
+    expect(question?.body).toContain('stops the server');
+    expect(releaseQuestion({ ...granted, holder: 'server:gpu2' })?.accept).toBe('Release and stop the server');
+  });
+
+  it("asks nothing before releasing a kernel's or job's slice, or a queued request", () => {
+    expect(releaseQuestion({ ...granted, holder: 'kernel:k-1' })).toBeNull();
+    expect(releaseQuestion({ ...granted, holder: 'job:7' })).toBeNull();
+    expect(releaseQuestion({ ...granted, holder: 'server', state: 'queued' })).toBeNull();
   });
 });
 

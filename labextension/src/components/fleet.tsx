@@ -63,10 +63,15 @@ function SharedGpu(props: { gpu: Gpu; mine: ReadonlySet<string> }): JSX.Element 
   );
 }
 
-export function Fleet(props: { inventory: Inventory | null; mine: ReadonlySet<string> }): JSX.Element {
+/** The fleet drawing; `unavailable`: it could not be read (the panel says why above). */
+export function Fleet(props: {
+  inventory: Inventory | null;
+  mine: ReadonlySet<string>;
+  unavailable?: boolean;
+}): JSX.Element {
   const inventory = props.inventory;
   if (!inventory) {
-    return <p className="jp-gpualloc-muted">Loading the fleet…</p>;
+    return <p className="jp-gpualloc-muted">{props.unavailable ? 'No fleet to show.' : 'Loading the fleet…'}</p>;
   }
   const unusable = inventory.unusable_nodes ?? [];
   if (inventory.nodes.length === 0 && unusable.length === 0) {

@@ -10,6 +10,16 @@ export class ApiError extends Error {
   }
 }
 
+/** Why the panel has no fleet to show: GPU features off on this server (503, with what to set), or
+ * the allocator not answering. */
+export function unreachableText(err: unknown): string {
+  const message = (err as Error)?.message ?? String(err);
+  if (err instanceof ApiError && err.status === 503) {
+    return `GPU slices are off on this server: ${message}`;
+  }
+  return `The GPU allocator cannot be reached: ${message}`;
+}
+
 /** A refused call in plain words (quota, capacity, drained GPUs). */
 export function plainError(err: unknown): string {
   if (!(err instanceof ApiError)) {

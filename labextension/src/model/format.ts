@@ -79,6 +79,34 @@ export function statusText(slices: LeaseEntry[]): string {
   return `GPU ${sliceName(slice)} · ${memory}${more}`;
 }
 
+/** The status bar's tooltip: each granted slice and its holder ("+1" counts the slices after the first). */
+export function statusTitle(slices: LeaseEntry[]): string {
+  const granted = slices.filter(l => l.state === 'granted' && l.slice);
+  const held = granted.map(l => `${sliceName(l.slice as SliceInfo)} (${holderName(l.holder)})`);
+  const queued = slices.filter(l => l.state === 'queued').length;
+  const lines = held.length ? [`Your GPU slices: ${held.join(', ')}`] : ['You hold no GPU slice'];
+  if (queued) {
+    lines.push(`${queued} request${queued > 1 ? 's' : ''} queued`);
+  }
+  return [...lines, 'Click to open the GPUs panel'].join('\n');
+}
+
+/** The question asked before releasing a slice, or null when it needs none: releasing the slice
+ * of a JupyterHub server stops that server (its kernels end). */
+export function releaseQuestion(lease: LeaseEntry): { title: string; body: string; accept: string } | null {
+  const [kind] = lease.holder.split(':', 1);
+  if (kind !== 'server' || lease.state !== 'granted') {
+    return null;
+  }
+  return {
+    title: 'Release the GPU slice of this server?',
+    body:
+      'The server runs on this slice, so releasing it stops the server: its kernels end and what ' +
+      'is not saved is lost. Start it again from File → Hub Control Panel.',
+    accept: 'Release and stop the server'
+  };
+}
+
 /** A notice about a kernel, naming its notebook: "kernel <id>" -> "train.ipynb",
  * "Kernel <id>" -> "The kernel of train.ipynb". */
 export function namedAfterNotebook(message: string, kernelId: string, notebook: string): string {
