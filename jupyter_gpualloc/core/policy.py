@@ -59,14 +59,14 @@ class SchedulerPolicy(Configurable):
     ).tag(config=True)
 
     wait_for_holders = Bool(
-        False,
+        True,
         help="""Whether an ended lease's slice waits for its holder to be gone before anyone else
         gets it: a lease that is released (unless the caller says its holder is gone), idle,
         preempted, over its usage quota or past its deadline keeps its slice out of the pool
         ("returning") until the holder is reported gone (the server stopped, the kernel's or
-        job's process ended) or its heartbeats stop for `heartbeat_ttl`. False frees it at once,
-        as a simulation of the queue does; it is the default until every client reports its
-        holders gone (docs/architecture.md).""",
+        job's process ended) or its heartbeats stop for `heartbeat_ttl`: a slice is never handed
+        on while its holder may still use it. False frees it at once, as a simulation of the
+        queue does (docs/architecture.md).""",
     ).tag(config=True)
 
     reserve_after = Float(

@@ -309,7 +309,8 @@ def test_the_readme_story_in_a_browser(hub, browser, pages):
     with alice.context.expect_page() as opened:
         alice.locator(".lm-Menu-itemLabel", has_text="Hub Control Panel").click()
     home = opened.value
-    home.get_by_role("button", name="Stop My Server").click()
+    home.wait_for_load_state("networkidle", timeout=MIN)  # the button works once the page's script has run
+    home.locator("#stop", has_text="Stop My Server").click()
     hub.wait_stopped("alice", timeout=60)
     assert state_of(hub, alice_lease) == "released"
     assert time.monotonic() - started < 240, f"the story took {time.monotonic() - started:.0f} s"
