@@ -365,13 +365,17 @@ class KernelGpu:
         return (f"; this kernel uses its server's {describe_slice(server['slice'])} again: "
                 f"CUDA_VISIBLE_DEVICES={self.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 
+    def end(self, lease: dict) -> dict:
+        """Release a lease of this kernel: its slice returns to the pool at once unless this process
+        may still use it (a CUDA context on it), else when the kernel ends."""
+        in_use = lease["id"] == self.applied_id and bool(cuda_initialised_by())
+        return self.client.release(lease["id"], holder_gone=not in_use)
+
     def release(self) -> list[str]:
         lease = self.current()
         if lease is None:
             return ["gpu: this kernel holds no GPU slice"]
-        # the slice returns to the pool at once unless this process may still use it (a CUDA context on it)
-        in_use = lease["id"] == self.applied_id and bool(cuda_initialised_by())
-        ended = self.client.release(lease["id"], holder_gone=not in_use)
+        ended = self.end(lease)
         note = self.forget(ended)
         if lease["state"] == "queued":
             return [f"gpu: withdrew the request for a {describe_request(lease)} (lease {lease['id']})"]
@@ -434,7 +438,8 @@ class KernelGpu:
         leases = self.client.leases()
         if not leases:
             return ["gpu: you hold no GPU slices"]
-        return ["gpu: your leases (* this kernel)", *lease_table(leases, self.holder)]
+        mine = any(lease["holder"] == self.holder for lease in leases)
+        return ["gpu: your leases" + (" (* this kernel)" if mine else ""), *lease_table(leases, self.holder)]
 
 
 def request_arguments(spec: dict) -> str:
@@ -535,7 +540,7 @@ class GpuMagics(Magics):
             _say(lines)
             return
         try:
-            from .widget import LeaseView
+            from .widget import FOLLOW_SECONDS, LeaseView
         except ImportError:
             _say(lines)
             return
@@ -546,7 +551,8 @@ class GpuMagics(Magics):
         gpu = self.kernel_gpu
         quotas = [line.removeprefix("  usage: ") for line in lines if line.startswith("  usage: ")]
         view = LeaseView(gpu.client, lease, environ=gpu.environ, in_effect=lease["id"] == gpu.applied_id,
-                         frameworks=gpu.caps.describe(), clock=gpu.clock, on_release=gpu.forget, quotas=quotas)
+                         frameworks=gpu.caps.describe(), clock=gpu.clock, release=gpu.end, on_release=gpu.forget, quotas=quotas,
+                         follow=FOLLOW_SECONDS)
         display(view)
 
 

@@ -4,12 +4,15 @@ limit, usage quotas, buttons.
 `display(LeaseView(...))` shows the widget in a notebook and its plain-text status in a terminal
 frontend (the view's mime bundle carries both). Release gives the slice back; Keep active reports
 activity now, which restarts the idle countdown; Extend moves a time-boxed lease's deadline later
-(POST /leases/<id>/extend), and a refusal is one line in the view.
+(POST /leases/<id>/extend), and a refusal is one line in the view. With `follow`, the view
+re-reads its lease every `follow` seconds while it is active, so a slice released elsewhere (the
+panel, `%gpu release`, idleness, a time limit) never shows as granted with a frozen countdown.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from html import escape
 from typing import Any, Callable, Mapping, Sequence
@@ -22,6 +25,9 @@ from .extend import deadline_text, extend_lease
 from .status import cap_mechanism, describe_lease, error_line, idle_seconds_left, idle_text, memory_text, \
     status_lines, time_limit_text
 
+FOLLOW_SECONDS = 5.0
+ACTIVE = ("granted", "queued")
+
 
 class LeaseView:
     """One lease with Release, Keep active and Extend buttons that call the service through `client`."""
@@ -30,8 +36,11 @@ class LeaseView:
                  in_effect: bool = True, frameworks: str = "",
                  memory_used: Callable[[], int | None] = memory_used_mib,
                  clock: Callable[[], float] = time.time,
-                 on_release: Callable[[dict], None] | None = None, quotas: Sequence[str] = ()):
+                 release: Callable[[dict], dict] | None = None,
+                 on_release: Callable[[dict], None] | None = None, quotas: Sequence[str] = (),
+                 follow: float | None = None):
         self.client = client
+        self.release = release or (lambda lease: client.release(lease["id"]))
         self.environ = os.environ if environ is None else environ
         self.in_effect = in_effect
         self.frameworks = frameworks
@@ -62,6 +71,19 @@ class LeaseView:
         self.lease: dict = {}
         self.used_mib: int | None = None
         self.refresh(lease)
+        if follow:
+            threading.Thread(target=self._follow, args=(follow,), daemon=True, name="gpualloc-lease-view").start()
+
+    def _follow(self, interval: float) -> None:
+        """Re-read the lease until it ends (a widget update is not the kernel's activity)."""
+        while self.lease["state"] in ACTIVE:
+            time.sleep(interval)
+            try:
+                lease = self.client.lease(self.lease["id"])
+            except Exception:  # the service is away for now: the next round tries again
+                continue
+            if lease["state"] != self.lease["state"] or lease["state"] == "granted":
+                self.refresh(lease)
 
     def refresh(self, lease: Mapping[str, Any] | None = None) -> None:
         """Show `lease` (or the current one again, with memory and countdown re-read)."""
@@ -71,7 +93,7 @@ class LeaseView:
         state = lease["state"]
         self.title.value = f"<b>GPU</b>: {describe_lease(lease)} &middot; lease {lease['id']} ({state})"
         slice_ = lease.get("slice")
-        active = state in ("granted", "queued")
+        active = state in ACTIVE
         self.release_button.disabled = not active
         self.keep_button.disabled = state != "granted"
         limit = time_limit_text(lease, now)
@@ -103,7 +125,7 @@ class LeaseView:
 
     def text(self) -> str:
         """The same status as plain text."""
-        if self.lease["state"] not in ("granted", "queued"):
+        if self.lease["state"] not in ACTIVE:
             return f"gpu: lease {self.lease['id']} {self.lease['state']}: {self.lease.get('reason', '')}"
         return "\n".join(status_lines(self.lease, now=self.clock(), in_effect=self.in_effect,
                                       environ=self.environ, frameworks=self.frameworks, used_mib=self.used_mib,
@@ -116,9 +138,13 @@ class LeaseView:
 
     def _release(self, _button: widgets.Button) -> None:
         try:
-            lease = self.client.release(self.lease["id"])
+            lease = self.release(self.lease)
         except Exception as err:  # shown in the view: a button must not raise into the comm
             self.message.value = error_line(err)
+            try:
+                self.refresh(self.client.lease(self.lease["id"]))  # e.g. it ended meanwhile: show how
+            except Exception:
+                pass
             return
         self.refresh(lease)
         self.message.value = f"released {describe_lease(lease)}"

@@ -111,3 +111,15 @@ def test_buttons_clicked_from_the_frontend_of_a_real_kernel(service, start_kerne
 
 def env_after(kernel) -> str:
     return kernel.run("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])").stdout.strip()
+
+
+def test_a_followed_view_shows_a_release_made_elsewhere(service, client, lease):
+    view = LeaseView(client, lease, environ={}, memory_used=lambda: None, follow=0.1)
+    assert not view.release_button.disabled
+    client.release(lease["id"], holder_gone=True)  # e.g. from the panel, or %gpu release
+    deadline = time.monotonic() + 10
+    while "(released)" not in view.title.value:
+        assert time.monotonic() < deadline, view.title.value
+        time.sleep(0.05)
+    assert view.release_button.disabled and view.keep_button.disabled
+    assert view.cap.value.startswith("ended: ")
