@@ -226,8 +226,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent.startsWith('GPU 1g.5gb')")
 
-    # the kernel gets the slice when it restarts: the panel says so and offers the restart
-    assert "restart the kernel" in mine.inner_text()
+    # no CUDA runs in the kernel: the panel says it gets the slice from its next %gpu command or a restart,
+    # and offers the restart
+    assert "the kernel uses the slice from its next %gpu command, or when it restarts" in mine.inner_text()
     [before] = lab.call("GET", "gpualloc/api/kernels")[1]["kernels"]
     panel.get_by_role("button", name="Restart the kernel of train.ipynb").click()
     panel.get_by_role("button", name="Restart the kernel of train.ipynb").wait_for(state="detached", timeout=120_000)

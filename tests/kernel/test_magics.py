@@ -145,7 +145,7 @@ def test_a_queued_request_is_granted_when_a_slice_frees(service, kernel):
     bobs = fill_l4s(service)
     msg_id = kernel.submit("%gpu request --whole --model L4 --wait 1m")
     kernel.collect(msg_id, until=lambda c: any("position 1" in t for t in c.texts))
-    service.call("DELETE", f"leases/{bobs[0]['id']}", token=BOB)
+    service.call("DELETE", f"leases/{bobs[0]['id']}?holder_gone=true", token=BOB)
     done = kernel.collect(msg_id)
     assert done.status == "ok" and not done.stderr, done
     assert done.updates[-1]["text/plain"].startswith("gpu: granted after")
@@ -173,7 +173,7 @@ def test_no_wait_queues_and_status_applies_the_grant(service, kernel):
     assert queued.stdout.strip() == (f"gpu: queued at position 1 for a whole GPU on L4 (lease {lease['id']}): "
                                      f"%gpu status applies it once granted")
     assert kernel.run("%gpu status").displays[0]["text/plain"].startswith("gpu: queued at position 1")
-    service.call("DELETE", f"leases/{bobs[1]['id']}", token=BOB)
+    service.call("DELETE", f"leases/{bobs[1]['id']}?holder_gone=true", token=BOB)
     status = kernel.run("%gpu status")
     assert status.stdout.startswith(f"gpu: granted whole GPU on L4 (node0) (lease {lease['id']})")
     assert "(in effect in this kernel)" in status.displays[0]["text/plain"]

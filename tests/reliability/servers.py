@@ -56,7 +56,9 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def start_standalone(workdir: Path) -> tuple[ServiceProcess, Api]:
-    config = "c.SchedulerPolicy.heartbeat_ttl = 3600\nc.GpuAllocService.max_wait = 1.0\n"
+    # holders are names, not processes: nothing reports them gone, so released slices are free at once
+    config = ("c.SchedulerPolicy.heartbeat_ttl = 3600\nc.SchedulerPolicy.wait_for_holders = False\n"
+              "c.GpuAllocService.max_wait = 1.0\n")
     service = ServiceProcess(workdir, config=config).start()
     return service, Api("standalone", service.url, bearer(USER), bearer(ADMIN), bearer(OTHER))
 
@@ -79,7 +81,7 @@ class EmbeddedServer:
                                   "db_url": f"sqlite:///{self.workdir / 'gpualloc.sqlite'}",
                                   "process_dir": str(self.workdir / "gpu-processes"),
                                   "owner": "owner", "owner_is_admin": admin},
-            "SchedulerPolicy": {"offers": OFFERS, "heartbeat_ttl": 3600.0},
+            "SchedulerPolicy": {"offers": OFFERS, "heartbeat_ttl": 3600.0, "wait_for_holders": False},
             "Watchdog": {"enabled": False},
         }
         (self.workdir / "config").mkdir(exist_ok=True)

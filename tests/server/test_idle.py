@@ -89,6 +89,6 @@ async def test_a_person_s_cell_is_activity_and_a_silent_execution_is_not(gpuallo
         assert monitor.activity(kernel_id)["last_activity"] == before
         await client.execute("x = 2", reply=True, timeout=30)
         await wait_for(lambda: (monitor.activity(kernel_id)["last_activity"] or 0) > (before or 0))
-        assert monitor.activity(kernel_id)["busy"] is False
+        await wait_for(lambda: monitor.activity(kernel_id)["busy"] is False)  # the cell's idle status arrives
     finally:
         client.stop_channels()
