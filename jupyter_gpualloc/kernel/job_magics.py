@@ -19,34 +19,13 @@ from typing import Any, MutableMapping
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser
 
+from .arguments import job_action_parser, job_submit_parser, spec_from_args
 from .sizes import InputError, format_duration, parse_duration
-from .status import describe_lease, error_line
+from .status import describe_lease, error_line, is_reported, job_state_text
 
 ACTIVE = ("queued", "running")
 SERVER_NOTE = "jobs run inside your Jupyter server: stopping the server stops them"
-
-
-def _submit_parser() -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog="%%gpu job", description="Run this cell as a background job on a GPU slice.")
-    parser.add_argument("--mem", metavar="SIZE", help="GPU memory needed, e.g. 40GB (the smallest slice with it)")
-    parser.add_argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
-    parser.add_argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
-    parser.add_argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")
-    parser.add_argument("--model", help="only this GPU model, e.g. H100")
-    parser.add_argument("--name", help="a name to recognise the job by (default: the cell's first line)")
-    parser.add_argument("--inputs", default="", metavar="A,B", help="variables of this kernel the cell needs")
-    parser.add_argument("--outputs", default="", metavar="X,Y", help="variables the cell makes, for %%gpu job result")
-    parser.add_argument("--priority", choices=("batch", "interactive"), default="batch",
-                        help="batch (default) waits behind interactive requests; interactive needs the admin's leave")
-    parser.add_argument("--preemptible", dest="preemptible", action="store_true", default=None,
-                        help="an interactive request may stop it (it gets SIGINT, then SIGTERM) and requeue it")
-    parser.add_argument("--no-preemptible", dest="preemptible", action="store_false",
-                        help="never preempted (it may wait longer)")
-    parser.add_argument("--timeout", metavar="DURATION", help="stop an attempt after this long, e.g. 2h")
-    parser.add_argument("--retries", type=int, default=0, metavar="N", help="run again up to N times after a failure")
-    return parser
 
 
 def _names(text: str, option: str) -> list[str]:
@@ -59,8 +38,6 @@ def _names(text: str, option: str) -> list[str]:
 
 def job_spec(args) -> dict[str, Any]:
     """The REST spec of `%%gpu job`'s slice options; InputError unless exactly one kind is given."""
-    from .magics import spec_from_args
-
     return spec_from_args(args.mem or "", args.mig, args.shared, args.whole, args.model)
 
 
@@ -111,21 +88,6 @@ def job_request(args, cell: str, namespace: MutableMapping[str, Any], workdir: P
     return request
 
 
-def job_state_text(job: dict[str, Any], now: float) -> str:
-    """'queued (position 2)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
-    state = job["state"]
-    if state == "queued":
-        position = job.get("position")
-        where = "its slice is ready, starting" if position == 0 else (
-            f"position {position}" if position else "waiting for a slice")
-        again = f", attempt {job['attempts'] + 1}" if job.get("attempts") else ""
-        return f"queued ({where}{again})"
-    if state == "running":
-        return f"running for {format_duration(now - job['started_at'])}"
-    runtime = f" after {format_duration(job['runtime_s'])}" if job.get("runtime_s") is not None else ""
-    return f"{state.replace('_', ' ')}{runtime}: {job.get('reason', '')}"
-
-
 def job_table(jobs: list[dict[str, Any]]) -> list[str]:
     """Aligned rows: id, name, state, position, slice (what it asked for, until granted), runtime, reason."""
     header = ("ID", "NAME", "STATE", "POS", "SLICE", "RUNTIME", "REASON")
@@ -151,7 +113,7 @@ class KernelJobs:
         return self.kernel_gpu.client
 
     def submit(self, line: str, cell: str) -> None:
-        args = _submit_parser().parse_args(shlex.split(line))
+        args = job_submit_parser().parse_args(shlex.split(line))
         request = job_request(args, cell, self.shell.user_ns, Path.cwd())
         job = self.client.submit_job(request)
         position = job.get("position")
@@ -222,11 +184,7 @@ def job_line(kernel_gpu, shell, line: str) -> None:
         if words == ["jobs"]:
             _say(jobs.jobs())
             return
-        parser = MagicArgumentParser(prog="%gpu job", description="Your background jobs.")
-        parser.add_argument("action", choices=("logs", "cancel", "result", "rerun"))
-        parser.add_argument("job_id", metavar="ID")
-        parser.add_argument("--follow", action="store_true", help="logs: keep printing until the job ends")
-        args = parser.parse_args(words[1:])
+        args = job_action_parser().parse_args(words[1:])
         if args.follow and args.action != "logs":
             raise InputError("--follow goes with %gpu job logs")
         if args.action == "logs":
@@ -236,7 +194,7 @@ def job_line(kernel_gpu, shell, line: str) -> None:
     except UsageError as err:
         print(f"gpu: {err} (e.g. %gpu jobs, %gpu job logs ID --follow, %gpu job result ID)", file=sys.stderr)
     except Exception as err:
-        if not _expected(err):
+        if not is_reported(err):
             raise
         print(error_line(err, kernel_gpu.service_url), file=sys.stderr)
 
@@ -251,13 +209,6 @@ class GpuJobMagics(Magics):
 
     @cell_magic
     def gpu(self, line: str, cell: str) -> None:
-        """Queue this cell as a background job on a GPU slice and return at once.
-
-        %%gpu job [--mem 40GB | --mig 3g.40gb | --shared 8GB | --whole N] [--model M] [--name NAME]
-                  [--inputs a,b] [--outputs x,y] [--priority batch|interactive]
-                  [--preemptible | --no-preemptible] [--timeout 2h] [--retries N]
-        Then: %gpu jobs, %gpu job logs ID [--follow], %gpu job cancel ID, %gpu job result ID, %gpu job rerun ID
-        """
         words = line.split(None, 1)
         if not words or words[0] != "job":
             print("gpu: %%gpu runs a cell as a background job: %%gpu job --mem 40GB ... (%%gpu? shows the options)",
@@ -268,15 +219,11 @@ class GpuJobMagics(Magics):
         except UsageError as err:
             print(f"gpu: {err} (%%gpu? shows the options)", file=sys.stderr)
         except Exception as err:
-            if not _expected(err):
+            if not is_reported(err):
                 raise
             print(error_line(err, self.jobs.kernel_gpu.service_url), file=sys.stderr)
 
-
-def _expected(err: Exception) -> bool:
-    from .magics import _is_expected
-
-    return _is_expected(err)
+    gpu.__doc__ = job_submit_parser().format_help()
 
 
 def _say(lines: list[str]) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 import ipywidgets as widgets
 
-from .status import describe_slice, error_line
+from .status import describe_slice, error_line, job_state_text
 
 REFRESH_SECONDS = 2.0
 LOG_TAIL_CHARS = 20000
@@ -44,8 +44,6 @@ class JobView:
                              daemon=True).start()
 
     def show(self, job: Mapping[str, Any]) -> None:
-        from .job_magics import job_state_text
-
         self.job = dict(job)
         where = f" on a {describe_slice(job['slice'])}" if job.get("slice") else ""
         self.title.value = f"<b>GPU job</b> {job['id']} &middot; {job['name']}{where}"
@@ -53,8 +51,6 @@ class JobView:
         self.cancel_button.disabled = job["state"] not in ("queued", "running")
 
     def text(self) -> str:
-        from .job_magics import job_state_text
-
         return f"gpu: job {self.job['id']} {job_state_text(self.job, self.clock())}"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:

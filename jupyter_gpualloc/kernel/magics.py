@@ -20,17 +20,17 @@ from typing import Any, Callable, MutableMapping
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
 
+from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .extend import extend_lines
 from .notices import LeaseNotices
 from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
-from .status import describe_lease, describe_request, describe_slice, error_line, lease_table, status_lines
+from .status import describe_lease, describe_request, describe_slice, error_line, is_reported, lease_table, \
+    status_lines
 from .usage import usage_lines
 
-ACTIONS = ("request", "release", "status", "offers", "list", "usage", "extend")
 ACTIVE = ("queued", "granted")
 HEARTBEAT_INTERVAL = 30.0
 POLL_INTERVAL = 1.0
@@ -65,28 +65,6 @@ def running_connection_file() -> str | None:
     from ipykernel.kernelapp import IPKernelApp
 
     return IPKernelApp.instance().connection_file if IPKernelApp.initialized() else None
-
-
-def spec_from_args(size: str, mig: str | None, shared: str | None, whole: int | None,
-                   model: str | None) -> dict[str, Any]:
-    """The REST spec for `%gpu request`'s arguments; InputError unless exactly one kind is given."""
-    given = [name for name, value in (("a size", size), ("--mig", mig), ("--shared", shared),
-                                      ("--whole", whole)) if value]
-    if not given:
-        raise InputError("say what to request: e.g. %gpu request 10GB, --mig 1g.10gb, --shared 8GB or --whole")
-    if len(given) > 1:
-        raise InputError(f"give one of a size, --mig, --shared or --whole (got {' and '.join(given)})")
-    if mig:
-        spec: dict[str, Any] = {"kind": "mig", "profile": mig}
-    elif shared:
-        spec = {"kind": "shared", "memory_gib": parse_size(shared) / MIB_PER_GIB}
-    elif whole:
-        spec = {"kind": "whole", "count": whole}
-    else:
-        spec = {"kind": "any", "memory_gib": parse_size(size) / MIB_PER_GIB}
-    if model:
-        spec["model"] = model
-    return spec
 
 
 class Heartbeat:
@@ -349,7 +327,7 @@ class KernelGpu:
         try:
             server = self.server_lease()
         except Exception as err:
-            if not _is_expected(err):
+            if not is_reported(err):
                 raise
             server, note = None, f"; could not ask for the server's slice ({error_line(err)[5:]}): no GPU visible"
         if server is None:
@@ -442,18 +420,6 @@ class KernelGpu:
         return ["gpu: your leases" + (" (* this kernel)" if mine else ""), *lease_table(leases, self.holder)]
 
 
-def request_arguments(spec: dict) -> str:
-    """The `%gpu request` arguments that ask for an offer's spec."""
-    model = f" --model {shlex.quote(spec['model'])}" if spec.get("model") else ""
-    if spec.get("kind") == "mig" or spec.get("profile"):
-        return f"--mig {spec['profile']}{model}"
-    if spec.get("kind") == "whole":
-        count = spec.get("count", 1)
-        return f"--whole{f' {count}' if count > 1 else ''}{model}"
-    size = f"{spec['memory_gib']:g}GB" if spec.get("memory_gib") else ""
-    return (f"--shared {size}" if spec.get("kind") == "shared" else size) + model
-
-
 @magics_class
 class GpuMagics(Magics):
     """`%gpu`: this kernel's GPU slice."""
@@ -463,48 +429,25 @@ class GpuMagics(Magics):
         self.kernel_gpu = kernel_gpu
 
     @line_magic
-    @magic_arguments()
-    @argument("action", nargs="?", default="status", choices=ACTIONS,
-              help="request a slice, release it, show its status (default), list the offers or all your leases, "
-                   "show your GPU-hours this month and your usage quotas (usage), or extend a time-boxed "
-                   "slice (extend)")
-    @argument("size", nargs="*", help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB; "
-                                      "the smallest offer with that much (a MIG profile where one fits, else a "
-                                      "shared slice)")
-    @argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
-    @argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
-    @argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")
-    @argument("--model", help="only GPUs of this model, named as you know it: e.g. H100, h100-80gb, L4 or "
-                              "'NVIDIA H100 80GB HBM3' (any case)")
-    @argument("--wait", nargs="?", const="", metavar="DURATION",
-              help="queue if nothing fits now, and wait up to DURATION (e.g. 10m; no value: until granted), "
-                   "showing the queue position; interrupt the cell to withdraw")
-    @argument("--no-wait", action="store_true",
-              help="queue if nothing fits now, without waiting: %%gpu status shows the position and applies "
-                   "the slice once granted")
     def gpu(self, line: str) -> None:
-        """Ask the GPU allocator for a slice for this kernel, see it, and give it back.
-
-        Without --wait or --no-wait, a request that cannot be granted now fails at once.
-        Examples: %gpu request 10GB; %gpu request --mig 1g.10gb --wait 10m; %gpu release
-        Background jobs: %%gpu job ... on a cell; %gpu jobs; %gpu job logs|cancel|result|rerun ID
-        """
-        if line.split(None, 1)[:1] in (["job"], ["jobs"]):
+        if line.split(None, 1)[:1] in ([word] for word in JOB_WORDS):
             from .job_magics import job_line
 
             job_line(self.kernel_gpu, self.shell, line)
             return
         try:
-            args = self.gpu.parser.parse_args(shlex.split(line))
-        except (UsageError, ValueError) as err:  # ValueError: shlex's unbalanced quotes
+            args = parse_gpu_line(line)
+        except (UsageError, ValueError) as err:  # ValueError: shlex's unbalanced quotes; InputError: the action
             print(f"gpu: {err} (%gpu? shows the usage)", file=sys.stderr)
             return
         try:
             self._run(args)
         except Exception as err:
-            if not _is_expected(err):
+            if not is_reported(err):
                 raise
             print(error_line(err, self.kernel_gpu.service_url), file=sys.stderr)
+
+    gpu.__doc__ = gpu_parser().format_help()
 
     def _run(self, args) -> None:
         if args.action != "request" and (args.size or args.mig or args.shared or args.whole or args.model
@@ -554,15 +497,6 @@ class GpuMagics(Magics):
                          frameworks=gpu.caps.describe(), clock=gpu.clock, release=gpu.end, on_release=gpu.forget, quotas=quotas,
                          follow=FOLLOW_SECONDS)
         display(view)
-
-
-def _is_expected(err: Exception) -> bool:
-    """Errors the magic reports in one line: bad input and every answer of the service."""
-    if isinstance(err, InputError):
-        return True
-    from ..client import GpuAllocError
-
-    return isinstance(err, GpuAllocError)
 
 
 def _say(lines: list[str]) -> None:

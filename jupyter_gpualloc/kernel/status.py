@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..core.model import SliceSpec, SpecError
 from .extend import deadline_text
-from .sizes import format_duration, format_mib
+from .sizes import InputError, format_duration, format_mib
 
 
 def describe_slice(slice_: Mapping[str, Any]) -> str:
@@ -184,3 +184,27 @@ def error_line(err: Exception, service_url: str = "") -> str:
     if isinstance(err, BadRequest) and err.field:  # 'spec.profile: must ...' or 'spec.profile must ...'
         message = re.sub(rf"^{re.escape(err.field)}:? ", "", message)
     return f"gpu: {message}"
+
+
+def is_reported(err: Exception) -> bool:
+    """Errors a magic reports in one line: bad input and every answer of the service."""
+    if isinstance(err, InputError):
+        return True
+    from ..client import GpuAllocError
+
+    return isinstance(err, GpuAllocError)
+
+
+def job_state_text(job: Mapping[str, Any], now: float) -> str:
+    """'queued (position 2)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
+    state = job["state"]
+    if state == "queued":
+        position = job.get("position")
+        where = "its slice is ready, starting" if position == 0 else (
+            f"position {position}" if position else "waiting for a slice")
+        again = f", attempt {job['attempts'] + 1}" if job.get("attempts") else ""
+        return f"queued ({where}{again})"
+    if state == "running":
+        return f"running for {format_duration(now - job['started_at'])}"
+    runtime = f" after {format_duration(job['runtime_s'])}" if job.get("runtime_s") is not None else ""
+    return f"{state.replace('_', ' ')}{runtime}: {job.get('reason', '')}"

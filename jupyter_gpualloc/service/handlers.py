@@ -306,7 +306,8 @@ class LeasesHandler(ApiHandler):
         try:
             lease = await self.ctx.group.change(submit)
         except SpecError as err:
-            raise ApiError(400, str(err), field=field_as_asked(err.field, body["spec"])) from None
+            field = field_as_asked(err.field, body["spec"])
+            raise ApiError(400, f"{field}: {err.message}", field=field) from None
         if lease.state is LeaseState.QUEUED and wait:
             await self.ctx.broker.wait_for_change(lease.id, min(wait, self.ctx.max_wait))
             lease = self.scheduler.lease(lease.id)

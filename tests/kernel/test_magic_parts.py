@@ -5,7 +5,9 @@ import shlex
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_gpualloc.kernel.magics import ACTIONS, GpuMagics, Progress, kernel_holder, request_arguments, spec_from_args
+from jupyter_gpualloc.kernel.arguments import ACTIONS, JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, \
+    spec_from_args
+from jupyter_gpualloc.kernel.magics import Progress, kernel_holder
 from jupyter_gpualloc.kernel.sizes import InputError
 from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, status_lines
 
@@ -43,8 +45,7 @@ def test_offers_turn_into_request_arguments():
 ])
 def test_what_offers_print_parses_back_to_the_offer(spec):
     """The suggestion, pasted after '%gpu request', is read as a shell would and asks for the same spec."""
-    parser = GpuMagics.gpu.parser
-    args = parser.parse_args(shlex.split(f"request {request_arguments(spec)}"))
+    args = gpu_parser().parse_args(shlex.split(f"request {request_arguments(spec)}"))
     assert spec_from_args(" ".join(args.size), args.mig, args.shared, args.whole, args.model) == spec
 
 
@@ -56,13 +57,27 @@ def test_exactly_one_kind():
 
 
 def test_usage_is_the_magics_help():
+    """%gpu? shows argparse's usage as people type it: no reST '::' and no '<[N]>' placeholders."""
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "jupyter_gpualloc")
-    doc = " ".join(shell.find_line_magic("gpu").__doc__.split())
-    for words in ("%gpu [--mig PROFILE] [--shared SIZE] [--whole [N]] [--model MODEL] [--wait [DURATION]]",
-                  "--no-wait", "{" + ",".join(ACTIONS) + "}", "10GB, 10G, 10GiB or 10240MB"):
-        assert words in doc
+    doc = shell.find_line_magic("gpu").__doc__
+    assert doc.startswith("usage: %gpu [ACTION] [SIZE] [--mig PROFILE | --shared SIZE | --whole [N]]")
+    assert "::" not in doc and "<" not in doc
+    flat = " ".join(doc.split())
+    for words in ("--whole [N] N whole GPUs", "--no-wait", "10GB, 10G, 10GiB or 10240MB", "%gpu job logs"):
+        assert words in flat
+    cell_doc = shell.find_cell_magic("gpu").__doc__
+    assert cell_doc.startswith("usage: %%gpu job [--mem SIZE | --mig PROFILE") and "::" not in cell_doc
     shell.run_line_magic("unload_ext", "jupyter_gpualloc")
+
+
+def test_an_unknown_action_names_every_action_the_magic_has():
+    with pytest.raises(InputError) as err:
+        parse_gpu_line("frobnicate")
+    assert str(err.value) == ("'frobnicate' is not a %gpu action: use one of "
+                              "request, release, status, offers, list, usage, extend, job, jobs")
+    assert JOB_WORDS == ("job", "jobs") and "request" in ACTIONS
+    assert parse_gpu_line("").action == "status"
 
 
 SHARED = {"id": "l1", "state": "granted", "last_activity": 1000.0, "idle_timeout": 1800.0, "idle_warned_at": None,

@@ -212,7 +212,9 @@ def test_cuda_already_initialised_means_restart(service, kernel):
     ("%gpu request --whole --model 'L4", "gpu: No closing quotation (%gpu? shows the usage)"),
     ("%gpu request --mig huge", "gpu: must look like 1g.10gb or 3g.40gb"),
     ("%gpu request --whole 9 --model L4", "gpu: no GPU in this fleet can provide"),
-    ("%gpu frobnicate", "gpu: argument action: invalid choice: 'frobnicate'"),
+    ("%gpu frobnicate", "gpu: 'frobnicate' is not a %gpu action: use one of request, release, status, offers, "
+                        "list, usage, extend, job, jobs (%gpu? shows the usage)"),
+    ("%gpu request 10000GB", "gpu: no GPU in this fleet can provide a 10000 GiB GPU slice"),
     ("%gpu request --whole two", "gpu: argument --whole: invalid int value: 'two'"),
     ("%gpu release --model L4", "gpu: '%gpu release' takes no size or options"),
 ])
