@@ -233,7 +233,8 @@ def parse_param(text: str) -> tuple[str, object]:
 def job_submit(args: argparse.Namespace, out: TextIO) -> int:
     """Queue a notebook as a background job: parameters go after its cell tagged `parameters`."""
     from .client import GpuAllocError, SyncGpuAllocClient
-    from .kernel.magics import spec_from_args
+    from .jobs.folder import JobFolder
+    from .kernel.arguments import spec_from_args
     from .kernel.sizes import InputError, parse_duration
 
     notebook = Path(args.notebook).resolve()
@@ -260,8 +261,8 @@ def job_submit(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         print(json.dumps(job), file=out)
         return 0
-    folder = notebook.parent / ".gpualloc" / "jobs" / job["id"]
-    print(f"job {job['id']} queued (position {job['position']}): {folder}/job.log, then executed.ipynb", file=out)
+    folder = JobFolder(notebook.parent, job["id"])
+    print(f"job {job['id']} queued (position {job['position']}): {folder.log}, then {folder.executed.name}", file=out)
     return 0
 
 

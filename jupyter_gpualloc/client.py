@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from urllib.parse import quote, urlencode, urlparse
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
-from .hub.env import server_holder
+from .lease_env import server_holder
 
 DEFAULT_SERVICE_NAME = "gpualloc"
 API_PATH = "api/v1/"
@@ -157,6 +158,29 @@ def error_for(status: int, body: Mapping[str, Any], headers: Mapping[str, str] |
         retry = (headers or {}).get("Retry-After")
         return ServiceUnavailable(message, status, body, float(retry) if retry and retry.isdigit() else None)
     return GpuAllocError(message, status, body)
+
+
+class Availability:
+    """Whether the allocator answers, as a server's periodic work (reports, event relay, job runner)
+    last found it: told once per change, so a hub whose allocator is down keeps working with one
+    line in the server's log when it goes away and one when it is back."""
+
+    def __init__(self, url: str, log: logging.Logger):
+        self.url = url
+        self.log = log
+        self.down: str | None = None  # why it did not answer, while it does not
+
+    def failed(self, error: BaseException) -> None:
+        """A call failed: the first failure in a row is logged, the retries are quiet."""
+        if self.down is None:
+            self.log.warning("gpualloc: the GPU allocator at %s does not answer (%s); kernels start without "
+                             "GPU slices, and this server keeps trying quietly", self.url, error)
+        self.down = str(error)
+
+    def answered(self) -> None:
+        if self.down is not None:
+            self.log.info("gpualloc: the GPU allocator at %s answers again", self.url)
+        self.down = None
 
 
 class GpuAllocClient:

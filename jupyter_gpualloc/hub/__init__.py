@@ -2,8 +2,7 @@
 
     c.JupyterHub.spawner_class = "jupyter_gpualloc.hub.GPULocalProcessSpawner"
 
-The spawners are imported on first use, so `jupyter_gpualloc.hub.env` (the lease -> env
-mapping shared with the kernel side) can be imported without JupyterHub.
+The spawners are imported on first use, so importing this package needs no JupyterHub.
 """
 
 from importlib import import_module

@@ -34,7 +34,7 @@ from traitlets import Bool, Float, Unicode, default
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
 from ..core.model import SliceSpec
 from . import form
-from .env import server_holder, slice_env
+from ..lease_env import server_holder, slice_env
 from .link import ServiceLink, delete_token, user_service_token
 
 

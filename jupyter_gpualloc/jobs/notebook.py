@@ -9,14 +9,9 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
+from .folder import JobFolder
+
 INJECTED_TAG = "injected-parameters"
-OUTPUTS_FILE = "outputs.pkl"
-INPUTS_DIR = Path(".gpualloc") / "inputs"  # where %%gpu job pickles a cell's inputs, in its working directory
-
-
-def job_dir(workdir: str, job_id: str) -> Path:
-    """Where a job's files live: `.gpualloc/jobs/<id>/` in its working directory."""
-    return Path(workdir) / ".gpualloc" / "jobs" / job_id
 
 
 def job_notebook(job: dict[str, Any]) -> NotebookNode:
@@ -25,10 +20,10 @@ def job_notebook(job: dict[str, Any]) -> NotebookNode:
     if source["kind"] == "notebook":
         path = Path(job["workdir"]) / source["path"]
         return with_parameters(nbformat.read(path, as_version=4), source.get("parameters") or {})
-    return cell_notebook(source, Path(job["workdir"]), job_dir(job["workdir"], job["id"]))
+    return cell_notebook(source, Path(job["workdir"]), JobFolder(job["workdir"], job["id"]))
 
 
-def cell_notebook(source: dict[str, Any], workdir: Path, folder: Path) -> NotebookNode:
+def cell_notebook(source: dict[str, Any], workdir: Path, folder: JobFolder) -> NotebookNode:
     """Load the inputs (a cloudpickle dict), run the cell, save the declared outputs."""
     cells = []
     if source.get("inputs"):
@@ -46,7 +41,7 @@ def cell_notebook(source: dict[str, Any], workdir: Path, folder: Path) -> Notebo
             f"_gpualloc_missing = [n for n in {names!r} if n not in globals()]\n"
             "if _gpualloc_missing:\n"
             "    raise NameError(f'declared output {_gpualloc_missing[0]!r} was not set by the cell')\n"
-            f"with open({str(folder / OUTPUTS_FILE)!r}, 'wb') as _gpualloc_file:\n"
+            f"with open({str(folder.outputs)!r}, 'wb') as _gpualloc_file:\n"
             f"    _gpualloc_pickle.dump({{n: globals()[n] for n in {names!r}}}, _gpualloc_file)\n"
             "del _gpualloc_file, _gpualloc_pickle, _gpualloc_missing", "gpualloc-outputs"))
     return nbformat.v4.new_notebook(cells=cells)

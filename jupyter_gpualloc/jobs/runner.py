@@ -29,9 +29,10 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
-from ..hub.env import SLICE_ENV_NAMES, slice_env
-from ..server.availability import Availability
-from .notebook import INPUTS_DIR, job_dir, job_notebook
+from ..client import Availability
+from ..lease_env import SLICE_ENV_NAMES, slice_env
+from .folder import INPUTS_DIR, JobFolder
+from .notebook import job_notebook
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 CANCEL_GRACE = 2.0
@@ -174,11 +175,11 @@ class JobRunner:
 
     async def _run(self, job: dict, attempt: Attempt) -> None:
         """One attempt, start to report; the report ends the lease."""
-        folder = job_dir(job["workdir"], job["id"])
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = JobFolder(job["workdir"], job["id"])
+        folder.path.mkdir(parents=True, exist_ok=True)
         outcome, reason = "failed", ""
         nb = None
-        with (folder / "job.log").open("a", encoding="utf-8") as log_file:
+        with folder.log.open("a", encoding="utf-8") as log_file:
             log_file.write(f"--- attempt {attempt.number} of job {job['id']} ({job['name']}) on "
                            f"{job['slice']['visible_devices']} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             log_file.flush()
@@ -204,7 +205,7 @@ class JobRunner:
             else:
                 log_file.write(f"--- attempt {attempt.number} {outcome.replace('_', ' ')}: {reason}\n")
         if nb is not None:
-            nbformat.write(nb, folder / "executed.ipynb")
+            nbformat.write(nb, folder.executed)
         if not attempt.stopping:
             await self._finish(job["id"], attempt.number, outcome, reason)
         else:

@@ -1,7 +1,7 @@
 """A lease's environment in this process, and framework memory caps applied on import.
 
 `apply_lease_env` puts a granted lease into `os.environ` (the variables come from the one
-lease -> env function, `jupyter_gpualloc.hub.env.slice_env`, shared with the spawners and the
+lease -> env function, `jupyter_gpualloc.lease_env.slice_env`, shared with the spawners and the
 kernel provisioner). For a shared slice, `FrameworkCaps` then caps each framework's allocator:
 
 - PyTorch: `torch.cuda.set_per_process_memory_fraction(f, 0)`, queued with `torch.cuda._lazy_call`
@@ -51,7 +51,7 @@ def cap_from_env(env: Mapping[str, str]) -> MemoryCap | None:
 
 def slice_variables() -> tuple[str, ...]:
     """The variables a lease sets in a process (and a release takes back)."""
-    from ..hub.env import SLICE_ENV_NAMES
+    from ..lease_env import SLICE_ENV_NAMES
 
     return tuple(name for name in SLICE_ENV_NAMES if name not in KEPT)
 
@@ -62,7 +62,7 @@ def apply_lease_env(lease: Mapping[str, Any], gpu_memory_mib: int | None,
 
     Returns the variables set. `gpu_memory_mib` is the GPU's total memory (for the fractions).
     """
-    from ..hub.env import slice_env
+    from ..lease_env import slice_env
 
     environ = os.environ if environ is None else environ
     env = slice_env(lease, gpu_memory_mib=gpu_memory_mib)
@@ -74,7 +74,7 @@ def apply_lease_env(lease: Mapping[str, Any], gpu_memory_mib: int | None,
 
 def clear_lease_env(environ: MutableMapping[str, str] | None = None) -> None:
     """Take a released slice out of `environ`: no cap variables, and no visible GPU."""
-    from ..hub.env import slice_env
+    from ..lease_env import slice_env
 
     environ = os.environ if environ is None else environ
     for name in slice_variables():

@@ -20,6 +20,7 @@ from typing import Any, MutableMapping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
+from ..jobs.folder import INPUTS_DIR, JobFolder
 from .arguments import job_action_parser, job_submit_parser, spec_from_args
 from .sizes import InputError, format_duration, parse_duration
 from .status import describe_lease, error_line, is_reported, job_state_text
@@ -60,8 +61,6 @@ def pickle_inputs(names: list[str], namespace: MutableMapping[str, Any]) -> byte
 
 def job_request(args, cell: str, namespace: MutableMapping[str, Any], workdir: Path) -> dict[str, Any]:
     """The POST /jobs body for a cell; writes the pickled inputs under `.gpualloc/inputs/` first."""
-    from ..jobs.notebook import INPUTS_DIR
-
     spec = job_spec(args)
     inputs, outputs = _names(args.inputs, "--inputs"), _names(args.outputs, "--outputs")
     if not cell.strip():
@@ -161,9 +160,8 @@ class KernelJobs:
             return [f"gpu: job {job_id} has no results: it is {job_state_text(job, time.time())}"]
         outputs = job["source"].get("outputs") or []
         if job["source"]["kind"] != "cell" or not outputs:
-            return [f"gpu: job {job_id} declared no --outputs: see "
-                    f"{Path(job['workdir']) / '.gpualloc' / 'jobs' / job_id / 'executed.ipynb'}"]
-        path = Path(job["workdir"]) / ".gpualloc" / "jobs" / job_id / "outputs.pkl"
+            return [f"gpu: job {job_id} declared no --outputs: see {JobFolder(job['workdir'], job_id).executed}"]
+        path = JobFolder(job["workdir"], job_id).outputs
         try:
             values = cloudpickle.loads(path.read_bytes())
         except OSError as err:

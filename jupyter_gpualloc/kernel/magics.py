@@ -53,7 +53,7 @@ def server_holder_of(environ: MutableMapping[str, str]) -> str | None:
     """The holder of the lease of the JupyterHub server this kernel runs in; None outside JupyterHub."""
     if SERVER_NAME_VARIABLE not in environ:
         return None
-    from ..hub.env import server_holder
+    from ..lease_env import server_holder
 
     return server_holder(environ[SERVER_NAME_VARIABLE])
 

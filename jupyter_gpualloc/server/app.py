@@ -27,7 +27,7 @@ from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, Unicode, default, validate
 
-from ..client import GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
+from ..client import Availability, GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
 from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError, DeviceUnavailable
 from ..core.policy import SchedulerPolicy
@@ -35,7 +35,6 @@ from ..core.store import sqlite_url
 from ..jobs.runner import JobRunner
 from ..service.events import REPLAY_SIZE
 from . import handlers
-from .availability import Availability
 from .embedded import URL_ROOT, EmbeddedScheduler
 from .events import GpuAllocEvents
 from .idle import KernelActivityMonitor

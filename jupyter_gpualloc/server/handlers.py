@@ -22,7 +22,7 @@ from tornado.iostream import StreamClosedError
 from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
 from ..service.validation import InputError, parse_json
-from ..jobs.notebook import job_dir
+from ..jobs.folder import JobFolder
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
 from .events import kernel_of
@@ -348,7 +348,7 @@ class ExecutedNotebookHandler(SidebarHandler):
     @authorized
     async def get(self, job_id: str) -> None:
         job = await self.service(self.ext.client.job(job_id))
-        path = job_dir(job["workdir"], job["id"]) / "executed.ipynb"
+        path = JobFolder(job["workdir"], job["id"]).executed
         if not path.is_file():
             raise web.HTTPError(404, f"job {job_id} has no executed notebook (yet)")
         self.set_header("Content-Type", "application/json; charset=utf-8")

@@ -25,7 +25,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Float, Unicode
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, discover
-from ..hub.env import SLICE_ENV_NAMES, slice_env
+from ..lease_env import SLICE_ENV_NAMES, slice_env
 from .idle import KernelActivityMonitor
 
 POLL_SECONDS = 1.0

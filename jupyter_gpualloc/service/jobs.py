@@ -17,7 +17,7 @@ from tornado.iostream import StreamClosedError
 from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
 from ..core.model import Job
 from ..core.scheduler import NotFound
-from ..jobs.notebook import job_dir
+from ..jobs.folder import JobFolder
 from .handlers import ApiError, ApiHandler, _reject_unknown
 
 LOG_POLL_SECONDS = 0.5
@@ -123,7 +123,7 @@ class JobLogHandler(JobApiHandler):
     async def get(self, job_id: str) -> None:
         job = self.visible_job(job_id)
         follow = self.get_query_argument("follow", "0") not in ("0", "", "false")
-        path = job_dir(job.workdir, job.id) / "job.log"
+        path = JobFolder(job.workdir, job.id).log
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         offset = 0
         try:

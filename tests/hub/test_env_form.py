@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_gpualloc.core.model import Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec
 from jupyter_gpualloc.hub import form
-from jupyter_gpualloc.hub.env import SLICE_ENV_NAMES, slice_env
+from jupyter_gpualloc.lease_env import SLICE_ENV_NAMES, slice_env
 
 URL = "http://127.0.0.1:8765/services/gpualloc/"
 
@@ -68,7 +68,7 @@ def test_a_queued_lease_has_no_env():
 
 
 def test_env_module_imports_without_jupyterhub():
-    code = ("import sys; import jupyter_gpualloc.hub.env; "
+    code = ("import sys; import jupyter_gpualloc.lease_env; "
             "bad = [m for m in ('jupyterhub', 'tornado', 'kubespawner') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

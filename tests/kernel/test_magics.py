@@ -13,7 +13,7 @@ import urllib.error
 
 import pytest
 
-from jupyter_gpualloc.hub.env import slice_env
+from jupyter_gpualloc.lease_env import slice_env
 from tests.kernel.conftest import ALICE, BOB, CAROL, assert_one_line_error
 
 

@@ -1,7 +1,8 @@
 """The environment a process gets from a lease: visible devices, memory caps and the service link.
 
-One function, `slice_env`, shared by the spawners (a server's env) and the kernel provisioner (a
-kernel's env). It reads the lease JSON of REST API v1 and imports nothing from JupyterHub.
+One function, `slice_env`, shared by the spawners (a server's env), the kernel provisioner (a
+kernel's env), the job runner and the kernel's `%gpu`. It reads the lease JSON of REST API v1 and
+imports only the standard library, so every client of the service sits above it.
 """
 
 from __future__ import annotations
