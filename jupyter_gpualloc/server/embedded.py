@@ -20,12 +20,10 @@ from tornado import web
 from tornado.escape import url_escape
 from traitlets.config import Configurable
 
-from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend
-from ..core.jobs import Jobs
 from ..core.policy import SchedulerPolicy
-from ..core.scheduler import Scheduler
 from ..core.store import Store
+from ..core.wiring import device_backend, open_core
 from ..service import handlers as h
 from ..service.app import API_PATH, ROUTES, join_url, route_regex
 from ..service.auth import Forbidden, Identity
@@ -107,14 +105,12 @@ class EmbeddedScheduler:
                  admin: bool = True, audit_log: str = "", replay_size: int = REPLAY_SIZE,
                  log: logging.Logger | None = None):
         self.log = log or logging.getLogger(__name__)
-        self.backend = backend
-        self.store = Store(db_url)
-        self.scheduler = Scheduler(backend, self.store, policy, now=time.time())
         self.broker = EventBroker(AuditLog(audit_log) if audit_log else None, log=self.log, replay_size=replay_size)
+        self.core = open_core(backend, Store(db_url), policy, now=time.time(), listeners=[self.broker.publish])
+        self.backend, self.store = backend, self.core.store
+        self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
         self.metrics = ServiceMetrics(self.scheduler)
         self.broker.add_listener(self.metrics.observe)
-        self.scheduler.subscribe(self.broker.publish)
-        self.jobs = Jobs(self.scheduler, now=time.time(), listeners=[self.broker.publish])
         self.ctx = h.ServiceContext(
             scheduler=self.scheduler, jobs=self.jobs, broker=self.broker, metrics=self.metrics,
             authenticator=JupyterServerAuthenticator(user, admin), backend_name=backend.name)
@@ -124,13 +120,8 @@ class EmbeddedScheduler:
                     parent: Configurable, user: str, admin: bool, audit_log: str, replay_size: int,
                     log: logging.Logger) -> "EmbeddedScheduler":
         """Build the backend (simulated when a fleet is given, else NVML) and the core."""
-        name = backend or ("simulated" if fleet else "nvml")
-        options: dict[str, Any] = {}
-        if name == "simulated":
-            options = {"fleet": fleet or None, "process_dir": process_dir or None,
-                       "state_file": state_file or None}
-        device_backend = make_backend(name, **options)
-        return cls(device_backend, db_url, SchedulerPolicy(parent=parent), user=user, admin=admin,
+        devices = device_backend(backend, fleet=fleet, state_file=state_file, process_dir=process_dir)
+        return cls(devices, db_url, SchedulerPolicy(parent=parent), user=user, admin=admin,
                    audit_log=audit_log, replay_size=replay_size, log=log)
 
     def handlers(self, base_url: str) -> list[web.URLSpec]:
@@ -148,9 +139,7 @@ class EmbeddedScheduler:
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
-            now = time.time()
-            self.scheduler.tick(now)
-            self.jobs.tick(now)
+            self.core.tick(time.time())
 
     def release_holders(self, holders: set[str], reason: str) -> None:
         """These holders are gone (at server stop, its kernels shut down, when the API is no longer
@@ -172,5 +161,4 @@ class EmbeddedScheduler:
 
     def close(self) -> None:
         self.broker.close()
-        self.store.close()
-        self.backend.close()
+        self.core.close()

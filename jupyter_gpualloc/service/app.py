@@ -31,12 +31,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
-from ..core.devices import BACKENDS, make_backend
+from ..core.devices import BACKENDS
 from ..core.devices.base import DeviceError, DeviceUnavailable
-from ..core.jobs import Jobs
 from ..core.policy import SchedulerPolicy
-from ..core.scheduler import Scheduler
 from ..core.store import Store, sqlite_url
+from ..core.wiring import device_backend, open_core
 from . import handlers as h
 from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
 from .checkpoint import WalCheckpointer
@@ -383,19 +382,16 @@ class GpuAllocService(Application):
 
     def build(self) -> None:
         """Backend, store, scheduler, events, metrics, authentication and the tornado app."""
-        backend_name = self.backend or ("simulated" if self.fleet else "nvml")
-        options = {}
-        if backend_name == "simulated":
-            options = {"fleet": self.fleet or None, "state_file": self.simulated_state or self._state_beside_db()}
-        self.device_backend = make_backend(backend_name, **options)
+        self.device_backend = device_backend(self.backend, fleet=self.fleet,
+                                             state_file=self.simulated_state or self._state_beside_db())
         self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
                            sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
         self.broker = EventBroker(AuditLog(self.audit_log) if self.audit_log else None, log=self.log,
                                   replay_size=self.event_replay_size)
-        self.scheduler = Scheduler(self.device_backend, self.store, self.policy, now=time.time(),
-                                   listeners=[self.broker.publish])
-        self.jobs = Jobs(self.scheduler, now=time.time(), listeners=[self.broker.publish])
+        self.core = open_core(self.device_backend, self.store, self.policy, now=time.time(),
+                              listeners=[self.broker.publish])
+        self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
         self.metrics = ServiceMetrics(self.scheduler)
         self.broker.add_listener(self.metrics.observe)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
@@ -418,9 +414,7 @@ class GpuAllocService(Application):
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
-            now = time.time()
-            self.scheduler.tick(now)
-            self.jobs.tick(now)
+            self.core.tick(time.time())
 
     def write_activity(self) -> None:
         self.scheduler.write_activity(time.time())
@@ -453,8 +447,7 @@ class GpuAllocService(Application):
         self.broker.close()
         if checkpointer is not None:
             checkpointer.stop()
-        self.store.close()
-        self.device_backend.close()
+        self.core.close()
 
     def start(self) -> None:
         asyncio.run(self.serve())
