@@ -1,7 +1,8 @@
 """The ipywidgets view of one background job: state, queue position, runtime, Cancel and Logs.
 
 It refreshes itself from the service every few seconds (a daemon thread) until the job ends; in
-a terminal frontend its plain-text form is the job's state line.
+a terminal frontend its plain-text form is the job's state line. JupyterLab renders the job's id
+instead (JOB_MIME), live from the API, so a reopened notebook shows the job as it is now.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ipywidgets as widgets
 from .status import describe_slice, error_line, job_state_text
 
 REFRESH_SECONDS = 2.0
+JOB_MIME = "application/vnd.jupyter-gpualloc.job+json"  # labextension/src/components/joboutput.tsx
 LOG_TAIL_CHARS = 20000
 
 
@@ -54,8 +56,12 @@ class JobView:
         return f"gpu: job {self.job['id']} {job_state_text(self.job, self.clock())}"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The widget, the job's state line, and the job's id for JupyterLab, whose renderer (the
+        labextension's JobOutput) shows the job live from the API, so the output outlives this
+        kernel's widget models (a reopened notebook never says "model not found")."""
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text()
+        bundle[JOB_MIME] = {"job_id": self.job["id"]}
         return bundle
 
     def _follow(self, seconds: float) -> None:

@@ -1,6 +1,7 @@
 /**
  * jupyter-gpualloc in JupyterLab: the GPUs panel in the left sidebar, the status-bar item,
- * notifications of lease and job events, and "Run as GPU job" for notebooks in the file browser.
+ * notifications of lease and job events, "Run as GPU job" for notebooks in the file browser, and
+ * the outputs of `%%gpu job` cells (live from the API, so they outlive the kernel's widgets).
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
@@ -8,12 +9,15 @@ import { Dialog, InputDialog, showDialog } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Signal } from '@lumino/signaling';
 
 import { GpuApi } from './api';
 import { GpuModel } from './gpumodel';
+import { jobOutputFactory } from './components/joboutput';
+import { IJobActions } from './components/jobs';
 import { ICurrentNotebook } from './components/request';
 import { releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
@@ -32,12 +36,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU slices in JupyterLab: the GPUs panel, the status bar item and GPU jobs.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, IFileBrowserFactory],
+  optional: [IStatusBar, IFileBrowserFactory, IRenderMimeRegistry],
   activate: (
     app: JupyterFrontEnd,
     notebooks: INotebookTracker,
     statusBar: IStatusBar | null,
-    browsers: IFileBrowserFactory | null
+    browsers: IFileBrowserFactory | null,
+    rendermime: IRenderMimeRegistry | null
   ) => {
     const notebookOfKernel = (kernelId: string) =>
       notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
@@ -59,6 +64,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return { path: panel.context.path, kernelId: panel.sessionContext.session?.kernel?.id ?? null };
     };
     const open = (path: string) => void app.commands.execute('docmanager:open', { path });
+
+    const jobs: IJobActions = {
+      cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
+      rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
+      openExecuted: async (job, copy) => {
+        const content = await model.act(() => model.api.executedNotebook(job.id));
+        if (content) {
+          await app.serviceManager.contents.save(copy, { type: 'notebook', format: 'json', content });
+          open(copy);
+        }
+      }
+    };
 
     const panel = new GpuPanel({
       model,
@@ -96,22 +113,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
           }
         }
       },
-      jobs: {
-        cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
-        rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
-        openExecuted: async (job, copy) => {
-          const content = await model.act(() => model.api.executedNotebook(job.id));
-          if (content) {
-            await app.serviceManager.contents.save(copy, { type: 'notebook', format: 'json', content });
-            open(copy);
-          }
-        }
-      }
+      jobs
     });
     panel.id = PANEL_ID;
     panel.title.icon = gpuIcon;
     panel.title.caption = 'GPUs';
     app.shell.add(panel, 'left', { rank: 650 });
+    rendermime?.addFactory(jobOutputFactory(model, jobs));
 
     app.commands.addCommand(OPEN_PANEL, {
       label: 'Show the GPUs panel',

@@ -380,3 +380,31 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert {path.name for path in screenshots.iterdir()} >= {"sidebar-light.png", "sidebar-dark.png"}
     if screenshots.resolve() != DOCS_IMG.resolve():  # a plain run leaves the repository's images as they were
         assert {path: path.stat().st_mtime_ns for path in DOCS_IMG.iterdir()} == docs_img
+
+
+def test_a_job_cells_output_outlives_its_kernel(lab, page):
+    """A `%%gpu job` cell's output is the job itself, live from the API: after the notebook is saved,
+    its kernel shut down and the page reloaded, it still shows the job, never "model not found"."""
+    write_notebook(lab.root / "cell-job.ipynb", "%%gpu job --shared 4GB --model L4 --name answer\nx = 6 * 7")
+    page.goto(f"{lab.url}lab/tree/cell-job.ipynb?token={TOKEN}", timeout=120_000)
+    page.wait_for_function(
+        "() => window.jupyterapp?.shell.currentWidget?.context?.path === 'cell-job.ipynb'"
+        " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    output = page.locator(".jp-OutputArea .jp-gpualloc-job-output")
+    output.locator('.jp-gpualloc-job[data-state="succeeded"]').wait_for(timeout=120_000)
+    assert "answer" in output.inner_text()
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
+    saved = json.loads((lab.root / "cell-job.ipynb").read_text())
+    [bundle] = [o["data"] for o in saved["cells"][0]["outputs"] if "data" in o]
+    job_id = bundle["application/vnd.jupyter-gpualloc.job+json"]["job_id"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle and job_id in "".join(bundle["text/plain"])
+
+    # the kernel, and with it every widget model, is gone; the page comes back to the notebook
+    for kernel in lab.call("GET", "api/kernels")[1]:
+        assert lab.call("DELETE", f"api/kernels/{kernel['id']}")[0] == 204
+    page.goto(f"{lab.url}lab/tree/cell-job.ipynb?token={TOKEN}", timeout=120_000)
+    reopened = page.locator(f'.jp-gpualloc-job-output .jp-gpualloc-job[data-job="{job_id}"][data-state="succeeded"]')
+    reopened.wait_for(timeout=60_000)
+    assert reopened.get_by_role("button", name="Rerun answer").count() == 1
+    assert "model not found" not in page.locator(".jp-Notebook").inner_text()

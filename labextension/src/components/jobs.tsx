@@ -41,7 +41,7 @@ function JobLog(props: { api: GpuApi; id: string }): JSX.Element {
   );
 }
 
-function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: number }): JSX.Element {
+export function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; now: number }): JSX.Element {
   const { job, actions } = props;
   const [showLog, setShowLog] = useState(false);
   const executed = executedCopy(job, props.api.serverRoot);
