@@ -13,10 +13,9 @@ from typing import Any, Callable, Mapping
 
 import ipywidgets as widgets
 
-from .status import describe_slice, error_line, job_state_text
+from .status import JOB_MIME, describe_slice, error_line, job_state_text
 
 REFRESH_SECONDS = 2.0
-JOB_MIME = "application/vnd.jupyter-gpualloc.job+json"  # labextension/src/components/joboutput.tsx
 LOG_TAIL_CHARS = 20000
 
 

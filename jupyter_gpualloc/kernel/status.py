@@ -14,6 +14,11 @@ from .extend import deadline_text
 from .sizes import InputError, format_duration, format_mib
 
 
+# The MIME types under which a lease's and a job's outputs carry their ids, beside the ipywidget:
+# JupyterLab draws them live from the API (labextension/src/components/outputs.tsx).
+LEASE_MIME = "application/vnd.jupyter-gpualloc.lease+json"
+JOB_MIME = "application/vnd.jupyter-gpualloc.job+json"
+
 def describe_slice(slice_: Mapping[str, Any]) -> str:
     """'MIG 1g.5gb on A100-SXM4-40GB (node0)', 'shared 8 GiB on L4 (node0)', '2 whole L4 (node0)'."""
     where = f" on {slice_['model']}" if slice_.get("model") else ""

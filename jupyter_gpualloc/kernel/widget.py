@@ -2,7 +2,8 @@
 limit, usage quotas, buttons.
 
 `display(LeaseView(...))` shows the widget in a notebook and its plain-text status in a terminal
-frontend (the view's mime bundle carries both). Release gives the slice back; Keep active reports
+frontend (the view's mime bundle carries both); JupyterLab draws the lease's id it also carries
+live from the API, as the GPUs panel does. Release gives the slice back; Keep active reports
 activity now, which restarts the idle countdown; Extend moves a time-boxed lease's deadline later
 (POST /leases/<id>/extend), and a refusal is one line in the view. With `follow`, the view
 re-reads its lease every `follow` seconds while it is active, so a slice released elsewhere (the
@@ -22,7 +23,7 @@ import ipywidgets as widgets
 from .cuda_state import memory_used_mib
 from .sizes import format_duration
 from .extend import deadline_text, extend_lease
-from .status import cap_mechanism, describe_lease, error_line, idle_seconds_left, idle_text, memory_text, \
+from .status import LEASE_MIME, cap_mechanism, describe_lease, error_line, idle_seconds_left, idle_text, memory_text, \
     status_lines, time_limit_text
 
 FOLLOW_SECONDS = 5.0
@@ -132,8 +133,12 @@ class LeaseView:
                                       quotas=self.quotas))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The widget, the text, and the lease's id for JupyterLab, whose renderer (the labextension's
+        lease output) shows the slice live from the API as the GPUs panel does, so the output
+        outlives this kernel's widget models (a reopened notebook never says "model not found")."""
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = self.text()
+        bundle[LEASE_MIME] = {"lease_id": self.lease["id"]}
         return bundle
 
     def _release(self, _button: widgets.Button) -> None:

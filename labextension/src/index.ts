@@ -16,9 +16,10 @@ import { Signal } from '@lumino/signaling';
 
 import { GpuApi } from './api';
 import { GpuModel } from './gpumodel';
-import { jobOutputFactory } from './components/joboutput';
 import { IJobActions } from './components/jobs';
+import { outputFactories } from './components/outputs';
 import { ICurrentNotebook } from './components/request';
+import { ISliceActions } from './components/slices';
 import { releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
@@ -77,49 +78,51 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     };
 
+    const slices: ISliceActions = {
+      release: async lease => {
+        const question = releaseQuestion(lease);
+        if (question) {
+          const answer = await showDialog({
+            title: question.title,
+            body: question.body,
+            buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
+          });
+          if (!answer.button.accept) {
+            return;
+          }
+        }
+        await model.release(lease.id);
+      },
+      keep: lease => void model.keep(lease.id),
+      extendDeadline: lease => void model.extendDeadline(lease.id),
+      notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
+      openNotebook: kernelId => {
+        const found = notebookOfKernel(kernelId);
+        if (found) {
+          app.shell.activateById(found.id);
+        }
+      },
+      restartKernel: async (lease, kernelId) => {
+        const found = notebookOfKernel(kernelId);
+        if (found) {
+          await found.sessionContext.restartKernel();
+          model.clearNote(lease.id);
+        }
+      }
+    };
+
     const panel = new GpuPanel({
       model,
       currentNotebook,
       currentChanged,
-      slices: {
-        release: async lease => {
-          const question = releaseQuestion(lease);
-          if (question) {
-            const answer = await showDialog({
-              title: question.title,
-              body: question.body,
-              buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
-            });
-            if (!answer.button.accept) {
-              return;
-            }
-          }
-          await model.release(lease.id);
-        },
-        keep: lease => void model.keep(lease.id),
-        extendDeadline: lease => void model.extendDeadline(lease.id),
-        notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
-        openNotebook: kernelId => {
-          const found = notebookOfKernel(kernelId);
-          if (found) {
-            app.shell.activateById(found.id);
-          }
-        },
-        restartKernel: async (lease, kernelId) => {
-          const found = notebookOfKernel(kernelId);
-          if (found) {
-            await found.sessionContext.restartKernel();
-            model.clearNote(lease.id);
-          }
-        }
-      },
+      slices,
       jobs
     });
     panel.id = PANEL_ID;
     panel.title.icon = gpuIcon;
     panel.title.caption = 'GPUs';
     app.shell.add(panel, 'left', { rank: 650 });
-    rendermime?.addFactory(jobOutputFactory(model, jobs));
+    outputFactories(model, jobs, slices).forEach(factory => rendermime?.addFactory(factory));
 
     app.commands.addCommand(OPEN_PANEL, {
       label: 'Show the GPUs panel',

@@ -160,10 +160,12 @@ def screenshots(tmp_path) -> Path:
     return folder
 
 
-def write_notebook(path: Path, source: str = "import os\nos.environ.get('CUDA_VISIBLE_DEVICES')") -> None:
+def write_notebook(path: Path, *sources: str) -> None:
+    """A Python notebook of code cells (default: one that shows CUDA_VISIBLE_DEVICES)."""
+    sources = sources or ("import os\nos.environ.get('CUDA_VISIBLE_DEVICES')",)
     path.write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [],
-                   "source": source}],
+        "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+                   "source": source} for i, source in enumerate(sources)],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4, "nbformat_minor": 5}))
 
@@ -382,29 +384,40 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
         assert {path: path.stat().st_mtime_ns for path in DOCS_IMG.iterdir()} == docs_img
 
 
-def test_a_job_cells_output_outlives_its_kernel(lab, page):
-    """A `%%gpu job` cell's output is the job itself, live from the API: after the notebook is saved,
-    its kernel shut down and the page reloaded, it still shows the job, never "model not found"."""
-    write_notebook(lab.root / "cell-job.ipynb", "%%gpu job --shared 4GB --model L4 --name answer\nx = 6 * 7")
-    page.goto(f"{lab.url}lab/tree/cell-job.ipynb?token={TOKEN}", timeout=120_000)
+def test_slice_and_job_outputs_outlive_their_kernel(lab, page):
+    """What `%gpu status` and a `%%gpu job` cell leave in a notebook is the lease and the job
+    themselves, live from the API: after the notebook is saved, its kernel shut down and the page
+    reloaded, the job is still shown as it is and the slice as ended, never "model not found"."""
+    write_notebook(lab.root / "outputs.ipynb", "%gpu request --shared 4GB --model L4\n%gpu status",
+                   "%%gpu job --shared 4GB --model L4 --name answer\nx = 6 * 7")
+    page.goto(f"{lab.url}lab/tree/outputs.ipynb?token={TOKEN}", timeout=120_000)
     page.wait_for_function(
-        "() => window.jupyterapp?.shell.currentWidget?.context?.path === 'cell-job.ipynb'"
+        "() => window.jupyterapp?.shell.currentWidget?.context?.path === 'outputs.ipynb'"
         " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
     page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    output = page.locator(".jp-OutputArea .jp-gpualloc-job-output")
-    output.locator('.jp-gpualloc-job[data-state="succeeded"]').wait_for(timeout=120_000)
-    assert "answer" in output.inner_text()
+    slice_output = page.locator(".jp-OutputArea .jp-gpualloc-lease-output .jp-gpualloc-slice[data-state=granted]")
+    slice_output.wait_for(timeout=60_000)
+    assert slice_output.get_by_role("button", name=re.compile("^Release the slice of")).count() == 1
+    job_output = page.locator(".jp-OutputArea .jp-gpualloc-job-output")
+    job_output.locator('.jp-gpualloc-job[data-state="succeeded"]').wait_for(timeout=120_000)
+    assert "answer" in job_output.inner_text()
     page.evaluate("async () => { await window.jupyterapp.commands.execute('docmanager:save'); }")
-    saved = json.loads((lab.root / "cell-job.ipynb").read_text())
-    [bundle] = [o["data"] for o in saved["cells"][0]["outputs"] if "data" in o]
-    job_id = bundle["application/vnd.jupyter-gpualloc.job+json"]["job_id"]
-    assert "application/vnd.jupyter.widget-view+json" in bundle and job_id in "".join(bundle["text/plain"])
+    saved = json.loads((lab.root / "outputs.ipynb").read_text())
+    bundles = [o["data"] for cell in saved["cells"] for o in cell["outputs"] if "data" in o]
+    [lease_id] = [b["application/vnd.jupyter-gpualloc.lease+json"]["lease_id"] for b in bundles
+                  if "application/vnd.jupyter-gpualloc.lease+json" in b]
+    [job_id] = [b["application/vnd.jupyter-gpualloc.job+json"]["job_id"] for b in bundles
+                if "application/vnd.jupyter-gpualloc.job+json" in b]
+    assert all("application/vnd.jupyter.widget-view+json" in b for b in bundles if "text/plain" in b)
 
     # the kernel, and with it every widget model, is gone; the page comes back to the notebook
     for kernel in lab.call("GET", "api/kernels")[1]:
         assert lab.call("DELETE", f"api/kernels/{kernel['id']}")[0] == 204
-    page.goto(f"{lab.url}lab/tree/cell-job.ipynb?token={TOKEN}", timeout=120_000)
-    reopened = page.locator(f'.jp-gpualloc-job-output .jp-gpualloc-job[data-job="{job_id}"][data-state="succeeded"]')
-    reopened.wait_for(timeout=60_000)
-    assert reopened.get_by_role("button", name="Rerun answer").count() == 1
+    page.goto(f"{lab.url}lab/tree/outputs.ipynb?token={TOKEN}", timeout=120_000)
+    job = page.locator(f'.jp-gpualloc-job-output .jp-gpualloc-job[data-job="{job_id}"][data-state="succeeded"]')
+    job.wait_for(timeout=60_000)
+    assert job.get_by_role("button", name="Rerun answer").count() == 1
+    ended = page.locator(f'.jp-gpualloc-lease-output [data-lease="{lease_id}"][data-state="ended"]')
+    ended.wait_for(timeout=60_000)
+    assert "ended" in ended.inner_text()
     assert "model not found" not in page.locator(".jp-Notebook").inner_text()

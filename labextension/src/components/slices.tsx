@@ -56,7 +56,7 @@ function whereOf(holder: string, actions: ISliceActions): string {
   return (kernelId ? actions.notebookOf(kernelId) : null) ?? holderName(holder);
 }
 
-function SliceItem(props: {
+export function SliceItem(props: {
   lease: LeaseEntry;
   warning?: IdleWarning;
   deadlineWarned: boolean;
