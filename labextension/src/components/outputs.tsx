@@ -50,15 +50,23 @@ function LeaseOutputBody(props: { model: GpuModel; actions: ISliceActions; lease
     );
   }
   return (
-    <ul className="jp-gpualloc-list">
-      <SliceItem
-        lease={lease}
-        warning={model.stream.warnings[leaseId]}
-        deadlineWarned={leaseId in model.stream.deadlineWarnings}
-        note={model.notes[leaseId] ?? lease.note}
-        actions={props.actions}
-      />
-    </ul>
+    <>
+      <ul className="jp-gpualloc-list">
+        <SliceItem
+          lease={lease}
+          warning={model.stream.warnings[leaseId]}
+          deadlineWarned={leaseId in model.stream.deadlineWarnings}
+          note={model.notes[leaseId] ?? lease.note}
+          actions={props.actions}
+        />
+      </ul>
+      {props.text && (
+        <details className="jp-gpualloc-muted">
+          <summary>%gpu status as it was printed (devices, caps, usage quotas)</summary>
+          <pre>{props.text}</pre>
+        </details>
+      )}
+    </>
   );
 }
 
