@@ -118,7 +118,7 @@ class _OutcomePrinter:
 
     def run(self, scheduler, raw: str, line_no: int) -> None:
         from .core.model import PriorityClass, SliceSpec, SpecError
-        from .core.scheduler import SchedulerError
+        from .core.errors import SchedulerError
 
         try:
             op = json.loads(raw)

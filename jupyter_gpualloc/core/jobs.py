@@ -12,16 +12,16 @@ event is announced, and a change the store refuses is undone (StoreFailed); time
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import secrets
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 from .model import NAME_MAX_LENGTH, Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
-from .scheduler import HolderBusy, NotFound, Scheduler, SchedulerError, StoreFailed
+from .errors import HolderBusy, NotFound, SchedulerError, StoreFailed
+from .journal import ChangeJournal, refused, unreadable
+from .scheduler import Scheduler
 from .store import StoreError
 
 OUTCOMES = ("succeeded", "failed", "timed_out", "interrupted")
@@ -140,84 +140,51 @@ class Jobs:
         self.scheduler = scheduler
         self.store = scheduler.store
         self.policy = scheduler.policy
-        self._listeners: list[Callable[[Event], None]] = list(listeners)
         self._jobs: dict[str, Job] = {j.id: j for j in self.store.load_jobs(active_only=True)}
-        self._dirty: dict[str, Job] = {}
-        self._undo: dict[str, Job | None] = {}  # each changed job as last stored (None: new)
+        self._journal: ChangeJournal[Job] = ChangeJournal(self._write, self._put_back, listeners)
         self._new_leases: list[tuple[str, float]] = []  # leases queued for a change not yet stored, and when
-        self._pending: list[Event] = []
-        self._changing = False
         scheduler.subscribe(self._on_lease_event)
         self.tick(now, reason="its lease ended while the scheduler was stopped")
 
     # ----------------------------------------------------------------- events
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
         """Call `listener` with every job event after it is stored; returns an unsubscribe function."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        return self._journal.listeners.subscribe(listener)
 
     def _emit(self, type_: str, now: float, job: Job, **data: Any) -> None:
         data.update(job_id=job.id, name=job.name, state=job.state.value, attempt=job.attempts,
                     priority=job.priority.value)
-        self._pending.append(Event(type_, now, job.lease_id, job.user, data))
+        self._journal.events.append(Event(type_, now, job.lease_id, job.user, data))
 
-    def _touch(self, job: Job) -> None:
-        """Mark a job changed, before changing it: stored with the change, put back if that fails."""
-        if job.id not in self._undo:
-            self._undo[job.id] = copy.copy(job) if job.id in self._jobs else None
-        self._dirty[job.id] = job
+    def _record(self, job: Job) -> None:
+        """Note a job about to change: stored with the change, put back if that fails."""
+        self._journal.record(job, known=job.id in self._jobs)
 
-    @contextmanager
-    def _atomic(self) -> Iterator[None]:
+    def _atomic(self) -> ContextManager[None]:
         """One change, stored at its end, then announced; undone entirely if anything fails (StoreFailed:
         the store refused). A change made inside another (a lease event during a submit) is part of it."""
-        if self._changing:
-            yield
-            return
-        self._changing = True
-        try:
-            yield
-            self._store()
-        except BaseException:
-            self._rollback()
-            raise
-        finally:
-            self._changing = False
-        self._announce()
+        return self._journal.change()
 
-    def _store(self) -> None:
+    def _write(self, changed: list[Job]) -> None:
         """Write every job changed since the last change was stored."""
-        if self._dirty:
+        if changed:
             try:
-                self.store.save_jobs(list(self._dirty.values()))
+                self.store.save_jobs(changed)
             except StoreError as err:
-                raise StoreFailed(f"the store refused the job change ({err.kind}); nothing of it took effect") from err
-        for job in self._dirty.values():
+                raise refused(err, "the job change") from err
+        for job in changed:
             if not job.state.active:
                 self._jobs.pop(job.id, None)
-        self._dirty.clear()
-        self._undo.clear()
         self._new_leases.clear()
 
-    def _announce(self) -> None:
-        events, self._pending = self._pending, []
-        for event in events:
-            for listener in list(self._listeners):
-                listener(event)
-
-    def _rollback(self) -> None:
-        """Put the changed jobs back as stored; withdraw the leases queued for them."""
-        for job_id, before in self._undo.items():
+    def _put_back(self, restored: list[tuple[Job, Job | None, Any]]) -> None:
+        """The changed jobs are back as stored: index them so; withdraw the leases queued for them."""
+        for job, before, _ in restored:
             if before is None:
-                self._jobs.pop(job_id, None)
+                self._jobs.pop(job.id, None)
             else:
-                job = self._dirty[job_id]
-                vars(job).update(vars(before))
-                self._jobs[job_id] = job
+                self._jobs[job.id] = job
         leases, self._new_leases = self._new_leases, []
-        self._dirty.clear()
-        self._undo.clear()
-        self._pending.clear()
         for lease_id, now in leases:
             self._release(lease_id, now, "its job was not stored", holder_gone=True)  # nothing ran on it
 
@@ -229,7 +196,7 @@ class Jobs:
             try:
                 job = self.store.load_job(job_id)
             except StoreError as err:
-                raise StoreFailed(f"the store could not be read ({err.kind})") from err
+                raise unreadable(err) from err
         if job is None:
             raise NotFound(f"no job {job_id}")
         return job
@@ -239,7 +206,7 @@ class Jobs:
         try:
             stored = self.store.load_jobs(user=user, limit=limit)
         except StoreError as err:
-            raise StoreFailed(f"the store could not be read ({err.kind})") from err
+            raise unreadable(err) from err
         return [self._jobs.get(j.id, j) for j in stored]
 
     def _lease(self, job: Job) -> Lease | None:
@@ -282,7 +249,7 @@ class Jobs:
                   created_at=now, groups=tuple(groups), timeout=request.timeout, retries=request.retries,
                   rerun_of=rerun_of, runner=request.runner)
         with self._atomic():
-            self._touch(job)
+            self._record(job)
             job.lease_id = self._submit_lease(job, now).id
             self._jobs[job.id] = job
             self._emit("job.queued", now, job, position=self.scheduler.position(job.lease_id))
@@ -318,7 +285,7 @@ class Jobs:
         if job.state is not JobState.QUEUED or lease is None or lease.state is not LeaseState.GRANTED:
             raise JobConflict(job, f"job {job_id} is {job.state.value}, not queued with its slice granted")
         with self._atomic():
-            self._touch(job)
+            self._record(job)
             job.state = JobState.RUNNING
             job.attempts += 1
             job.started_at = now
@@ -368,12 +335,12 @@ class Jobs:
         with self._atomic():
             for job in list(self._jobs.values()):
                 if job.lease_id is not None and self._lease(job) is None:
-                    self._touch(job)
+                    self._record(job)
                     job.lease_id = None
                     if job.state is JobState.RUNNING:
                         self._interrupted(job, now, reason)
                 if job.state is JobState.QUEUED and job.lease_id is None:
-                    self._touch(job)
+                    self._record(job)
                     try:
                         job.lease_id = self._submit_lease(job, now).id
                     except StoreFailed:
@@ -385,7 +352,7 @@ class Jobs:
     def _drop_lease(self, job: Job) -> str | None:
         """Detach the job's active lease (released once the job's change is stored); its id."""
         lease = self._lease(job)
-        self._touch(job)
+        self._record(job)
         job.lease_id = None
         return lease.id if lease is not None else None
 
@@ -400,7 +367,7 @@ class Jobs:
             pass
 
     def _end(self, job: Job, state: JobState, now: float, reason: str) -> None:
-        self._touch(job)
+        self._record(job)
         job.state = state
         job.ended_at = now
         job.reason = reason
@@ -409,7 +376,7 @@ class Jobs:
 
     def _interrupted(self, job: Job, now: float, reason: str) -> None:
         if self.policy.requeue_interrupted:
-            self._touch(job)
+            self._record(job)
             job.state = JobState.QUEUED
             job.reason = f"interrupted ({reason}); requeued"
             self._emit("job.requeued", now, job, reason=job.reason)
@@ -428,7 +395,7 @@ class Jobs:
             return
         try:
             with self._atomic():
-                self._touch(job)
+                self._record(job)
                 job.lease_id = None
                 if event.type == "lease.preempted":
                     if job.state is JobState.RUNNING:

@@ -8,7 +8,8 @@ from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.indexes import ActiveLeases, MigCapacity
 from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
-from jupyter_gpualloc.core.scheduler import Scheduler, SchedulerError, StoreFailed
+from jupyter_gpualloc.core.errors import SchedulerError, StoreFailed
+from jupyter_gpualloc.core.scheduler import Scheduler
 
 from .conftest import A100_40, fleet
 from .test_store_failures import FlakyStore
@@ -44,7 +45,7 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
     store = FlakyStore(store_urls.fresh())
     s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, reserve_after=3))
     rng = random.Random(7)
-    mig_gpus = [gs for gs in s._gpus.values() if gs.is_mig]
+    mig_gpus = [gs for gs in s._fleet.gpus.values() if gs.is_mig]
     for step in range(400):
         now = float(step)
         if rng.random() < 0.1:
@@ -64,7 +65,7 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
         except (SchedulerError, StoreFailed):
             pass
         store.fail_next.clear()
-        assert filed(s._mig_capacity, A100_40) == filed(MigCapacity(mig_gpus), A100_40), f"step {step}"
+        assert filed(s._fleet.mig_capacity, A100_40) == filed(MigCapacity(mig_gpus), A100_40), f"step {step}"
         fresh = ActiveLeases()
         for lease in s.leases():
             fresh.add(lease)
@@ -114,11 +115,11 @@ def test_a_pass_searches_the_fleet_once_per_shape_that_has_no_room(harness):
     late = s.submit("late", "kernel:1", share, PriorityClass.BATCH, now=2)
     assert late.state is LeaseState.QUEUED
     calls = []
-    choose = s._placement.choose
-    s._placement.choose = lambda *args: calls.append(args[1]) or choose(*args)
+    choose = s._fit.placement_policy.choose
+    s._fit.placement_policy.choose = lambda *args: calls.append(args[1]) or choose(*args)
     checks = []
-    check = s._quota_check
-    s._quota_check = lambda *args, **kw: checks.append(args[0]) or check(*args, **kw)
+    check = s._quota_block
+    s._quota_block = lambda *args, **kw: checks.append(args[0].user) or check(*args, **kw)
     s.release(small.id, now=3)
     assert s.lease(late.id).state is LeaseState.GRANTED
     assert all(s.lease(w.id).state is LeaseState.QUEUED for w in waiting)

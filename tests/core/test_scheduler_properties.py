@@ -90,8 +90,8 @@ def check_invariants(s: Scheduler, backend: SimulatedBackend) -> None:
             assert sum(l.slice.memory_mib for l in mine) <= limits["memory_gib"] * 1024
     # Work conservation: no queued request could be granted now (no reservations in force here).
     for lease in s.queue():
-        plans = s._plans[lease.id]
-        assert s._quota_block(lease, plans) is not None or s._place(lease, plans, set()) is None, lease
+        plans = s._lease_plans[lease.id]
+        assert s._quota_block(lease, plans) is not None or s._find_fit(lease, plans, set()) is None, lease
 
 
 def free_capacity(s: Scheduler) -> list:

@@ -1,0 +1,123 @@
+"""The fleet as the scheduler holds it: each GPU's instances, owners and holders, and the indexes over them.
+
+Every change to a GPU's instances, owners, holders or drain is followed by `FleetState.changed(gs)`,
+which keeps the GPU's cached MIG layout, the MIG capacity index, the placement view and the
+version a scheduling pass depends on in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import mig
+from .devices.base import DeviceBackend
+from .indexes import MigCapacity
+from .model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, SliceSpec
+from .placement import ClusterView, NodeCapacity
+
+
+@dataclass
+class GpuState:
+    """One GPU as the scheduler holds it: its MIG instances and their owners, or the leases holding it."""
+
+    gpu: Gpu
+    node_index: int
+    slot: int
+    profiles: dict[int, MigProfile]
+    instances: dict[str, MigInstance] = field(default_factory=dict)
+    owner: dict[str, str] = field(default_factory=dict)  # mig uuid -> lease id
+    created: set[str] = field(default_factory=set)  # mig uuids this core created
+    holders: dict[str, int] = field(default_factory=dict)  # lease id -> milli it holds (a share or all of it)
+    drained: bool = False
+    cached_layout: mig.Layout | None = None  # forgotten by FleetState.changed()
+
+    @property
+    def is_mig(self) -> bool:
+        return self.gpu.mig_mode is not MigMode.OFF
+
+    def layout(self) -> mig.Layout:
+        """The MIG layout of its instances, computed once per change of them."""
+        if self.cached_layout is None:
+            self.cached_layout = mig.Layout.of(self.instances.values(), self.profiles)
+        return self.cached_layout
+
+    def free_milli(self) -> int:
+        return MILLI_PER_GPU - sum(self.holders.values())
+
+    def snapshot(self) -> tuple:
+        """Its instances, owners, holders and drain as they are now (see restore)."""
+        return dict(self.instances), dict(self.owner), set(self.created), dict(self.holders), self.drained
+
+    def restore(self, snapshot: tuple) -> None:
+        self.instances, self.owner, self.created, self.holders, self.drained = snapshot
+
+
+class FleetState:
+    """Every GPU's state, the placement view of the nodes, and the MIG capacity index over them."""
+
+    def __init__(self, backend: DeviceBackend, static_mig: bool):
+        """Discover the fleet; MIG GPUs are static when `static_mig` or when the backend cannot change MIG."""
+        self.nodes: list[Node] = backend.discover()
+        self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.gpus: dict[str, GpuState] = {}
+        capacities = []
+        for ni, node in enumerate(self.nodes):
+            capacities.append(NodeCapacity(node.name, node.cpu_milli, node.memory_mib,
+                                           tuple(g.model for g in node.gpus)))
+            for slot, gpu in enumerate(node.gpus):
+                if gpu.mig_mode is not MigMode.OFF and static_mig:
+                    gpu.mig_mode = MigMode.STATIC
+                if gpu.mig_mode is MigMode.DYNAMIC and not backend.can_change_mig:
+                    gpu.mig_mode = MigMode.STATIC
+                profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
+                self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances})
+        self.view = ClusterView(capacities)
+        self.mig_gpus: dict[str, list[GpuState]] = {}  # model -> its MIG GPUs, in fleet order
+        for gs in self.gpus.values():
+            if gs.is_mig:
+                self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
+        self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
+        self.version = 0  # moved by every change that can alter what a scheduling pass grants
+        self.freed = 0  # moved whenever a slice is freed (room made)
+        for gs in self.gpus.values():
+            self.show(gs)
+
+    def changed(self, gs: GpuState) -> None:
+        """A GPU's instances, owners, holders or drain changed: its layout, index entry and view follow."""
+        gs.cached_layout = None
+        self.mig_capacity.changed(gs)
+        self.show(gs)
+        self.version += 1
+
+    def moved(self) -> None:
+        """Something a scheduling pass depends on changed (a lease came or went)."""
+        self.version += 1
+
+    def room_made(self) -> None:
+        """A slice was freed: what found no room before may fit now."""
+        self.version += 1
+        self.freed += 1
+
+    def show(self, gs: GpuState, reserved: bool = False) -> None:
+        """Whether the placement view offers the GPU: not when MIG-managed, drained or (for a search) reserved."""
+        self.view.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
+
+    def profiles(self) -> dict[str, dict[int, MigProfile]]:
+        """Each GPU's MIG profiles by UUID (empty without MIG)."""
+        return {uuid: gs.profiles for uuid, gs in self.gpus.items()}
+
+    def on_node(self, name: str) -> list[GpuState]:
+        """The GPUs of a node, in slot order (none for an unknown node)."""
+        node = self.nodes[self.node_index[name]] if name in self.node_index else None
+        return [self.gpus[g.uuid] for g in node.gpus] if node else []
+
+    def node_mask(self, spec: SliceSpec) -> np.ndarray | None:
+        """The nodes a spec allows (None: all)."""
+        if spec.node is None:
+            return None
+        mask = np.zeros(len(self.nodes), dtype=bool)
+        if spec.node in self.node_index:
+            mask[self.node_index[spec.node]] = True
+        return mask

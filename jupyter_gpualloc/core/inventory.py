@@ -1,0 +1,86 @@
+"""Read models: what there is and what could be granted now, read from the fleet's state; nothing decided here."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from . import mig
+from .devices.base import UnusableNode
+from .fleet_state import FleetState, GpuState
+from .model import Lease, LeaseState, MigMode, PriorityClass, SliceKind
+from .plans import Plan
+
+
+def inventory(fleet: FleetState, active: Mapping[str, Lease], returning: Mapping[str, Lease],
+              queue: Iterable[str], unusable: Sequence[UnusableNode]) -> dict:
+    """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
+    nodes = []
+    for ni, node in enumerate(fleet.nodes):
+        gpus = [_gpu_entry(fleet.gpus[gpu.uuid], active, returning) for gpu in node.gpus]
+        held = [l for l in active.values() if l.state is LeaseState.GRANTED and l.slice.node == node.name]
+        nodes.append({"name": node.name, "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
+                      "free_cpu_milli": node.cpu_milli - sum(l.spec.cpu_milli for l in held),
+                      "free_memory_mib": node.memory_mib - sum(l.spec.host_memory_mib for l in held),
+                      "gpus": gpus})
+    waiting = [active[i].priority for i in queue]
+    return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass},
+            "unusable_nodes": [{"name": u.name, "reason": u.reason} for u in unusable]}
+
+
+def _gpu_entry(gs: GpuState, active: Mapping[str, Lease], returning: Mapping[str, Lease]) -> dict:
+    gpu = gs.gpu
+    entry = {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
+             "mig_mode": gpu.mig_mode.value, "drained": gs.drained}
+    if gs.is_mig:
+        layout = gs.layout()
+        entry["instances"] = [
+            {"uuid": i.uuid, "profile": gs.profiles[i.profile_id].name, "start": i.start,
+             "size": i.size, "lease_id": gs.owner.get(i.uuid), "returning": gs.owner.get(i.uuid) in returning}
+            for i in sorted(gs.instances.values(), key=lambda i: i.start)]
+        entry["memory_slices"] = layout.geometry.memory_slices
+        entry["compute_slices"] = layout.geometry.compute_slices
+        entry["free_memory_slices"] = layout.free_memory_slices
+        entry["free_compute_slices"] = layout.free_compute_slices
+        entry["free_profiles"] = free_profiles(gs, layout)
+        return entry
+    held = sorted((active.get(l) or returning[l] for l in gs.holders), key=lambda l: l.seq)
+    used = sum(l.slice.memory_mib for l in held if l.slice.kind is SliceKind.SHARED)
+    whole = [l for l in held if l.slice.kind is SliceKind.WHOLE]
+    entry["shares"] = [{"lease_id": l.id, "memory_mib": l.slice.memory_mib,
+                        "kind": l.slice.kind.value, "returning": l.returning} for l in held]
+    entry["free_memory_mib"] = 0 if whole else gpu.memory_mib - used
+    entry["free_milli"] = gs.free_milli()
+    entry["whole_free"] = not gs.holders
+    return entry
+
+
+def free_profiles(gs: GpuState, layout: mig.Layout) -> dict[str, int]:
+    """How many instances of each profile this GPU could still hand out (each counted alone)."""
+    out = {}
+    for p in gs.profiles.values():
+        free_existing = sum(1 for i in gs.instances.values()
+                            if i.profile_id == p.profile_id and i.uuid not in gs.owner)
+        new = mig.room_for(layout, p) if gs.gpu.mig_mode is MigMode.DYNAMIC else 0
+        out[p.name] = 0 if gs.drained else free_existing + new
+    return out
+
+
+def count_available(fleet: FleetState, plans: Sequence[Plan]) -> int:
+    """How many slices of the plans could be granted now, one after another."""
+    total = 0
+    for plan in plans:
+        if plan.kind is SliceKind.MIG:
+            total += sum(free_profiles(gs, gs.layout()).get(plan.profile.name, 0)
+                         for gs in fleet.gpus.values()
+                         if gs.is_mig and gs.gpu.model == plan.model)
+            continue
+        per_node: dict[int, int] = {}
+        for gs in fleet.gpus.values():
+            if gs.is_mig or gs.drained or gs.gpu.model != plan.model:
+                continue
+            if plan.kind is SliceKind.SHARED:
+                total += gs.free_milli() // plan.milli
+            elif not gs.holders:
+                per_node[gs.node_index] = per_node.get(gs.node_index, 0) + 1
+        total += sum(n // plan.count for n in per_node.values())
+    return total

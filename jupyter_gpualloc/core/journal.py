@@ -1,0 +1,323 @@
+"""The unit of work the core's stateful parts share: record, write in one transaction, announce, or put back.
+
+A change records each record it touches before touching it (`UndoLog.record`), as it was; the
+owner writes the records changed (`dirty`) in one transaction at the change's end, then
+announces its events to the listeners; if anything fails on the way, every record is put back
+as it was and no event is announced. `ChangeJournal` is that cycle for an owner whose write is
+one call (jobs); `SchedulerJournal` is the scheduler's, whose changes also touch GPUs and MIG
+instances and may wait in a group commit.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
+
+from .devices.base import DeviceBackend, DeviceError
+from .errors import StoreFailed
+from .fleet_state import FleetState, GpuState
+from .model import Event, Lease, MigInstance
+from .placement import Demand
+from .store import Store, StoreError
+
+
+class Record(Protocol):
+    id: str
+
+
+R = TypeVar("R", bound=Record)
+
+
+class Listeners:
+    """Who hears the events, and their announcement once the change that made them is stored."""
+
+    def __init__(self, listeners: Sequence[Callable[[Event], None]] = ()):
+        self._listeners: list[Callable[[Event], None]] = list(listeners)
+
+    def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call `listener` with every event after it is stored; returns an unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def announce(self, events: Iterable[Event]) -> None:
+        for event in events:
+            for listener in list(self._listeners):
+                listener(event)
+
+
+class UndoLog(Generic[R]):
+    """The records changed since the last write, each as it was before (None: new), with what the
+    owner keeps beside it (`extra`)."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, tuple[R | None, Any]] = {}
+        self.dirty: dict[str, R] = {}
+
+    def record(self, record: R, *, known: bool, extra: Any = None) -> None:
+        """Note a record about to change (`known`: it existed before this change): O(1)."""
+        if record.id not in self.before:
+            self.before[record.id] = (copy.copy(record) if known else None, extra)
+        self.dirty[record.id] = record
+
+    def put_back(self) -> list[tuple[R, R | None, Any]]:
+        """Restore every changed record as it was; each (record, as before or None if new, extra)."""
+        restored = []
+        for record_id, (before, extra) in self.before.items():
+            record = self.dirty[record_id]
+            if before is not None:
+                vars(record).update(vars(before))
+            restored.append((record, before, extra))
+        return restored
+
+
+class ChangeJournal(Generic[R]):
+    """One change at a time over `UndoLog` records: `write(dirty)` at its end, then its events
+    announced; `put_back(restored)` if anything fails. A change begun inside another is part of it."""
+
+    def __init__(self, write: Callable[[list[R]], None], put_back: Callable[[list[tuple[R, R | None, Any]]], None],
+                 listeners: Sequence[Callable[[Event], None]] = ()):
+        self._write = write
+        self._put_back = put_back
+        self.listeners = Listeners(listeners)
+        self.log: UndoLog[R] = UndoLog()
+        self.events: list[Event] = []
+        self._open = False
+
+    def record(self, record: R, *, known: bool) -> None:
+        self.log.record(record, known=known)
+
+    @contextmanager
+    def change(self) -> Iterator[None]:
+        """Stored in one transaction at the end, then announced; undone entirely if anything fails."""
+        if self._open:
+            yield
+            return
+        self._open = True
+        try:
+            yield
+            self._write(list(self.log.dirty.values()))
+            self.log = UndoLog()
+        except BaseException:
+            restored, self.log, self.events = self.log.put_back(), UndoLog(), []
+            self._put_back(restored)
+            raise
+        finally:
+            self._open = False
+        events, self.events = self.events, []
+        self.listeners.announce(events)
+
+
+def refused(err: Any, what: str = "the change") -> StoreFailed:
+    """StoreFailed for a write the store refused (`err` a StoreError): nothing of it took effect."""
+    return StoreFailed(f"the store refused {what} ({err.kind}); nothing of it took effect")
+
+
+def unreadable(err: Any) -> StoreFailed:
+    """StoreFailed for a read the store could not answer (`err` a StoreError)."""
+    return StoreFailed(f"the store could not be read ({err.kind})")
+
+
+@dataclass
+class Undo:
+    """What changed since the last commit, as it was before: put back if the commit fails."""
+
+    seq: int
+    leases: UndoLog[Lease] = field(default_factory=UndoLog)  # beside each: its plans
+    gpus: dict[str, tuple] = field(default_factory=dict)  # GpuState.snapshot() by GPU UUID
+    view: list[Callable[[], None]] = field(default_factory=list)  # inverse placement-view changes
+    made: list[tuple[GpuState, MigInstance, str]] = field(default_factory=list)  # with the intent id
+
+
+@dataclass
+class _Staged:
+    """A change committed into the store's waiting group: what commit_group() undoes if the group fails."""
+
+    undo: Undo
+    intents: list[str]
+    now: float
+    destroyed: list[tuple[tuple, Event]]  # removals of destroyed instances it carried (see SchedulerJournal)
+
+
+class SchedulerJournal:
+    """The scheduler's unit of work over leases, GPUs, MIG instances and drains.
+
+    A change records what it touches (`record_lease`, `record_gpu`, the view's inverses and the
+    instances it made); `commit` writes it in one transaction and announces its events, or, while
+    the store holds a group (`Store.hold()`), stages it for `write_group`, which writes the group,
+    announces it, or undoes every staged change, newest first. `rollback` puts a change back: the
+    fleet's part here, the leases by the owner's `put_back_leases(undo_log, now)`; `on_released(
+    instances, now, settle)` hears of the MIG instances a durable group released.
+    """
+
+    def __init__(self, store: Store, backend: DeviceBackend, fleet: FleetState, listeners: Listeners,
+                 put_back_leases: Callable[[UndoLog[Lease], float], None],
+                 on_released: Callable[[dict[str, GpuState], float, bool], None]):
+        self.store = store
+        self.backend = backend
+        self.fleet = fleet
+        self.listeners = listeners
+        self._put_back_leases = put_back_leases
+        self._on_released = on_released
+        self.seq = 0
+        self.events: list[Event] = []
+        self.instance_changes: list[tuple[str, str, MigInstance | None, bool]] = []
+        self.drains: dict[str, bool] = {}
+        self.returning_changes: dict[str, bool] = {}  # what the next commit writes of returning slices
+        self.intents: list[str] = []  # MIG intents written since the last commit, which drops them
+        # Instances released in the waiting group, destroyed once it is durable (write_group),
+        # unless granted again meanwhile: mig uuid -> its GPU.
+        self.to_destroy: dict[str, GpuState] = {}
+        # Instances destroyed after a group's commit: (their record's removal, mig.destroyed), which
+        # the next commit writes and then announces.
+        self.destroyed: list[tuple[tuple, Event]] = []
+        self.undo = Undo(self.seq)
+        self._staged: list[_Staged] = []  # changes committed into the store's waiting group
+        self._staged_events: list[Event] = []
+        self._group_callbacks: list[Callable[[StoreFailed | None], None]] = []
+
+    def restart(self, seq: int, intents: list[str]) -> None:
+        """Go on from the stored sequence number and the MIG intents still listed (recovery)."""
+        self.seq = seq
+        self.undo = Undo(seq)
+        self.intents = intents
+
+    # ---------------------------------------------------------------- recording
+    def record_lease(self, lease: Lease, *, known: bool, plans: tuple | None) -> None:
+        """Note a lease about to change: stored at the next commit, put back (with its plans) if that fails."""
+        self.undo.leases.record(lease, known=known, extra=plans)
+
+    def record_gpu(self, gs: GpuState) -> None:
+        """Remember a GPU's instances, owners and holders before they change."""
+        if gs.gpu.uuid not in self.undo.gpus:
+            self.undo.gpus[gs.gpu.uuid] = gs.snapshot()
+
+    def view_allocate(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
+        self.fleet.view.allocate(node_index, slots, taken)
+        self.undo.view.append(lambda: self.fleet.view.release(node_index, slots, taken))
+
+    def view_release(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
+        self.fleet.view.release(node_index, slots, taken)
+        self.undo.view.append(lambda: self.fleet.view.allocate(node_index, slots, taken))
+
+    # ------------------------------------------------------------------ writing
+    @contextmanager
+    def atomic(self, now: float) -> Iterator[None]:
+        """One change: stored in one transaction at the end, or undone entirely if anything fails."""
+        try:
+            yield
+            self.commit(now)
+        except BaseException:
+            self.rollback(now)
+            raise
+
+    def commit(self, now: float = 0.0) -> None:
+        """Write every change since the last commit in one transaction, then announce its events.
+
+        StoreFailed when the store refuses; `atomic` then undoes the changes. While the store
+        holds writes for a group commit, the change waits in the group: write_group() writes it,
+        then announces it, or undoes it."""
+        destroyed, dirty = self.destroyed, self.undo.leases.dirty
+        if dirty or self.instance_changes or self.drains or self.intents or self.returning_changes or destroyed:
+            try:
+                self.store.save(list(dirty.values()), self.instance_changes + [c for c, _ in destroyed],
+                                self.seq, drains=self.drains, intents_done=self.intents,
+                                returning=self.returning_changes)
+            except StoreError as err:
+                raise refused(err) from err
+        events, self.events = [e for _, e in destroyed] + self.events, []
+        self.destroyed = []
+        if self.store.holding:
+            self._staged.append(_Staged(self.undo, list(self.intents), now, destroyed))
+            self._staged_events += events
+            events = []
+        self.instance_changes.clear()
+        self.drains.clear()
+        self.returning_changes.clear()
+        self.intents.clear()
+        self.undo = Undo(self.seq)
+        if self._staged and not self.store.holding:  # written above, with the group before it
+            self._staged_events += events  # announced after the group's own
+            events = []
+            self.write_group(settle=False)  # inside a change: its caller schedules
+        self.listeners.announce(events)
+
+    @property
+    def group_waiting(self) -> bool:
+        """Whether anything waits for write_group(): a write, an event, a callback or an instance to destroy."""
+        return bool(self._staged or self._staged_events or self._group_callbacks or self.to_destroy
+                    or self.store.waiting)
+
+    def after_group(self, callback: Callable[[StoreFailed | None], None]) -> None:
+        """Call `callback(None)` once the waiting group is written, or `callback(StoreFailed)` once it is undone."""
+        self._group_callbacks.append(callback)
+
+    def write_group(self, settle: bool) -> None:
+        """Write the waiting group, announce it, then pass on the instances it released (`settle`:
+        the owner may run a scheduling pass); if the store refuses, undo every staged change,
+        newest first, and raise StoreFailed."""
+        staged, self._staged = self._staged, []
+        events, self._staged_events = self._staged_events, []
+        callbacks, self._group_callbacks = self._group_callbacks, []
+        to_destroy, self.to_destroy = self.to_destroy, {}
+        try:
+            self.store.commit_group()
+        except StoreError as err:
+            failed = refused(err)
+            for change in reversed(staged):
+                self.undo, self.intents = change.undo, change.intents
+                self.rollback(change.now)
+                self.destroyed[:0] = change.destroyed  # still to be written
+            for callback in callbacks:
+                callback(failed)
+            raise failed from err
+        self.listeners.announce(events)
+        for callback in callbacks:
+            callback(None)
+        if to_destroy:
+            self._on_released(to_destroy, staged[-1].now if staged else 0.0, settle)
+
+    # ---------------------------------------------------------------- undoing
+    def rollback(self, now: float) -> None:
+        """Put back everything changed since the last commit; destroy the MIG instances made for it."""
+        undo = self.undo
+        for inverse in reversed(undo.view):
+            inverse()
+        for uuid, snapshot in undo.gpus.items():
+            gs = self.fleet.gpus[uuid]
+            gs.restore(snapshot)
+            self.fleet.changed(gs)
+        self.fleet.moved()
+        self._put_back_leases(undo.leases, now)
+        self.seq = undo.seq
+        made = {inst.uuid for _, inst, _ in undo.made}
+        self.instance_changes = [c for c in self.instance_changes if c[1] not in made]
+        self.drains.clear()
+        self.returning_changes.clear()
+        self.events.clear()
+        self.undo = Undo(self.seq)
+        self._unmake_made(undo.made, now)
+
+    def _unmake_made(self, made: list[tuple[GpuState, MigInstance, str]], now: float) -> None:
+        """Destroy the MIG instances an undone change made, newest first, and drop their intents; an
+        instance the device will not destroy stays, recorded (with its intent) by the next commit."""
+        kept: set[str] = set()
+        for gs, inst, intent in reversed(made):
+            try:
+                self.backend.destroy_mig_instance(gs.gpu.uuid, inst.uuid)
+            except DeviceError as err:
+                gs.instances[inst.uuid] = inst
+                gs.created.add(inst.uuid)
+                self.fleet.changed(gs)
+                self.instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
+                self.events.append(Event("device.error", now, None, None, {
+                    "gpu": gs.gpu.uuid, "instance": inst.uuid, "error": str(err)}))
+                kept.add(intent)
+        done = [i for i in self.intents if i not in kept]
+        if done:
+            try:
+                self.store.clear_intents(done)
+                self.intents = [i for i in self.intents if i in kept]
+            except StoreError:
+                pass  # they stay listed, and the next commit drops them

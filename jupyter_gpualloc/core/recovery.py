@@ -1,0 +1,64 @@
+"""What recovery reads back onto the fleet: the MIG instances the store knows, and the slices of stored leases."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .fleet_state import FleetState
+from .journal import SchedulerJournal
+from .model import Lease, SliceKind
+from .plans import host_demand, slice_demand
+from .store import StoredState
+
+
+def reconcile_instances(state: StoredState, fleet: FleetState, journal: SchedulerJournal, now: float,
+                        emit: Callable[..., None]) -> None:
+    """Reconcile the devices' MIG instances with the store's records. An instance the store does
+    not know is the administrator's, unless a MIG intent names its place: then the core made it
+    before a crash (and destroys it once recovered, as no lease was recorded for it)."""
+    first_start = state.seq == 0 and not state.instances and not state.intents
+    intents = {(i.gpu_uuid, i.profile_id, i.start): i.id for i in state.intents}
+    recorded = {r.instance.uuid: r for r in state.instances}
+    for gs in fleet.gpus.values():
+        for inst in gs.instances.values():
+            record = recorded.pop(inst.uuid, None)
+            made_by_core = record is None and intents.pop((gs.gpu.uuid, inst.profile_id, inst.start), None)
+            if made_by_core:
+                journal.instance_changes.append((gs.gpu.uuid, inst.uuid, inst, True))
+                gs.created.add(inst.uuid)
+            elif record is None:
+                journal.instance_changes.append((gs.gpu.uuid, inst.uuid, inst, False))
+                if not first_start:
+                    emit("reconcile.instance_found", now, gpu=gs.gpu.uuid, instance=inst.uuid,
+                         profile=gs.profiles[inst.profile_id].name, start=inst.start)
+            elif record.created_by_core:
+                gs.created.add(inst.uuid)
+    for record in recorded.values():
+        journal.instance_changes.append((record.gpu_uuid, record.instance.uuid, None, False))
+        emit("reconcile.instance_vanished", now, gpu=record.gpu_uuid, instance=record.instance.uuid)
+
+
+def reattach(lease: Lease, fleet: FleetState) -> bool:
+    """Hold a recovered lease's slice again; False if the fleet no longer has it free."""
+    sl = lease.slice
+    if sl is None or sl.node not in fleet.node_index:
+        return False
+    gpus = [fleet.gpus.get(u) for u in sl.gpu_uuids]
+    if any(g is None for g in gpus):
+        return False
+    node_index = fleet.node_index[sl.node]
+    if sl.kind is SliceKind.MIG:
+        gs = gpus[0]
+        if sl.mig_uuid not in gs.instances or sl.mig_uuid in gs.owner:
+            return False
+        gs.owner[sl.mig_uuid] = lease.id
+        fleet.changed(gs)
+        fleet.view.allocate(node_index, (), host_demand(lease.spec))
+        return True
+    if any(g.is_mig or g.free_milli() < sl.milli for g in gpus):
+        return False
+    for gs in gpus:
+        gs.holders[lease.id] = sl.milli
+        fleet.changed(gs)
+    fleet.view.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease))
+    return True
