@@ -1,0 +1,535 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
+	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
+	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
+)
+
+// The files `run` keeps in its directory.
+const (
+	kubeconfigFile = "kubeconfig"
+	readyFile      = "ready"
+	pidFile        = "controlplane.pid"
+	logFile        = "controlplane.log"
+)
+
+// A child process: one component, its log file in the run directory.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+type runOptions struct {
+	dir, fleet string
+	timeout    time.Duration
+}
+
+func parseRunFlags(name string, args []string) (runOptions, error) {
+	var o runOptions
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.StringVar(&o.dir, "dir", ".k8s", "the control plane's directory: kubeconfig, certificates, etcd's data, logs")
+	fs.StringVar(&o.fleet, "fleet", "examples/fleets/k8s-demo.yaml", "the nodes to create (kwok runs them); empty for none")
+	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "how long to wait for the control plane to be ready")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	dir, err := filepath.Abs(o.dir)
+	o.dir = dir
+	if err == nil && o.fleet != "" {
+		o.fleet, err = filepath.Abs(o.fleet)
+	}
+	return o, err
+}
+
+// run starts etcd (in this process), kube-apiserver, kube-scheduler, kube-controller-manager and
+// kwok (each this binary again, as its own process), creates the fleet's nodes, writes
+// DIR/kubeconfig and DIR/ready, prints "ready DIR/kubeconfig", and stops everything on
+// SIGTERM or SIGINT. Its children get SIGKILL if this process dies without stopping them.
+func run(args []string) int {
+	o, err := parseRunFlags("run", args)
+	if err != nil {
+		return 2
+	}
+	// Children's parent-death signal follows the thread that started them: keep to one thread.
+	runtime.LockOSThread()
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+
+	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+		return fail(err)
+	}
+	_ = os.Remove(filepath.Join(o.dir, readyFile))
+	if err := os.WriteFile(filepath.Join(o.dir, pidFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return fail(err)
+	}
+	defer os.Remove(filepath.Join(o.dir, pidFile))
+
+	var children []*child
+	var etcd *embed.Etcd
+	shutdown := func() {
+		// The reverse of the start order: kwok and the controllers first, etcd last.
+		for i := len(children) - 1; i >= 0; i-- {
+			children[i].stop(15 * time.Second)
+		}
+		if etcd != nil {
+			etcd.Close()
+		}
+		_ = os.Remove(filepath.Join(o.dir, readyFile))
+	}
+	defer shutdown()
+
+	// stopped ends at SIGTERM or SIGINT; ctx, for starting, also at the timeout.
+	stopped, stopping := context.WithCancel(context.Background())
+	defer stopping()
+	go func() {
+		<-stop
+		stopping()
+	}()
+	ctx, cancel := context.WithTimeout(stopped, o.timeout)
+	defer cancel()
+
+	// No state is kept between runs: a fresh etcd and fresh certificates each time.
+	for _, sub := range []string{"etcd", "pki", "logs"} {
+		_ = os.RemoveAll(filepath.Join(o.dir, sub))
+		if err := os.MkdirAll(filepath.Join(o.dir, sub), 0o700); err != nil {
+			return fail(err)
+		}
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return fail(err)
+	}
+	etcdPort, etcdPeerPort, apiPort, schedPort, cmPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+
+	pki, err := writePKI(filepath.Join(o.dir, "pki"))
+	if err != nil {
+		return fail(err)
+	}
+
+	etcd, err = startEtcd(filepath.Join(o.dir, "etcd"), filepath.Join(o.dir, "logs", "etcd.log"), etcdPort, etcdPeerPort)
+	if err != nil {
+		return fail(fmt.Errorf("etcd: %w", err))
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	start := func(name string, args ...string) (*child, error) {
+		c, err := startChild(o.dir, self, name, args)
+		if err == nil {
+			children = append(children, c)
+		}
+		return c, err
+	}
+
+	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	api, err := start("kube-apiserver",
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
+		"--etcd-servers="+fmt.Sprintf("http://127.0.0.1:%d", etcdPort),
+		"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
+		"--client-ca-file="+pki.caCert,
+		"--token-auth-file="+pki.tokens,
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+pki.saKey, "--service-account-signing-key-file="+pki.saKey,
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--endpoint-reconciler-type=none",
+		"--allow-privileged=true",
+		"--profiling=false",
+	)
+	if err != nil {
+		return fail(err)
+	}
+
+	kubeconfig := filepath.Join(o.dir, kubeconfigFile)
+	if err := writeKubeconfig(kubeconfig, server, pki.caCert, pki.adminToken); err != nil {
+		return fail(err)
+	}
+	clients, err := newClient(kubeconfig)
+	if err != nil {
+		return fail(err)
+	}
+	if err := waitFor(ctx, "kube-apiserver /readyz", []*child{api}, func() error {
+		body, err := clients.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, body)
+		}
+		return nil
+	}); err != nil {
+		return fail(err)
+	}
+
+	sched, err := start("kube-scheduler",
+		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(schedPort),
+		"--leader-elect=false",
+	)
+	if err != nil {
+		return fail(err)
+	}
+	cm, err := start("kube-controller-manager",
+		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(cmPort),
+		"--leader-elect=false",
+		"--controllers=*",
+		"--service-account-private-key-file="+pki.saKey, "--root-ca-file="+pki.caCert,
+		"--cluster-signing-cert-file="+pki.caCert, "--cluster-signing-key-file="+pki.caKey,
+		"--use-service-account-credentials=false",
+	)
+	if err != nil {
+		return fail(err)
+	}
+	kwokConfig := filepath.Join(o.dir, "kwok.yaml")
+	if err := writeKwokConfig(kwokConfig); err != nil {
+		return fail(err)
+	}
+	kwok, err := start("kwok",
+		"--config="+kwokConfig,
+		"--kubeconfig="+kubeconfig,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector="+kwokNodeAnnotation+"=fake",
+		"--node-ip=127.0.0.1",
+		"--cidr=10.244.0.1/16",
+		"--node-lease-duration-seconds=40",
+		"--server-address="+fmt.Sprintf("127.0.0.1:%d", kwokPort),
+	)
+	if err != nil {
+		return fail(err)
+	}
+	all := []*child{api, sched, cm, kwok}
+	for _, component := range []struct {
+		name string
+		port int
+	}{{"kube-scheduler", schedPort}, {"kube-controller-manager", cmPort}} {
+		address := fmt.Sprintf("https://127.0.0.1:%d/healthz", component.port)
+		if err := waitFor(ctx, component.name+" /healthz", all, func() error { return httpsOK(address) }); err != nil {
+			return fail(err)
+		}
+	}
+
+	names := []string(nil)
+	if o.fleet != "" {
+		if names, err = createNodes(ctx, clients, o.fleet); err != nil {
+			return fail(err)
+		}
+	}
+	if err := waitFor(ctx, "the fleet's nodes Ready, the default service account", all, func() error {
+		for _, name := range names {
+			node, err := clients.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !nodeReady(node) {
+				return fmt.Errorf("node %s is not Ready yet", name)
+			}
+		}
+		_, err := clients.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	}); err != nil {
+		return fail(err)
+	}
+
+	ready := fmt.Sprintf("kubeconfig: %s\nserver: %s\nnodes: %d\n", kubeconfig, server, len(names))
+	if err := os.WriteFile(filepath.Join(o.dir, readyFile), []byte(ready), 0o644); err != nil {
+		return fail(err)
+	}
+	fmt.Printf("ready %s\n", kubeconfig)
+
+	// Until asked to stop, or until a component ends on its own (which is a failure).
+	exited := make(chan string, len(all))
+	for _, c := range all {
+		go func(c *child) {
+			<-c.done
+			exited <- c.name
+		}(c)
+	}
+	select {
+	case <-stopped.Done():
+		fmt.Println("stopping")
+		return 0
+	case name := <-exited:
+		return fail(fmt.Errorf("%s ended on its own; see %s", name, filepath.Join(o.dir, "logs", name+".log")))
+	case err := <-etcd.Err():
+		return fail(fmt.Errorf("etcd: %w", err))
+	}
+}
+
+func fail(err error) int {
+	fmt.Fprintln(os.Stderr, "controlplane:", err)
+	return 1
+}
+
+// startChild runs this binary as one component, its output in DIR/logs/NAME.log.
+func startChild(dir, self, name string, args []string) (*child, error) {
+	log, err := os.Create(filepath.Join(dir, "logs", name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, append([]string{name}, args...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, done: make(chan error, 1)}
+	go func() {
+		err := cmd.Wait()
+		log.Close()
+		c.done <- err
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// stop asks the component to end (SIGTERM), and kills it after the grace period.
+func (c *child) stop(grace time.Duration) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(grace):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// waitFor polls check until it succeeds, a component ends, or ctx ends.
+func waitFor(ctx context.Context, what string, components []*child, check func() error) error {
+	var last error
+	for {
+		if last = check(); last == nil {
+			return nil
+		}
+		for _, c := range components {
+			select {
+			case <-c.done:
+				return fmt.Errorf("%s ended while waiting for %s", c.name, what)
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// httpsOK is nil when a component's self-signed health endpoint answers 200.
+func httpsOK(address string) error {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // its own throwaway self-signed certificate
+	response, err := client.Get(address)
+	if err != nil {
+		return err
+	}
+	response.Body.Close()
+	if response.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", address, response.Status)
+	}
+	return nil
+}
+
+// freePorts returns n distinct loopback ports free now (the kernel's choice).
+func freePorts(n int) ([]int, error) {
+	var listeners []net.Listener
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		listeners = append(listeners, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// startEtcd runs a single-member etcd on loopback; fsync is off (a throwaway store).
+func startEtcd(dir, log string, clientPort, peerPort int) (*embed.Etcd, error) {
+	cfg := embed.NewConfig()
+	cfg.Name = "controlplane"
+	cfg.Dir = dir
+	clientURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
+	peerURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peerURL}, []url.URL{peerURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.LogLevel = "warn"
+	cfg.LogOutputs = []string{log}
+	cfg.UnsafeNoFsync = true
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		return e, nil
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, errors.New("not ready after 60 s")
+	}
+}
+
+// writeKubeconfig writes an admin kubeconfig (bearer token in system:masters) for the server.
+func writeKubeconfig(path, server, caFile, token string) error {
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	config := clientcmdapi.NewConfig()
+	config.Clusters["gpualloc-local"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	config.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: token}
+	config.Contexts["gpualloc-local"] = &clientcmdapi.Context{Cluster: "gpualloc-local", AuthInfo: "admin"}
+	config.CurrentContext = "gpualloc-local"
+	return clientcmd.WriteToFile(*config, path)
+}
+
+func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	config.Timeout = 10 * time.Second
+	return kubernetes.NewForConfig(config)
+}
+
+// writeKwokConfig gives kwok the stages kwokctl gives it by default, from kwok's own module:
+// nodes become Ready and keep a lease heartbeat; pods become Running; pods owned by a Job
+// then Succeed; deleted pods go.
+func writeKwokConfig(path string) error {
+	stages := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease,
+		podfast.DefaultPodReady, podfast.DefaultPodComplete, podfast.DefaultPodDelete}
+	return os.WriteFile(path, []byte(strings.Join(stages, "\n---\n")), 0o644)
+}
+
+// up starts `run` in the background (its own session, output in DIR/controlplane.log) and
+// returns once it is ready.
+func up(args []string) int {
+	o, err := parseRunFlags("up", args)
+	if err != nil {
+		return 2
+	}
+	if pid, alive := runningPid(o.dir); alive {
+		if _, err := os.Stat(filepath.Join(o.dir, readyFile)); err == nil {
+			fmt.Printf("already up (pid %d): KUBECONFIG=%s\n", pid, filepath.Join(o.dir, kubeconfigFile))
+			return 0
+		}
+		return fail(fmt.Errorf("a control plane (pid %d) is starting or failing in %s; `controlplane down` stops it", pid, o.dir))
+	}
+	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+		return fail(err)
+	}
+	log, err := os.Create(filepath.Join(o.dir, logFile))
+	if err != nil {
+		return fail(err)
+	}
+	defer log.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	cmd := exec.Command(self, "run", "--dir="+o.dir, "--fleet="+o.fleet, "--timeout="+o.timeout.String())
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fail(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.After(o.timeout + 30*time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(o.dir, readyFile)); err == nil {
+			fmt.Printf("control plane up (pid %d), logs in %s\n  export KUBECONFIG=%s\n",
+				cmd.Process.Pid, o.dir, filepath.Join(o.dir, kubeconfigFile))
+			return 0
+		}
+		select {
+		case err := <-exited:
+			tail, _ := os.ReadFile(filepath.Join(o.dir, logFile))
+			return fail(fmt.Errorf("it ended before it was ready (%v):\n%s", err, tail))
+		case <-deadline:
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			return fail(fmt.Errorf("not ready in time; see %s", filepath.Join(o.dir, logFile)))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// down stops the `run` recorded in DIR/controlplane.pid and waits until it and its children are gone.
+func down(args []string) int {
+	o, err := parseRunFlags("down", args)
+	if err != nil {
+		return 2
+	}
+	pid, alive := runningPid(o.dir)
+	if !alive {
+		fmt.Println("no control plane running in", o.dir)
+		return 0
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil {
+			fmt.Println("control plane stopped")
+			return 0
+		}
+	}
+	// Its children die with it (parent-death signal).
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	fmt.Println("control plane killed after 60 s")
+	return 0
+}
+
+// runningPid reads DIR/controlplane.pid; alive says whether that process is a `controlplane run`.
+func runningPid(dir string) (int, bool) {
+	data, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return pid, false
+	}
+	parts := strings.Split(string(cmdline), "\x00")
+	return pid, len(parts) > 1 && parts[1] == "run"
+}
