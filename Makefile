@@ -53,3 +53,23 @@ bench: $(TEST_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis labextension/node_modules labextension/lib jupyter_gpualloc/labextension
+
+# The local Kubernetes control plane for the Kubernetes path (docs/kubernetes.md): one binary built
+# from Go modules (k8s/go.mod: kube-apiserver, etcd, kube-scheduler, kube-controller-manager, kwok
+# at one release). Go's caches stay in their default places: cold, the build takes tens of minutes;
+# warm, seconds. `make k8s-up` starts it with the GPU nodes of K8S_FLEET and returns; the state, the
+# logs and the kubeconfig are in .k8s/; `make k8s-down` stops it.
+.PHONY: k8s-build k8s-up k8s-down
+K8S_BIN := .k8s/bin/controlplane
+K8S_FLEET ?= examples/fleets/k8s-demo.yaml
+
+$(K8S_BIN): k8s/go.mod k8s/go.sum $(wildcard k8s/*.go)
+	cd k8s && nice -n 15 go build -buildvcs=false -o $(abspath $(K8S_BIN)) .
+
+k8s-build: $(K8S_BIN)
+
+k8s-up: $(K8S_BIN)
+	$(K8S_BIN) up --dir .k8s --fleet $(K8S_FLEET)
+
+k8s-down:
+	@if [ -x $(K8S_BIN) ]; then $(K8S_BIN) down --dir .k8s; else echo "no control plane built"; fi
