@@ -1,0 +1,104 @@
+"""The local Kubernetes control plane (k8s/, built by `make k8s-build`) as a test's process: started
+with its own directory and free loopback ports, stopped with every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BINARY = REPO / ".k8s" / "bin" / "controlplane"
+DEMO_FLEET = REPO / "examples" / "fleets" / "k8s-demo.yaml"
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+class ControlPlane:
+    """`controlplane run --dir DIR --fleet FLEET` in its own process group: etcd (in that process),
+    kube-apiserver, kube-scheduler, kube-controller-manager and kwok (its children, which get
+    SIGKILL if it dies)."""
+
+    def __init__(self, directory: Path, fleet: Path = DEMO_FLEET, binary: Path = BINARY):
+        self.directory = Path(directory)
+        self.fleet = Path(fleet)
+        self.binary = Path(binary)
+        self.kubeconfig = self.directory / "kubeconfig"
+        self.process: subprocess.Popen | None = None
+        self._output: list[str] = []
+
+    def start(self, timeout: float = 240.0) -> "ControlPlane":
+        """Start it and return once its nodes are Ready ("ready" on its output)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [str(self.binary), "run", f"--dir={self.directory}", f"--fleet={self.fleet}",
+             f"--timeout={int(timeout)}s"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            start_new_session=True)
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.process.stdout:
+                self._output.append(line)
+                if line.startswith("ready "):
+                    ready.set()
+            ready.set()  # ended
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout + 30) or self.process.poll() is not None:
+            self.stop()
+            raise ControlPlaneError(f"the control plane did not start:\n{self.output()}\n{self.logs()}")
+        return self
+
+    def output(self) -> str:
+        return "".join(self._output)
+
+    def logs(self, tail: int = 30) -> str:
+        """The last lines of each component's log, for a failure's message."""
+        parts = []
+        for log in sorted((self.directory / "logs").glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def stop(self, grace: float = 60.0) -> None:
+        """SIGTERM (it stops its components, etcd last), then SIGKILL to whatever of its process
+        group is left after the grace period."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        pgid = process.pid  # its own session: process group id = its pid
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        deadline = time.monotonic() + 10
+        while _group_alive(pgid):
+            if time.monotonic() > deadline:
+                os.killpg(pgid, signal.SIGKILL)
+                break
+            time.sleep(0.1)
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
