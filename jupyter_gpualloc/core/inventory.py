@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from . import mig
+from .deadlines import Deadlines
 from .devices.base import UnusableNode
 from .fleet_state import FleetState, GpuState
-from .model import Lease, LeaseState, MigMode, PriorityClass, SliceKind
+from .indexes import ActiveLeases
+from .model import Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec
 from .plans import Plan
+from .policy import SchedulerPolicy
+from .quotas import quota_block
+from .usage import QuotaStatus
 
 
 def inventory(fleet: FleetState, active: Mapping[str, Lease], returning: Mapping[str, Lease],
@@ -25,6 +30,27 @@ def inventory(fleet: FleetState, active: Mapping[str, Lease], returning: Mapping
     waiting = [active[i].priority for i in queue]
     return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass},
             "unusable_nodes": [{"name": u.name, "reason": u.reason} for u in unusable]}
+
+
+def offers(offer_plans: Iterable[tuple[dict, SliceSpec, tuple[Plan, ...]]], fleet: FleetState,
+           policy: SchedulerPolicy, active: ActiveLeases, deadlines: Deadlines, user: str | None,
+           groups: Sequence[str], used_up: QuotaStatus | None) -> list[dict]:
+    """The offers `user` (in `groups`) may take, each with how many could be granted now, the quota
+    that never allows one, its time limit and extensions, and the usage quota `used_up` (if any)."""
+    out = []
+    for offer, spec, plans in offer_plans:
+        allowed = offer.get("groups")
+        if allowed and not set(allowed) & set(groups):
+            continue
+        never = quota_block(policy, active, user, groups, plans, None, assume_empty=True) if user else None
+        max_duration = deadlines.for_offer(offer)
+        out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
+                    "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
+                    "max_duration": max_duration, "available": count_available(fleet, plans),
+                    "over_quota": never.limit_text if never else None,
+                    "max_extensions": policy.max_extensions if max_duration else None,
+                    "over_usage_quota": used_up.sentence() if used_up else None})
+    return out
 
 
 def _gpu_entry(gs: GpuState, active: Mapping[str, Lease], returning: Mapping[str, Lease]) -> dict:

@@ -81,3 +81,13 @@ class MigInstances:
         return Event("mig.destroyed", now, None, None, {"gpu": gs.gpu.uuid, "instance": mig_uuid,
                                                          "profile": gs.profiles[inst.profile_id].name,
                                                          "start": inst.start})
+
+    def destroy_released(self, to_destroy: dict[str, GpuState], now: float) -> None:
+        """Destroy the instances a durable group released and nobody took since: O(those instances);
+        their records' removal waits for the next commit, which then announces them."""
+        for mig_uuid, gs in to_destroy.items():
+            if mig_uuid in gs.owner or mig_uuid not in gs.created:
+                continue  # granted again in the group, or destroyed meanwhile
+            destroyed = self.unmake(gs, mig_uuid, now)
+            if destroyed is not None:
+                self.journal.destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), destroyed))

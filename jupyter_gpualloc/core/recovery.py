@@ -6,6 +6,7 @@ from typing import Callable
 
 from .fleet_state import FleetState
 from .journal import SchedulerJournal
+from .lease_book import LeaseBook
 from .model import Lease, SliceKind
 from .plans import host_demand, slice_demand
 from .store import StoredState
@@ -36,6 +37,19 @@ def reconcile_instances(state: StoredState, fleet: FleetState, journal: Schedule
     for record in recorded.values():
         journal.instance_changes.append((record.gpu_uuid, record.instance.uuid, None, False))
         emit("reconcile.instance_vanished", now, gpu=record.gpu_uuid, instance=record.instance.uuid)
+
+
+def recover_returning(state: StoredState, fleet: FleetState, book: LeaseBook, journal: SchedulerJournal,
+                      now: float) -> None:
+    """Hold the slices of the stored leases that ended while their holders still held them; a
+    slice the fleet no longer has is returned (so written at the next commit)."""
+    for lease in sorted(state.returning, key=lambda l: l.seq):
+        lease.heartbeat_at = now  # its holder gets a full TTL to be seen again, as active ones do
+        if reattach(lease, fleet):
+            book.returning[lease.id] = lease
+        else:
+            lease.returning = False
+            journal.returning_changes[lease.id] = False
 
 
 def reattach(lease: Lease, fleet: FleetState) -> bool:

@@ -31,8 +31,8 @@ from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
 from .fleet_state import FleetState, GpuState
 from .holders import GRAMMAR, is_holder
-from .indexes import ActiveLeases
-from .inventory import count_available, inventory
+from .inventory import inventory, offers
+from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, UndoLog, unreadable
 from .model import Event, Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_name
@@ -42,7 +42,7 @@ from .policy import SchedulerPolicy
 from .mig_instances import MigInstances
 from .queue_order import QueueOrder
 from .quotas import quota_block
-from .recovery import reattach, reconcile_instances
+from .recovery import reattach, reconcile_instances, recover_returning
 from .store import Store, StoreError, StoredState
 from .usage import UsageLedger
 
@@ -59,18 +59,11 @@ class Scheduler:
         self.store = store
         self.policy = policy or SchedulerPolicy()
         self._listeners = Listeners(listeners)
-        self._active_leases = ActiveLeases()  # by user, group and preemptibility; users' held memory
-        self._leases: dict[str, Lease] = self._active_leases.by_id
-        # Ended leases whose holders still hold their slices (policy wait_for_holders): the slice
-        # stays with its GPU until holders_gone(), a release with holder_gone, or the holder's
-        # heartbeats stop.
-        self._returning: dict[str, Lease] = {}
         self._pass_done: tuple[int, float] | None = None  # (fleet version, valid until) of the last idle pass
         self._memo: PassMemo | None = None  # what the current scheduling pass found no room for
-        self._lease_plans: dict[str, tuple[Plan, ...]] = {}  # each active lease's plans
-        self._queue: list[str] = []
         self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
         self._fleet = FleetState(backend, static_mig=self.policy.mig_changes == "static")
+        self._book = LeaseBook(self._fleet)
         self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._put_back_leases,
                                          self._destroy_released)
         self._instances = MigInstances(store, backend, self._fleet, self._journal)
@@ -80,8 +73,7 @@ class Scheduler:
         offers = self._offers()
         self._fit = FitSearch(self._fleet, get_policy(self.policy.placement, typical=self._plans.typical_demands(offers)),
                               mig.get_mig_placer(self.policy.mig_placement))
-        self._order = QueueOrder(self.policy, self._active_leases, self._fleet, self._plans, self._fit,
-                                 self._lease_plans)
+        self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
         self.usage = UsageLedger(store, self.policy, offers, now=now)
         self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
         self._recover(now)
@@ -120,16 +112,11 @@ class Scheduler:
         self._journal.write_group(settle=True)
 
     def _destroy_released(self, to_destroy: dict[str, GpuState], now: float, settle: bool) -> None:
-        """Destroy the instances a durable group released and nobody took since: O(those instances).
+        """A durable group released these instances: destroy them (MigInstances.destroy_released).
         Room was made on their GPUs, so a waiting queue gets a scheduling pass (if `settle`)."""
-        for mig_uuid, gs in to_destroy.items():
-            if mig_uuid in gs.owner or mig_uuid not in gs.created:
-                continue  # granted again in the group, or destroyed meanwhile
-            destroyed = self._instances.unmake(gs, mig_uuid, now)
-            if destroyed is not None:
-                self._journal.destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), destroyed))
+        self._instances.destroy_released(to_destroy, now)
         self._fleet.moved()
-        if settle and self._queue:
+        if settle and self._book.queue:
             self._settle(now)
 
     def _settle(self, now: float) -> None:
@@ -142,25 +129,11 @@ class Scheduler:
             pass
 
     def _put_back_leases(self, changed: UndoLog[Lease], now: float) -> None:
-        """The leases of a change undone, as they were: in the indexes, the queue and returning, or gone if new."""
-        for lease, before, plans in changed.put_back():
-            self._drop_active(lease.id)
-            self._lease_plans.pop(lease.id, None)
-            if lease.id in self._queue:
-                self._queue.remove(lease.id)
-            self._returning.pop(lease.id, None)
-            if before is None:
-                continue
-            if lease.returning:
-                self._returning[lease.id] = lease
-                continue
-            self._add_active(lease)
-            self._lease_plans[lease.id] = plans
-            if lease.state is LeaseState.QUEUED:
-                self._queue.append(lease.id)
+        """The leases of a change undone, as they were (see LeaseBook.put_back), their usage and deadlines too."""
+        self._book.put_back(changed.put_back())
         for lease_id in changed.before:
-            self.usage.resync(lease_id, self._leases.get(lease_id), now)
-            self.deadlines.resync(lease_id, self._leases.get(lease_id))
+            self.usage.resync(lease_id, self._book.by_id.get(lease_id), now)
+            self.deadlines.resync(lease_id, self._book.by_id.get(lease_id))
 
     def _stored_lease(self, lease_id: str) -> Lease | None:
         """A lease as the store has it (ended ones live only there); StoreFailed if it cannot be read."""
@@ -171,18 +144,7 @@ class Scheduler:
 
     def _record_lease(self, lease: Lease) -> None:
         """Note a lease about to change: stored at the next commit, put back (with its plans) if that fails."""
-        known = lease.id in self._leases or lease.id in self._returning
-        self._journal.record_lease(lease, known=known, plans=self._lease_plans.get(lease.id))
-
-    def _add_active(self, lease: Lease) -> None:
-        """Hold an active lease, indexed by user, group and preemptibility: O(its groups)."""
-        self._active_leases.add(lease)
-        self._fleet.moved()
-
-    def _drop_active(self, lease_id: str) -> None:
-        """Forget an active lease and its index entries: O(its groups)."""
-        if self._active_leases.drop(lease_id) is not None:
-            self._fleet.moved()
+        self._journal.record_lease(lease, known=self._book.knows(lease.id), plans=self._book.plans.get(lease.id))
 
     # ------------------------------------------------------------------- API
     def submit(self, user: str, holder: str, spec: SliceSpec,
@@ -196,10 +158,10 @@ class Scheduler:
         write; a request that waits adds O(queue) for its position and a scheduling pass (`_schedule`)."""
         check_holder(holder)
         check_name(user, "user")
-        for active in self._active_leases.of_user(user):
+        for active in self._book.active.of_user(user):
             if active.holder == holder:
                 raise HolderBusy(active.id)
-        if lease_id is not None and (lease_id in self._leases or self._stored_lease(lease_id)):
+        if lease_id is not None and (lease_id in self._book.by_id or self._stored_lease(lease_id)):
             raise SpecError("id", f"lease {lease_id} already exists")
         plans = self._plans.of(spec)
         if preemptible is None:
@@ -213,16 +175,16 @@ class Scheduler:
         blocked = self._admit(lease, plans, now, wait)
         with self._journal.atomic(now):
             self._record_lease(lease)
-            self._add_active(lease)
-            self._lease_plans[lease.id] = plans
-            fit = None if blocked else self._find_fit(lease, plans, self._order.reserved(self._queue, now, lease))
+            self._book.add(lease)
+            self._book.plans[lease.id] = plans
+            fit = None if blocked else self._find_fit(lease, plans, self._order.reserved(self._book.queue, now, lease))
             if fit is not None:
                 self._grant(lease, fit, now)
             elif not wait:
                 reason = DRAINED if self._fit.all_drained(plans) else "no capacity"
                 self._end(lease, LeaseState.REJECTED, now, f"{reason} for a {spec.describe()} now")
             else:
-                self._queue.append(lease.id)
+                self._book.queue.append(lease.id)
                 lease.reason = str(blocked) if blocked else f"waiting for a {spec.describe()}"
                 self._emit("lease.queued", now, lease, position=self.position(lease.id))
         if lease.state is LeaseState.QUEUED:
@@ -259,7 +221,7 @@ class Scheduler:
         no longer uses the GPU) or policy `wait_for_holders` is off; otherwise it is returning
         until holders_gone() names the holder or its heartbeats stop. `holder_gone` on a lease
         that ended and is returning gives its slice back."""
-        returning = self._returning.get(lease_id)
+        returning = self._book.returning.get(lease_id)
         if returning is not None and holder_gone:
             with self._journal.atomic(now):
                 self._return_slice(returning, now, reason)
@@ -284,13 +246,13 @@ class Scheduler:
             check_holder(holder)
         returned: list[Lease] = []
         with self._journal.atomic(now):
-            for lease in [l for l in self._active_leases.of_user(user) if l.holder in gone]:
+            for lease in [l for l in self._book.active.of_user(user) if l.holder in gone]:
                 if lease.state is LeaseState.GRANTED:
                     returned.append(lease)
                     self._end(lease, LeaseState.RELEASED, now, reason, destroy_later=True, holder_gone=True)
                 else:
                     self._end(lease, LeaseState.CANCELLED, now, reason)
-            for lease in [l for l in self._returning.values() if l.user == user and l.holder in gone]:
+            for lease in [l for l in self._book.returning.values() if l.user == user and l.holder in gone]:
                 self._return_slice(lease, now, reason)
                 returned.append(lease)
         if returned:
@@ -299,11 +261,7 @@ class Scheduler:
 
     def returning(self, user: str | None = None) -> list[Lease]:
         """Ended leases whose holders still hold their slices, of one user or all, oldest first."""
-        return sorted((l for l in self._returning.values() if user is None or l.user == user), key=lambda l: l.seq)
-
-    def cancel(self, lease_id: str, *, now: float) -> Lease:
-        """Withdraw a request; a granted lease is released."""
-        return self.release(lease_id, now=now, reason="cancelled")
+        return sorted((l for l in self._book.returning.values() if user is None or l.user == user), key=lambda l: l.seq)
 
     def extend(self, lease_id: str, *, now: float) -> Lease:
         """Move a granted, time-boxed lease's deadline later; ExtensionRefused says why not."""
@@ -312,7 +270,7 @@ class Scheduler:
             raise ExtensionRefused("only a granted lease can be extended")
         with self._journal.atomic(now):
             self._record_lease(lease)
-            record = self.deadlines.extend(lease, now, others_wait=bool(self._queue))
+            record = self.deadlines.extend(lease, now, others_wait=bool(self._book.queue))
             self._emit("lease.extended", now, lease, deadline=record.deadline, extensions=record.extensions,
                        extensions_left=self.deadlines.extensions_left(lease.id))
         return lease
@@ -358,7 +316,7 @@ class Scheduler:
     def write_activity(self, now: float) -> None:
         """Store the activity touches kept in memory, with those leases' accrual, as one change: O(those
         leases). If the store refuses, they stay unwritten (in memory) for the next call."""
-        due = [self._leases[i] for i in self._activity_unwritten if i in self._leases]
+        due = [self._book.by_id[i] for i in self._activity_unwritten if i in self._book.by_id]
         self._activity_unwritten.clear()
         if not due:
             return
@@ -378,11 +336,11 @@ class Scheduler:
         """
         wanted = set(holders) if holders is not None else None
         alive = []
-        for lease in self._active_leases.of_user(user):
+        for lease in self._book.active.of_user(user):
             if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
                 alive.append(lease)
-        for lease in self._returning.values():  # a holder still alive keeps its slice returning
+        for lease in self._book.returning.values():  # a holder still alive keeps its slice returning
             if lease.user == user and (wanted is None or lease.holder in wanted):
                 lease.heartbeat_at = now
         self.usage.accrue(alive, now, keep_if_refused=True)
@@ -407,16 +365,16 @@ class Scheduler:
         """The tick as one change: return the slices of holders whose heartbeats stopped; end leases
         past their heartbeat, idle, usage or time limits; grant."""
         with self._journal.atomic(now):
-            for lease in list(self._returning.values()):
+            for lease in list(self._book.returning.values()):
                 if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
                     self._return_slice(lease, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
-            for lease in list(self._leases.values()):
+            for lease in list(self._book.by_id.values()):
                 if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
                     self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s",
                               holder_gone=True)  # presumed dead
                 elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
                     self._check_idle(lease, now)
-            granted = [l for l in self._leases.values() if l.state is LeaseState.GRANTED]
+            granted = [l for l in self._book.by_id.values() if l.state is LeaseState.GRANTED]
             for action in self.usage.enforce(granted, now):
                 self._emit(action.event, now, action.lease, **action.status.to_json())
                 if action.release:
@@ -446,29 +404,29 @@ class Scheduler:
 
     def lease(self, lease_id: str) -> Lease:
         """An active lease, or an ended one from the store."""
-        lease = self._leases.get(lease_id) or self._returning.get(lease_id) or self._stored_lease(lease_id)
+        lease = self._book.by_id.get(lease_id) or self._book.returning.get(lease_id) or self._stored_lease(lease_id)
         if lease is None:
             raise NotFound(f"no lease {lease_id}")
         return lease
 
     def leases(self, user: str | None = None) -> list[Lease]:
         """Active leases (queued and granted), of one user or all, oldest first."""
-        return sorted(self._leases.values() if user is None else self._active_leases.of_user(user),
+        return sorted(self._book.by_id.values() if user is None else self._book.active.of_user(user),
                       key=lambda l: l.seq)
 
     def position(self, lease_id: str) -> int | None:
         """1-based place in the queue, or None if not queued: O(queue), no sorting."""
-        lease = self._leases.get(lease_id)
-        if lease is None or lease_id not in self._queue:
+        lease = self._book.by_id.get(lease_id)
+        if lease is None or lease_id not in self._book.queue:
             return None
-        return self._order.position(self._queue, lease)
+        return self._order.position(self._book.queue, lease)
 
     def queue(self) -> list[Lease]:
-        return [self._leases[i] for i in self._order.ordered(self._queue)]
+        return [self._book.by_id[i] for i in self._order.ordered(self._book.queue)]
 
     def inventory(self) -> dict:
         """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
-        return inventory(self._fleet, self._leases, self._returning, self._queue, self.backend.unusable_nodes())
+        return inventory(self._fleet, self._book.by_id, self._book.returning, self._book.queue, self.backend.unusable_nodes())
 
     def gpu_count(self) -> int:
         """How many GPUs the fleet has."""
@@ -479,21 +437,8 @@ class Scheduler:
         that never allows one (`over_quota`), how often a time-boxed one may be extended, and (at
         `now`) the usage quota that would refuse a request now (`over_usage_quota`)."""
         used_up = self.usage.refusal(user, groups, now) if user and now is not None else None
-        out = []
-        for offer, spec, plans in self._plans.offer_plans(self._offers()):
-            allowed = offer.get("groups")
-            if allowed and not set(allowed) & set(groups):
-                continue
-            never = quota_block(self.policy, self._active_leases, user, groups, plans, None,
-                                assume_empty=True) if user else None
-            max_duration = self.deadlines.for_offer(offer)
-            out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
-                        "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
-                        "max_duration": max_duration, "available": count_available(self._fleet, plans),
-                        "over_quota": never.limit_text if never else None,
-                        "max_extensions": self.policy.max_extensions if max_duration else None,
-                        "over_usage_quota": used_up.sentence() if used_up else None})
-        return out
+        return offers(self._plans.offer_plans(self._offers()), self._fleet, self.policy, self._book.active,
+                      self.deadlines, user, groups, used_up)
 
     def _offers(self) -> list[dict]:
         """The configured offers, or without any, those derived from the fleet."""
@@ -506,7 +451,7 @@ class Scheduler:
     # ------------------------------------------------------------- internals
 
     def _active(self, lease_id: str) -> Lease:
-        lease = self._leases.get(lease_id)
+        lease = self._book.by_id.get(lease_id)
         if lease is None:
             if self._stored_lease(lease_id) is not None:
                 raise NotFound(f"lease {lease_id} has already ended")
@@ -536,16 +481,16 @@ class Scheduler:
         self.deadlines.stop(lease)
         self._record_lease(lease)
         frees = lease.state is LeaseState.GRANTED and holds
-        if lease.id in self._queue:
-            self._queue.remove(lease.id)
+        if lease.id in self._book.queue:
+            self._book.queue.remove(lease.id)
         lease.state = state
         lease.ended_at = now
         lease.reason = reason
-        self._drop_active(lease.id)
-        self._lease_plans.pop(lease.id, None)
+        self._book.drop(lease.id)
+        self._book.plans.pop(lease.id, None)
         if frees and self.policy.wait_for_holders and not holder_gone:
             lease.returning = True
-            self._returning[lease.id] = lease
+            self._book.returning[lease.id] = lease
             self._journal.returning_changes[lease.id] = True
             self._emit(f"lease.{state.value}", now, lease, reason=reason, returning=True)
             return
@@ -557,7 +502,7 @@ class Scheduler:
         """An ended lease's holder is gone: its slice returns to the pool."""
         self._record_lease(lease)
         lease.returning = False
-        del self._returning[lease.id]
+        del self._book.returning[lease.id]
         self._journal.returning_changes[lease.id] = False
         self._emit("lease.slice_returned", now, lease, reason=reason, slice=lease.slice.to_json())
         self._free(lease, now, destroy_later=True)
@@ -604,12 +549,12 @@ class Scheduler:
                 self._fleet.changed(gs)
             self._journal.view_allocate(fit.node_index, tuple(g.slot for g in fit.gpus),
                                demand(fit.plan, lease.spec))
-        if lease.id in self._queue:
-            self._queue.remove(lease.id)
+        if lease.id in self._book.queue:
+            self._book.queue.remove(lease.id)
         self._fleet.moved()
         lease.state = LeaseState.GRANTED
         lease.slice = sl
-        self._active_leases.count_held(lease)
+        self._book.active.count_held(lease)
         lease.granted_at = now
         self.usage.start(lease, now)
         self.deadlines.start(lease, now)
@@ -647,11 +592,11 @@ class Scheduler:
         usage_known: dict = {}
         until = math.inf  # when the next waiting request reaches reserve_after
         reserve_after, preemption = self.policy.reserve_after, self.policy.preemption
-        for lease_id in self._order.ordered(self._queue):
-            lease = self._leases.get(lease_id)
+        for lease_id in self._order.ordered(self._book.queue):
+            lease = self._book.by_id.get(lease_id)
             if lease is None or lease.state is not LeaseState.QUEUED:
                 continue
-            plans = self._lease_plans[lease_id]
+            plans = self._book.plans[lease_id]
             waited = now - lease.created_at >= reserve_after
             if not waited and self._nothing_fits(lease, plans, preemption):
                 until = min(until, lease.created_at + reserve_after)
@@ -679,14 +624,14 @@ class Scheduler:
         """Whether this pass already found no room for every plan of the request (same host
         demand) and it cannot preempt: then it is passed over in O(plans), without quota checks,
         as its placement could only fail again. Its quota reason is refreshed once room is made."""
-        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._active_leases.preemptible:
+        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._book.active.preemptible:
             return False
         return all(self._memo.no_room(shape(plan, lease.spec)) for plan in plans)
 
     def _preempt_for(self, lease: Lease, plans: Sequence[Plan], reserved: set[str], now: float) -> Fit | None:
         """End the victims preemption picks for the request (see preemption.victims), then place it."""
-        chosen = preemption.victims(lease, plans, reserved, self._fleet, self._active_leases,
-                                    self._returning.values())
+        chosen = preemption.victims(lease, plans, reserved, self._fleet, self._book.active,
+                                    self._book.returning.values())
         if not chosen:
             return None
         for victim in chosen:
@@ -697,7 +642,7 @@ class Scheduler:
                      assume_empty: bool = False) -> QuotaExceeded | None:
         """The quota that granting the cheapest of `plans` would break (even with nothing else
         held, when assume_empty), or None."""
-        return quota_block(self.policy, self._active_leases, lease.user, lease.groups, plans, lease.id,
+        return quota_block(self.policy, self._book.active, lease.user, lease.groups, plans, lease.id,
                            assume_empty=assume_empty)
 
     # -------------------------------------------------------------- recovery
@@ -712,6 +657,7 @@ class Scheduler:
                 self._fleet.changed(self._fleet.gpus[gpu_uuid])
         reconcile_instances(state, self._fleet, self._journal, now, self._emit)
         self._recover_leases(state, now)
+        recover_returning(state, self._fleet, self._book, self._journal, now)
         for gs in self._fleet.gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
                 for mig_uuid in [u for u in gs.created if u not in gs.owner]:
@@ -720,31 +666,23 @@ class Scheduler:
         self._journal.commit()
 
     def _recover_leases(self, state: StoredState, now: float) -> None:
-        """Hold the stored active leases again, on their slices (ended, when the fleet no longer has
-        them), and the slices of ended leases still returning."""
+        """Hold the stored active leases again, on their slices (ended, when the fleet no longer has them)."""
         for lease in sorted(state.leases, key=lambda l: l.seq):
             lease.heartbeat_at = now
-            self._add_active(lease)
+            self._book.add(lease)
             try:
-                self._lease_plans[lease.id] = self._plans.of(lease.spec)
+                self._book.plans[lease.id] = self._plans.of(lease.spec)
             except SpecError as err:
                 self._end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}", holds=False)
                 continue
             if lease.state is LeaseState.QUEUED:
-                self._queue.append(lease.id)
+                self._book.queue.append(lease.id)
             elif not reattach(lease, self._fleet):
                 self._emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
                 self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
             else:
                 self.usage.start(lease, now)
                 self.deadlines.start(lease, now)
-        for lease in sorted(state.returning, key=lambda l: l.seq):
-            lease.heartbeat_at = now  # its holder gets a full TTL to be seen again, as active ones do
-            if reattach(lease, self._fleet):
-                self._returning[lease.id] = lease
-            else:
-                lease.returning = False
-                self._journal.returning_changes[lease.id] = False
 
 
 def check_holder(holder: str) -> None:

@@ -70,7 +70,7 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
         for lease in s.leases():
             fresh.add(lease)
         users, groups = [f"u{i}" for i in range(5)], ["g0", "g1", "g2", "all"]
-        assert indexed(s._active_leases, users, groups) == indexed(fresh, users, groups), f"step {step}"
+        assert indexed(s._book.active, users, groups) == indexed(fresh, users, groups), f"step {step}"
     store.close()
 
 

@@ -90,7 +90,7 @@ def check_invariants(s: Scheduler, backend: SimulatedBackend) -> None:
             assert sum(l.slice.memory_mib for l in mine) <= limits["memory_gib"] * 1024
     # Work conservation: no queued request could be granted now (no reservations in force here).
     for lease in s.queue():
-        plans = s._lease_plans[lease.id]
+        plans = s._book.plans[lease.id]
         assert s._quota_block(lease, plans) is not None or s._find_fit(lease, plans, set()) is None, lease
 
 
