@@ -46,13 +46,18 @@ class Cluster:
         return asyncio.run(main())
 
 
-@pytest.fixture(scope="session")
-def k8s_cluster(tmp_path_factory) -> Cluster:
+def require_binary() -> None:
+    """Skip where the control plane is not built; under CI=true, fail."""
     if not BINARY.exists():
         message = f"{BINARY.relative_to(BINARY.parents[2])} is not built (make k8s-build: Go modules, minutes cold)"
         if CI:
             pytest.fail(message + "; .ci/run builds it before make test")
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory) -> Cluster:
+    require_binary()
     control_plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
     control_plane.start()
     try:

@@ -94,6 +94,28 @@ class ControlPlane:
         self.stop()
 
 
+def children(pid: int) -> dict[int, str]:
+    """The processes whose parent is `pid`: pid -> the first word after the binary (the component)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+                found[int(stat.parent.name)] = argv[1].decode() if len(argv) > 1 else ""
+        except (OSError, IndexError, ValueError):
+            continue  # ended while being read
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
