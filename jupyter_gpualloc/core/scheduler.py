@@ -71,8 +71,8 @@ class Scheduler:
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         self._plans = Plans(self._fleet.nodes, self._fleet.profiles())
         offers = self._offers()
-        self._fit = FitSearch(self._fleet, get_policy(self.policy.placement, typical=self._plans.typical_demands(offers)),
-                              mig.get_mig_placer(self.policy.mig_placement))
+        placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(offers))
+        self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
         self.usage = UsageLedger(store, self.policy, offers, now=now)
         self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
@@ -426,7 +426,8 @@ class Scheduler:
 
     def inventory(self) -> dict:
         """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
-        return inventory(self._fleet, self._book.by_id, self._book.returning, self._book.queue, self.backend.unusable_nodes())
+        book = self._book
+        return inventory(self._fleet, book.by_id, book.returning, book.queue, self.backend.unusable_nodes())
 
     def gpu_count(self) -> int:
         """How many GPUs the fleet has."""

@@ -17,6 +17,7 @@ from .model import Event
 from .policy import SchedulerPolicy
 from .scheduler import Scheduler
 from .store import Store
+from .usage import UsageLedger
 
 
 @dataclass
@@ -27,6 +28,11 @@ class Core:
     store: Store
     scheduler: Scheduler
     jobs: Jobs
+
+    @property
+    def usage(self) -> UsageLedger:
+        """The usage ledger over the scheduler's leases: reports, efficiency, windows and usage quotas."""
+        return self.scheduler.usage
 
     def tick(self, now: float) -> None:
         """End dead and idle leases and grant (Scheduler.tick), then move the jobs on (Jobs.tick)."""

@@ -392,7 +392,7 @@ class GpuAllocService(Application):
         self.core = open_core(self.device_backend, self.store, self.policy, now=time.time(),
                               listeners=[self.broker.publish])
         self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
-        self.metrics = ServiceMetrics(self.scheduler)
+        self.metrics = ServiceMetrics(self.scheduler, self.core.usage, self.policy.usage_metrics_per_user)
         self.broker.add_listener(self.metrics.observe)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
         self.hub_auth = None
@@ -404,8 +404,8 @@ class GpuAllocService(Application):
                 self.log.warning("no api_tokens configured: every API call will be refused (401)")
             authenticator = TokenAuthenticator(self.api_tokens)
         self.ctx = h.ServiceContext(
-            scheduler=self.scheduler, jobs=self.jobs, broker=self.broker, metrics=self.metrics,
-            authenticator=authenticator,
+            scheduler=self.scheduler, jobs=self.jobs, usage=self.core.usage, broker=self.broker,
+            metrics=self.metrics, authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
             authenticate_prometheus=self.authenticate_prometheus,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, TypeVar
 
-from ..core.scheduler import Scheduler, StoreFailed
+from ..core.errors import StoreFailed
+from ..core.scheduler import Scheduler
 
 T = TypeVar("T")
 
@@ -29,7 +30,7 @@ class GroupCommit:
         """`call()` (one core change) with its writes in the group; returns once the group is
         durable, raises StoreFailed (the change undone) if the store refused it, unless the change
         `outlives_refusal` (a heartbeat: alive in memory, its accrual written later)."""
-        with self.scheduler.store.hold():
+        with self.scheduler.hold_group():
             result = call()
         if not self.scheduler.group_waiting:
             return result  # it wrote nothing, and everything before it is durable (an activity-only touch)

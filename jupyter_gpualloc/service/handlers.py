@@ -22,7 +22,8 @@ from tornado.iostream import StreamClosedError
 from tornado.log import app_log
 
 from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
-from ..core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
+from ..core.errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
+from ..core.scheduler import Scheduler
 from ..core.store import StoreError
 from .auth import Forbidden, Identity
 from .events import EventBroker, parse_event_id
@@ -53,6 +54,7 @@ class ServiceContext:
     keepalive_interval: float = 15.0
     clock: Callable[[], float] = time.time
     jobs: Any = None  # core.jobs.Jobs: the job records over the same scheduler
+    usage: Any = None  # core.usage.UsageLedger: usage reports, windows and quotas over the same leases
     group: GroupCommit | None = None  # lease changes of one IOLoop turn in one transaction
 
     def __post_init__(self) -> None:
@@ -197,7 +199,7 @@ class ApiHandler(web.RequestHandler):
     def lease_json(self, lease: Lease) -> dict[str, Any]:
         data = lease.to_json()
         data["position"] = self.scheduler.position(lease.id) if lease.state is LeaseState.QUEUED else None
-        data["deadline"] = self.scheduler.deadlines.describe(lease.id)
+        data["deadline"] = self.scheduler.deadline(lease.id)
         return data
 
 
@@ -245,8 +247,8 @@ class HealthHandler(ApiHandler):
     auth_required = False
 
     def get(self) -> None:
-        gpus = sum(len(n.gpus) for n in self.scheduler.nodes)
-        self.write_json({"status": "ok", "version": _package_version(), "backend": self.ctx.backend_name, "gpus": gpus})
+        self.write_json({"status": "ok", "version": _package_version(), "backend": self.ctx.backend_name,
+                         "gpus": self.scheduler.gpu_count()})
 
 
 class UserHandler(ApiHandler):
@@ -276,12 +278,7 @@ class OffersHandler(ApiHandler):
     def get(self) -> None:
         """The caller's offers, each with how often a time-boxed lease on it may be extended and the
         usage quota (if any) that would refuse it now."""
-        user, groups = self.identity.user, self.identity.groups
-        offers = self.scheduler.offers(user, groups)
-        used_up = self.scheduler.usage.refusal(user, groups, self.ctx.clock())
-        for offer in offers:
-            offer["max_extensions"] = self.scheduler.policy.max_extensions if offer["max_duration"] else None
-            offer["over_usage_quota"] = used_up.sentence() if used_up else None
+        offers = self.scheduler.offers(self.identity.user, self.identity.groups, now=self.ctx.clock())
         self.write_json({"offers": offers})
 
 
@@ -317,7 +314,7 @@ class LeasesHandler(ApiHandler):
         if lease.state.active:
             self.set_header("Location", self.reverse_url("lease", lease.id))
             self.write_json(self.lease_json(lease), 201 if lease.state is LeaseState.GRANTED else 202)
-        elif lease.reason.startswith("drained"):
+        elif self.scheduler.retry_later(lease):
             raise ApiError(503, lease.reason, headers={"Retry-After": str(self.ctx.retry_after)},
                            reason=lease.reason, lease=lease.to_json())
         else:

@@ -16,7 +16,7 @@ from tornado.iostream import StreamClosedError
 
 from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
 from ..core.model import Job
-from ..core.scheduler import NotFound
+from ..core.errors import NotFound
 from ..jobs.folder import JobFolder
 from .handlers import ApiError, ApiHandler, _reject_unknown
 

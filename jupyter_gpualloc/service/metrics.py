@@ -74,19 +74,20 @@ class FleetCollector:
 class UsageCollector:
     """gpualloc_gpu_hours_total: GPU-hours accrued by leases (running ones up to the scrape), from
     the core's usage ledger. A lease counts in each of its groups (group "" without one); the user
-    label is left out when the policy's usage_metrics_per_user is off."""
+    label is left out unless `per_user` (the policy's usage_metrics_per_user)."""
 
-    def __init__(self, scheduler, clock=time.time):
-        self.scheduler = scheduler
+    def __init__(self, usage, per_user: bool, clock=time.time):
+        self.usage = usage
+        self.per_user = per_user
         self.clock = clock
 
     def collect(self):
-        per_user = self.scheduler.policy.usage_metrics_per_user
+        per_user = self.per_user
         labels = ["user", "group", "model", "kind"] if per_user else ["group", "model", "kind"]
         hours = CounterMetricFamily("gpualloc_gpu_hours", "GPU-hours held by leases, weighted by each slice's "
                                     "share of its GPU.", labels=labels)
         totals: dict[tuple, float] = {}
-        for (user, group, model, kind), value in self.scheduler.usage.totals(self.clock()).items():
+        for (user, group, model, kind), value in self.usage.totals(self.clock()).items():
             key = (user, group, model, kind) if per_user else (group, model, kind)
             totals[key] = totals.get(key, 0.0) + value
         for key, value in sorted(totals.items()):
@@ -97,11 +98,13 @@ class UsageCollector:
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, usage=None, usage_per_user: bool = True):
+        """Over the scheduler and (for gpualloc_gpu_hours) its usage ledger, per user if `usage_per_user`."""
         self.scheduler = scheduler
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
-        self.registry.register(UsageCollector(scheduler))
+        if usage is not None:
+            self.registry.register(UsageCollector(usage, usage_per_user))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
                                     ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
         self.decision_latency = Histogram("gpualloc_decision_seconds",

@@ -75,7 +75,7 @@ class UsageHandler(_UsageQuery):
         by = self.get_query_argument("by", "user")
         if by not in REPORT_DIMENSIONS:
             raise ApiError(400, f"by must be one of {', '.join(REPORT_DIMENSIONS)}", field="by")
-        usage = self.scheduler.usage
+        usage = self.ctx.usage
         rows = usage.report(since, until, by, now, user=user)
         if "text/csv" in self.request.headers.get("Accept", ""):
             self.set_header("Content-Type", "text/csv; charset=utf-8")
@@ -96,7 +96,7 @@ class EfficiencyHandler(_UsageQuery):
     def get(self) -> None:
         now = self.ctx.clock()
         since, until, user = self.period_and_user(now)
-        rows = self.scheduler.usage.efficiency(since, until, now, user=user)
+        rows = self.ctx.usage.efficiency(since, until, now, user=user)
         self.write_json({"since": since, "until": min(until, now), "user": user, "rows": rows})
 
 
