@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SERVER, KERNEL, JOB = "server", "kernel", "job"
+KINDS = (SERVER, KERNEL, JOB)
 GRAMMAR = "'server', 'server:<name>', 'kernel:<id>' or 'job:<id>'"
 SERVER_GRAMMAR = "'server' or 'server:<name>'"
 
@@ -30,7 +31,7 @@ def parse_holder(text: str) -> Holder | None:
     if text == SERVER:
         return Holder(SERVER)
     kind, colon, name = text.partition(":")
-    if colon and name and kind in (SERVER, KERNEL, JOB):
+    if colon and name and kind in KINDS:
         return Holder(kind, name)
     return None
 

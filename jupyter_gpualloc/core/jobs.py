@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 from .model import NAME_MAX_LENGTH, Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
 from .errors import HolderBusy, NotFound, SchedulerError, StoreFailed
+from .holders import SERVER, SERVER_GRAMMAR, is_server, job_of
 from .journal import ChangeJournal, refused, unreadable
 from .scheduler import Scheduler
 from .store import StoreError
@@ -90,10 +91,10 @@ class JobRequest:
         retries = data.get("retries", 0)
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
             raise SpecError("retries", f"must be an integer from 0 to {MAX_RETRIES}")
-        runner = data.get("runner", "server")
-        if not isinstance(runner, str) or len(runner) > NAME_MAX_LENGTH or not (
-                runner == "server" or (runner.startswith("server:") and runner[7:].strip())):
-            raise SpecError("runner", "must be 'server' or 'server:<name>' (the server that runs the job)")
+        runner = data.get("runner", SERVER)
+        if not isinstance(runner, str) or len(runner) > NAME_MAX_LENGTH or not is_server(runner) \
+                or not (runner == SERVER or runner.partition(":")[2].strip()):
+            raise SpecError("runner", f"must be {SERVER_GRAMMAR} (the server that runs the job)")
         return cls(name, spec, priority, preemptible, source, workdir, kernel_name,
                    float(timeout) if timeout is not None else None, retries, runner)
 
@@ -385,10 +386,10 @@ class Jobs:
 
     def _on_lease_event(self, event: Event) -> None:
         """A job's lease ended under it: preempted (back to the queue) or lost (interrupted)."""
-        holder = event.data.get("holder", "")
-        if not holder.startswith("job:"):
+        job_id = job_of(event.data.get("holder", ""))
+        if job_id is None:
             return
-        job = self._jobs.get(holder[4:])
+        job = self._jobs.get(job_id)
         if job is None or job.lease_id != event.lease_id:
             return
         if event.type not in LEASE_ENDINGS:

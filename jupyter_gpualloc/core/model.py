@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .holders import job_holder
+
 MIB_PER_GIB = 1024
 MILLI_PER_GPU = 1000
 NAME_MAX_LENGTH = 255  # user, holder, model and node names: the store's String(255) columns
@@ -358,7 +360,7 @@ class Job:
 
     @property
     def holder(self) -> str:
-        return f"job:{self.id}"
+        return job_holder(self.id)
 
     def to_json(self) -> dict[str, Any]:
         return {

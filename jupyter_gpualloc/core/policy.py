@@ -7,6 +7,8 @@ from typing import Any
 from traitlets import Bool, Dict, Float, Int, List, Unicode, validate
 from traitlets.config import Configurable
 
+from .holders import is_server, job_of
+
 QUOTA_KEYS = ("slices", "memory_gib", "whole_gpus")
 
 
@@ -251,9 +253,9 @@ class SchedulerPolicy(Configurable):
 
     def idle_timeout_for(self, holder: str, offer_timeout: float | None) -> float | None:
         """The idle timeout for a new lease of this holder; None when idle release does not apply."""
-        if holder.startswith("job:"):
+        if job_of(holder) is not None:
             return None
         if offer_timeout is not None:
             return offer_timeout or None
-        base = self.server_idle_timeout if holder.startswith("server") else self.idle_timeout
+        base = self.server_idle_timeout if is_server(holder) else self.idle_timeout
         return base or None

@@ -30,6 +30,7 @@ from traitlets import Bool, Float, Int, Unicode, default, validate
 from ..client import Availability, GpuAllocClient, GpuAllocError, NotFound, StreamPosition, discover
 from ..core.devices import make_backend
 from ..core.devices.base import DeviceBackend, DeviceError, DeviceUnavailable
+from ..core.holders import kernel_holder, server_holder
 from ..core.policy import SchedulerPolicy
 from ..core.store import sqlite_url
 from ..jobs.runner import JobRunner
@@ -376,7 +377,7 @@ class GpuAllocExtension(ExtensionApp):
     async def _report(self) -> None:
         try:
             await self.monitor.report()
-            self.server_leases = [l for l in await self.client.leases() if l["holder"] == "server"]
+            self.server_leases = [l for l in await self.client.leases() if l["holder"] == server_holder()]
         except GpuAllocError as err:
             self.availability.failed(err)
         else:
@@ -422,7 +423,7 @@ class GpuAllocExtension(ExtensionApp):
             if left:
                 self.log.warning("gpualloc: kernels %s are still shutting down", ", ".join(left))
             if self.embedded is not None:
-                self.embedded.release_holders({f"kernel:{k}" for k in kernels}, "its kernel stopped with the server")
+                self.embedded.release_holders({kernel_holder(k) for k in kernels}, "its kernel stopped with the server")
         install_link(None)
         if self._default_provisioner is not None:
             KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner

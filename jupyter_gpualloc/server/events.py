@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 from jupyter_events import EventLogger
 
+from ..core.holders import kernel_of
+
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 SCHEMA_PREFIX = "https://events.jupyter.org/jupyter_gpualloc/"
 
@@ -45,13 +47,6 @@ def register_schemas(logger: EventLogger) -> None:
     for event_type in EVENT_TYPES:
         if schema_id(event_type) not in logger.schemas:
             logger.register_event_schema(SCHEMA_DIR / f"{event_type.replace('.', '_')}.yaml")
-
-
-def kernel_of(holder: str | None) -> str | None:
-    """'kernel:<id>' -> '<id>'; None for other holders."""
-    if holder and holder.startswith("kernel:"):
-        return holder.split(":", 1)[1]
-    return None
 
 
 def _utc(t: Any) -> str:

@@ -21,11 +21,11 @@ from tornado.iostream import StreamClosedError
 
 from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
+from ..core.holders import is_server, kernel_holder, kernel_of, server_holder
 from ..service.validation import InputError, parse_json
 from ..jobs.folder import JobFolder
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
-from .events import kernel_of
 from .watchdog import process_tree_map
 
 KEEPALIVE_SECONDS = 15.0
@@ -202,7 +202,7 @@ class RequestHandler(SidebarHandler):
         kernel_id = body.get("kernel_id")
         if kernel_id is not None and kernel_id not in self.ext.serverapp.kernel_manager:
             raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
-        holder = f"kernel:{kernel_id}" if kernel_id else "server"
+        holder = kernel_holder(kernel_id) if kernel_id else server_holder()
         wait = body.get("wait")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
             raise web.HTTPError(400, "wait must be a number of seconds")
@@ -210,7 +210,7 @@ class RequestHandler(SidebarHandler):
         if kernel_id and lease["state"] == "granted":
             self.ext.monitor.attach(kernel_id, lease)
         elif not kernel_id:
-            self.ext.monitor.extra_holders.add("server")
+            self.ext.monitor.extra_holders.add(server_holder())
         entry = self.lease_entry(lease)
         if kernel_id and self.kernel_uses_gpu(kernel_id):
             entry["note"] = "restart the kernel to use the slice: CUDA already runs in it on another GPU"
@@ -233,7 +233,7 @@ class ReleaseHandler(SidebarHandler):
         held = {l["id"]: l for l in await self.service(self.ext.client.leases())}.get(lease_id)
         kernel_id = kernel_of(held["holder"]) if held else None
         in_use = kernel_id is not None and self.kernel_uses_gpu(kernel_id)
-        server_slice = held is not None and held["holder"].partition(":")[0] == "server"
+        server_slice = held is not None and is_server(held["holder"])
         gone = (kernel_id is not None and not in_use) or (server_slice and self.ext.embedded is not None)
         lease = await self.service(self.ext.client.release(lease_id, holder_gone=gone))
         if kernel_id is not None:

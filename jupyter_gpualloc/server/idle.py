@@ -20,8 +20,9 @@ import logging
 from typing import Any, Mapping
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound
+from ..core.holders import kernel_holder, kernel_of
 from .activity import PersonActivity
-from .events import GpuAllocEvents, kernel_of
+from .events import GpuAllocEvents
 
 ENDS_KERNEL = ("expired", "preempted")
 
@@ -65,9 +66,9 @@ class KernelActivityMonitor:
             self.person.forget(kernel_id)
         for kernel_id in set(self.leases) - running:
             self.detach(kernel_id)
-            self.unreported.add(f"kernel:{kernel_id}")
+            self.unreported.add(kernel_holder(kernel_id))
         await self.report_gone()
-        holders = [f"kernel:{k}" for k in sorted(running)] + sorted(self.extra_holders)
+        holders = [kernel_holder(k) for k in sorted(running)] + sorted(self.extra_holders)
         if holders:
             for lease in await self.client.heartbeat(holders):
                 kernel_id = kernel_of(lease["holder"])
@@ -112,7 +113,7 @@ class KernelActivityMonitor:
                          lease["state"], reason)
         if await self.shut_down(kernel_id):
             self.events.emit("kernel.gpu_shutdown", kernel_id=kernel_id, lease_id=lease["id"],
-                             holder=f"kernel:{kernel_id}", state=lease["state"], reason=reason, action="shutdown",
+                             holder=kernel_holder(kernel_id), state=lease["state"], reason=reason, action="shutdown",
                              message=f"Kernel {kernel_id} was shut down: its GPU lease {lease['state']} ({reason}).")
 
     async def shut_down(self, kernel_id: str) -> bool:

@@ -25,6 +25,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Float, Unicode
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, discover
+from ..core.holders import kernel_holder
 from ..lease_env import SLICE_ENV_NAMES, slice_env
 from .idle import KernelActivityMonitor
 
@@ -54,7 +55,7 @@ class KernelLink:
 
     def base_env(self, kernel_id: str) -> dict[str, str]:
         env = {"GPUALLOC_URL": self.kernel_url, "GPUALLOC_TOKEN": self.kernel_token,
-               "GPUALLOC_HOLDER": f"kernel:{kernel_id}"}
+               "GPUALLOC_HOLDER": kernel_holder(kernel_id)}
         if self.events_url:
             env["GPUALLOC_EVENTS_URL"] = self.events_url
         return env
@@ -102,7 +103,7 @@ class GpuAllocProvisioner(LocalProvisioner):
 
     @property
     def holder(self) -> str:
-        return f"kernel:{self.kernel_id}"
+        return kernel_holder(self.kernel_id)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)

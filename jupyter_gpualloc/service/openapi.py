@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ..core.holders import GRAMMAR, KINDS, SERVER, SERVER_GRAMMAR
 from ..core.model import NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
 
 API_VERSION = "1"
@@ -35,11 +36,10 @@ PYTHON_NAME = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 _NAME_BODY = f"[^\\s{UNPRINTABLE}]([^{UNPRINTABLE}]*[^\\s{UNPRINTABLE}])?"
 NAME = {"type": "string", "minLength": 1, "maxLength": NAME_MAX_LENGTH, "pattern": f"^{_NAME_BODY}$",
         "x-rule": "must not hold control or invisible formatting characters, nor start or end with whitespace"}
-HOLDER = {**NAME, "pattern": f"^(server|(server|kernel|job):{_NAME_BODY})$",
-          "x-rule": "must be 'server', 'server:<name>', 'kernel:<id>' or 'job:<id>', "
-                    "without control or invisible formatting characters"}
-RUNNER = {**NAME, "pattern": f"^(server|server:{_NAME_BODY})$", "default": "server",
-          "x-rule": "must be 'server' or 'server:<name>', without control or invisible formatting characters",
+HOLDER = {**NAME, "pattern": f"^({SERVER}|({'|'.join(KINDS)}):{_NAME_BODY})$",
+          "x-rule": f"must be {GRAMMAR}, without control or invisible formatting characters"}
+RUNNER = {**NAME, "pattern": f"^({SERVER}|{SERVER}:{_NAME_BODY})$", "default": SERVER,
+          "x-rule": f"must be {SERVER_GRAMMAR}, without control or invisible formatting characters",
           "description": "The owner's server whose job runner runs the job: 'server', or 'server:<name>' "
                          "for a JupyterHub named server."}
 
