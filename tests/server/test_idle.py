@@ -24,6 +24,8 @@ async def test_idle_kernel_is_warned_then_shut_down_while_a_busy_one_is_left_alo
         await client.wait_for_ready(timeout=30)
         client.execute("import time; time.sleep(60)")
         await wait_for(lambda: km.get_kernel(busy).execution_state == "busy")
+        # from when the core has the busy report (on a loaded machine it comes a report interval later)
+        await wait_for(lambda: gpualloc.embedded.scheduler.lease(busy_lease).busy)
         busy_since = len(events)  # (both kernels may be warned while they start: they are idle then)
         await wait_for(lambda: idle not in km, timeout=15)
         types = [(t, d.get("lease_id")) for t, d in events]
