@@ -73,9 +73,8 @@ def simulate_requests(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory() as tmp, open(args.requests) as stream:
         store = Store(args.db or sqlite_url(Path(tmp) / "simulate.sqlite"))
         policy = SchedulerPolicy(placement=args.placement, heartbeat_ttl=0, wait_for_holders=False)
-        scheduler = Scheduler(SimulatedBackend(args.fleet), store, policy)
-        printer = _OutcomePrinter(out)
-        scheduler.subscribe(printer)
+        printer = _OutcomePrinter(out)  # hears recovery's outcomes too, when --db holds a state
+        scheduler = Scheduler(SimulatedBackend(args.fleet), store, policy, listeners=[printer])
         try:
             for line_no, line in enumerate(stream, 1):
                 if line.strip():
