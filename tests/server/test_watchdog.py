@@ -70,7 +70,7 @@ async def test_process_on_a_gpu_its_kernel_holds_no_lease_on_is_reported_only(gp
     gpualloc.watchdog.action = "report"
     km = jp_serverapp.kernel_manager
     kernel_id = await km.start_kernel(kernel_name="python3")
-    l4 = next(g.uuid for n in gpualloc.embedded.scheduler.nodes for g in n.gpus if g.model == "L4")
+    l4 = next(g["uuid"] for n in gpualloc.embedded.scheduler.inventory()["nodes"] for g in n["gpus"] if g["model"] == "L4")
     child = int(await run_in_kernel(km, kernel_id, SPAWN.format(
         process_dir=gpualloc.process_dir, gpu=l4, mib=100)))
     await wait_for(lambda: any(t == "watchdog.action" for t, _ in events), timeout=15)
