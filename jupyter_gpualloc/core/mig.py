@@ -380,27 +380,7 @@ class _LayoutGraph:
     level a contiguous range, from full GPUs down to the empty one."""
 
     def __init__(self, table: tuple[MigProfile, ...], roots: tuple[Layout, ...]):
-        found: dict[Layout, int] = {}
-        reached: list[Layout] = []
-        for root in roots:
-            if root not in found:
-                found[root] = len(reached)
-                reached.append(root)
-        edges: list[list[list[int]]] = []
-        i = 0
-        while i < len(reached):
-            row = []
-            for p in table:
-                targets = []
-                for s in legal_starts(reached[i], p):
-                    after = reached[i].with_instance(p, s)
-                    if after not in found:
-                        found[after] = len(reached)
-                        reached.append(after)
-                    targets.append(found[after])
-                row.append(targets)
-            edges.append(row)
-            i += 1
+        reached, edges = self._explore(table, roots)
         used = [bin(layout.occupied).count("1") for layout in reached]
         order = sorted(range(len(reached)), key=lambda i: used[i])
         number = {old: new for new, old in enumerate(order)}
@@ -430,6 +410,33 @@ class _LayoutGraph:
             runs = valid[pairs].sum(axis=1)
             offsets = np.concatenate(([0], np.cumsum(runs)[:-1])).astype(np.int64)
             self._steps.append((int(a), int(b), pairs, level[pairs][valid[pairs]], offsets))
+
+    @staticmethod
+    def _explore(table: tuple[MigProfile, ...], roots: tuple[Layout, ...]) -> tuple[list[Layout], list]:
+        """Every layout reachable from `roots` by adding instances, in the order first reached, and
+        its edges: [layout][profile] -> the layouts each legal start leads to."""
+        found: dict[Layout, int] = {}
+        reached: list[Layout] = []
+        for root in roots:
+            if root not in found:
+                found[root] = len(reached)
+                reached.append(root)
+        edges: list[list[list[int]]] = []
+        i = 0
+        while i < len(reached):
+            row = []
+            for p in table:
+                targets = []
+                for s in legal_starts(reached[i], p):
+                    after = reached[i].with_instance(p, s)
+                    if after not in found:
+                        found[after] = len(reached)
+                        reached.append(after)
+                    targets.append(found[after])
+                row.append(targets)
+            edges.append(row)
+            i += 1
+        return reached, edges
 
     def values(self, shares: np.ndarray, discount: float) -> np.ndarray:
         """Per layout: the compute slices a GPU in it expects to take from the requests to come,

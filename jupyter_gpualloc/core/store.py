@@ -213,6 +213,24 @@ class StoreError(Exception):
         self.kind = type(cause).__name__
 
 
+def _upsert(insert_of: Callable[[Table], Any], dialect: Any, table: Table, key: list[str],
+            changes: Callable[[Any], dict] | None = None) -> _DriverStatement:
+    """INSERT, or on a row with the same `key` UPDATE its other columns (or `changes(excluded)`)."""
+    insert = insert_of(table)
+    set_ = (changes(insert.excluded) if changes else
+            {c.name: insert.excluded[c.name] for c in table.c if c.name not in key})
+    return _DriverStatement(insert.on_conflict_do_update(index_elements=key, set_=set_), dialect,
+                            [c.key for c in table.c])
+
+
+def _delete_by(dialect: Any, table: Table, column: str) -> _DriverStatement:
+    return _DriverStatement(delete(table).where(table.c[column] == bindparam(column)), dialect, [column])
+
+
+def _insert_into(dialect: Any, table: Table) -> _DriverStatement:
+    return _DriverStatement(table.insert(), dialect, [c.key for c in table.c])
+
+
 class Store:
     """A database of the core's state; `url` is any SQLAlchemy URL (sqlite:///PATH by default)."""
 
@@ -233,21 +251,9 @@ class Store:
         metadata.create_all(self.engine)  # connects first, so the dialect knows its server when compiling
         # Every write is compiled once, here, to this dialect's SQL (see _DriverStatement).
         dialect = self.engine.dialect
-
-        def upsert(table: Table, key: list[str], changes: Callable[[Any], dict] | None = None) -> _DriverStatement:
-            """INSERT, or on a row with the same `key` UPDATE its other columns (or `changes(excluded)`)."""
-            insert = self._insert(table)
-            set_ = (changes(insert.excluded) if changes else
-                    {c.name: insert.excluded[c.name] for c in table.c if c.name not in key})
-            return _DriverStatement(insert.on_conflict_do_update(index_elements=key, set_=set_), dialect,
-                                    [c.key for c in table.c])
-
-        def delete_by(table: Table, column: str) -> _DriverStatement:
-            return _DriverStatement(delete(table).where(table.c[column] == bindparam(column)), dialect, [column])
-
-        def insert(table: Table) -> _DriverStatement:
-            return _DriverStatement(table.insert(), dialect, [c.key for c in table.c])
-
+        upsert = partial(_upsert, self._insert, dialect)
+        delete_by = partial(_delete_by, dialect)
+        insert = partial(_insert_into, dialect)
         self._upsert_leases = upsert(leases, ["id"])
         self._add_busy = upsert(gpu_busy, ["lease_id", "day"], lambda excluded: {
             "busy": gpu_busy.c.busy + excluded.busy, "sampled": gpu_busy.c.sampled + excluded.sampled})
