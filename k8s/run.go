@@ -27,6 +27,7 @@ import (
 	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
 	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
 	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
+	"sigs.k8s.io/yaml"
 )
 
 // The files `run` keeps in its directory.
@@ -430,13 +431,89 @@ func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(config)
 }
 
+// phaseAnnotation lets a test hold a pod Running or end it: kwok's pod-complete stage leaves pods
+// that carry it alone (so a Job's pod annotated "Running" runs until told), and our stages end a
+// Running pod annotated "Succeeded" (exit code 0) or "Failed" (exit code 1).
+const phaseAnnotation = "gpualloc.test/phase"
+
 // writeKwokConfig gives kwok the stages kwokctl gives it by default, from kwok's own module:
-// nodes become Ready and keep a lease heartbeat; pods become Running; pods owned by a Job
-// then Succeed; deleted pods go.
+// nodes become Ready and keep a lease heartbeat; pods become Running; pods owned by a Job then
+// Succeed (unless they carry phaseAnnotation); deleted pods go. Then our two stages for
+// phaseAnnotation.
 func writeKwokConfig(path string) error {
+	var complete map[string]any
+	if err := yaml.Unmarshal([]byte(podfast.DefaultPodComplete), &complete); err != nil {
+		return err
+	}
+	selector := complete["spec"].(map[string]any)["selector"].(map[string]any)
+	selector["matchExpressions"] = append(selector["matchExpressions"].([]any),
+		map[string]any{"key": fmt.Sprintf(".metadata.annotations[%q]", phaseAnnotation), "operator": "DoesNotExist"})
+	completeYAML, err := yaml.Marshal(complete)
+	if err != nil {
+		return err
+	}
 	stages := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease,
-		podfast.DefaultPodReady, podfast.DefaultPodComplete, podfast.DefaultPodDelete}
+		podfast.DefaultPodReady, string(completeYAML), podfast.DefaultPodDelete,
+		podEndStage("Succeeded", 0, "Completed"), podEndStage("Failed", 1, "Error")}
 	return os.WriteFile(path, []byte(strings.Join(stages, "\n---\n")), 0o644)
+}
+
+// podEndStage ends a Running pod whose phaseAnnotation says phase: every container terminated
+// with the exit code.
+func podEndStage(phase string, exitCode int, reason string) string {
+	return fmt.Sprintf(`apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: gpualloc-pod-%[1]s
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.annotations["%[4]s"]'
+      operator: 'In'
+      values: ['%[1]s']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      {{ $started := or .status.startTime $now }}
+      conditions:
+      - lastTransitionTime: {{ $started | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: Ready
+        reason: PodCompleted
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: ContainersReady
+        reason: PodCompleted
+      - lastTransitionTime: {{ $started | Quote }}
+        status: "True"
+        type: PodScheduled
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: %[2]d
+            reason: %[3]s
+            startedAt: {{ $started | Quote }}
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: %[1]s
+`, phase, exitCode, reason, phaseAnnotation)
 }
 
 // up starts `run` in the background (its own session, output in DIR/controlplane.log) and

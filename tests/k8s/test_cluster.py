@@ -21,6 +21,7 @@ from .controlplane import DEMO_FLEET
 FLEET = yaml.safe_load(Path(DEMO_FLEET).read_text())["nodes"]
 NODE_NAMES = sorted(n["name"] for n in FLEET)
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+PHASE = "gpualloc.test/phase"  # holds a pod Running, or ends it (k8s/run.go)
 
 
 async def until(check, timeout: float = 60.0, every: float = 0.2, what: str = "the condition"):
@@ -242,3 +243,50 @@ def test_the_kubernetes_backend_discovers_the_demo_fleet_from_the_api_server(k8s
     [gpu, _] = fleet["gpu-h100-mig-1"].gpus
     assert {p.name: p.memory_mib for p in backend.mig_profiles(gpu.uuid).values()
             if p.name in ("1g.10gb", "2g.20gb", "3g.40gb")} == {"1g.10gb": 9984, "2g.20gb": 20096, "3g.40gb": 40320}
+
+
+def test_a_pod_held_running_ends_when_its_phase_annotation_says(k8s_cluster, namespace):
+    """gpualloc.test/phase (k8s/run.go): "Running" keeps a Job's pod running, "Failed" and
+    "Succeeded" end a running pod, as a process that ends would."""
+    async def body(api):
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        template = gpu_pod("unused", {"nvidia.com/gpu.shared": "1"})["spec"]
+        template["restartPolicy"] = "Never"
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "held"},
+               "spec": {"backoffLimit": 0, "template": {
+                   "metadata": {"labels": {"app": "held"}, "annotations": {PHASE: "Running"}}, "spec": template}}}
+        await batch.create_namespaced_job(namespace, job)
+
+        async def running_pod():
+            pods = (await core.list_namespaced_pod(namespace, label_selector="app=held")).items
+            return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+        pod = await until(running_pod, what="the Job's pod Running")
+        assert pod.spec.node_name == "gpu-t4-shared-1"
+        await asyncio.sleep(3)  # kwok's pod-complete stage would have ended it by now
+        assert (await core.read_namespaced_pod(pod.metadata.name, namespace)).status.phase == "Running"
+        assert (await batch.read_namespaced_job("held", namespace)).status.active == 1
+
+        await core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"annotations": {PHASE: "Failed"}}})
+
+        async def job_failed():
+            status = (await batch.read_namespaced_job("held", namespace)).status
+            return any(c.type == "Failed" and c.status == "True" for c in status.conditions or [])
+
+        await until(job_failed, what="the Job Failed")
+        ended = await core.read_namespaced_pod(pod.metadata.name, namespace)
+        assert ended.status.phase == "Failed"
+        assert [s.state.terminated.exit_code for s in ended.status.container_statuses] == [1]
+
+        # A pod of no Job: Running until its annotation says Succeeded.
+        solo = gpu_pod("solo", {"nvidia.com/gpu": "1"}, node="gpu-l4-shared-1")
+        solo["metadata"]["annotations"] = {PHASE: "Running"}
+        await core.create_namespaced_pod(namespace, solo)
+        await until(lambda: _phase(core, namespace, "solo", "Running"), what="the pod Running")
+        await core.patch_namespaced_pod("solo", namespace, {"metadata": {"annotations": {PHASE: "Succeeded"}}})
+        await until(lambda: _phase(core, namespace, "solo", "Succeeded"), what="the pod Succeeded")
+        done = await core.read_namespaced_pod("solo", namespace)
+        assert [s.state.terminated.exit_code for s in done.status.container_statuses] == [0]
+        assert condition(done, "Ready").status == "False" and condition(done, "PodScheduled").status == "True"
+
+    k8s_cluster.run(body)
