@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 # The extras `make test` installs; CI adds `frameworks` (JAX's CPU build) for the framework-cap tests
 TEST_EXTRAS ?= test
+# pytest-xdist workers: most tests wait on real servers, kernels and timers, so three share two cores
+# well; --dist loadfile keeps each module's servers (module fixtures) on one worker
+PYTEST_WORKERS ?= 3
 # The JupyterLab extension: its sources, and what its build leaves in the Python package.
 LABEXT_SOURCES := $(shell find labextension/src labextension/style -type f) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
@@ -45,7 +48,7 @@ demo: $(STAMP)
 
 test: $(TEST_STAMP) $(LABEXT_BUILT)
 	cd labextension && $(JLPM) install --immutable && $(JLPM) test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(TEST_STAMP)
 	$(PY) -m pip install -q -e '.[test,bench]'
