@@ -207,8 +207,13 @@ class SliceSpec:
             out["host_memory_mib"] = self.host_memory_mib
         return out
 
-    def describe(self) -> str:
-        """A few words for people: '3g.40gb slice', 'shared 8 GiB slice', '2 whole GPUs'."""
+    def describe(self, article: bool = False) -> str:
+        """A few words for people: '3g.40gb slice', 'shared 8 GiB slice', '2 whole GPUs'; with
+        `article`, 'a 3g.40gb slice' but still '2 whole GPUs'."""
+        words = self._words()
+        return f"a {words}" if article and not (self.kind is SliceKind.WHOLE and self.count > 1) else words
+
+    def _words(self) -> str:
         model = f" on {self.model}" if self.model else ""
         if self.profile:
             return f"{self.profile} slice{model}"

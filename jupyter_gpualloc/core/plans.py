@@ -100,7 +100,7 @@ class Plans:
                 if max(counts) >= spec.count:
                     plans.append(Plan(SliceKind.WHOLE, g.model, g.memory_mib * spec.count, count=spec.count))
         if not plans:
-            raise SpecError(_unmet_field(spec, groups), f"no GPU in this fleet can provide a {spec.describe()}")
+            raise SpecError(_unmet_field(spec, groups), f"no GPU in this fleet can provide {spec.describe(article=True)}")
         hosted = [p for p in plans if self.host_nodes(p, spec)]
         if not hosted:
             raise self._no_host(plans, spec)
@@ -150,7 +150,7 @@ class Plans:
         nodes = [self.nodes[i] for p in plans for i in self.host_nodes(p, spec, host=False)]
         most_cpu = max(n.cpu_milli for n in nodes)
         most_memory = max(n.memory_mib for n in nodes)
-        what = f"a {spec.describe()}"
+        what = f"{spec.describe(article=True)}"
         if spec.cpu_milli > most_cpu:
             return SpecError("spec.cpu_milli", f"{spec.cpu_milli} milli-CPU is more than any node with {what} "
                                                f"has (at most {most_cpu})")

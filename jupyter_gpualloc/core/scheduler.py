@@ -182,10 +182,10 @@ class Scheduler:
                 self._grant(lease, fit, now)
             elif not wait:
                 reason = DRAINED if self._fit.all_drained(plans) else "no capacity"
-                self._end(lease, LeaseState.REJECTED, now, f"{reason} for a {spec.describe()} now")
+                self._end(lease, LeaseState.REJECTED, now, f"{reason} for {spec.describe(article=True)} now")
             else:
                 self._book.queue.append(lease.id)
-                lease.reason = str(blocked) if blocked else f"waiting for a {spec.describe()}"
+                lease.reason = str(blocked) if blocked else f"waiting for {spec.describe(article=True)}"
                 self._emit("lease.queued", now, lease, position=self.position(lease.id))
         if lease.state is LeaseState.QUEUED:
             self._settle(now)

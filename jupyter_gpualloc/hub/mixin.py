@@ -38,9 +38,10 @@ from ..lease_env import server_holder, slice_env
 from .link import ServiceLink, delete_token, user_service_token
 
 
-def describe_spec(spec: dict) -> str:
-    """'3g.40gb slice on A100-SXM4-80GB', 'shared 8 GiB slice on L4', ... for messages."""
-    return SliceSpec.from_json(spec).describe()
+def describe_spec(spec: dict, article: bool = False) -> str:
+    """'3g.40gb slice on A100-SXM4-80GB', 'shared 8 GiB slice on L4', ... for messages ('a 3g.40gb
+    slice ...', but '2 whole GPUs', with `article`)."""
+    return SliceSpec.from_json(spec).describe(article)
 
 
 # The spawner whose stop is running in the current task (see GPUSpawnerMixin.poll).
@@ -429,18 +430,18 @@ class GPUSpawnerMixin(Spawner):
     async def acquire_slice(self, offer: dict) -> dict:
         """Submit the server's lease and wait until it is granted; on failure nothing is left held."""
         link = self.gpu_link()
-        what = describe_spec(offer["spec"])
+        what, a_what = describe_spec(offer["spec"]), describe_spec(offer["spec"], article=True)
         started = time.monotonic()
         deadline = started + max(self.start_timeout - self.gpu_start_reserve, 1.0)
-        self._gpu_progress(f"asking for a {what}", 5)
-        lease = await self._submit(link, offer, what)
+        self._gpu_progress(f"asking for {a_what}", 5)
+        lease = await self._submit(link, offer, a_what)
         self.gpu_lease_id = lease["id"]
         try:
             last_position, beat = None, started
             while lease["state"] == "queued":
                 position = lease.get("position")
                 if position != last_position:
-                    self._gpu_progress(f"waiting for a {what}: position {position} in queue", 10)
+                    self._gpu_progress(f"waiting for {a_what}: position {position} in queue", 10)
                     last_position = position
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -453,14 +454,14 @@ class GPUSpawnerMixin(Spawner):
                     beat = time.monotonic()
                 lease = await link.lease(lease["id"]) or {"state": "gone", "reason": "the service lost it"}
             if lease["state"] != "granted":
-                raise capacity_error(f"Your request for a {what} ended: {lease.get('reason') or lease['state']}.")
+                raise capacity_error(f"Your request for {a_what} ended: {lease.get('reason') or lease['state']}.")
             self._gpu_lease = lease
             slice_ = lease["slice"]
             if slice_["kind"] == "shared":
                 self._gpu_memory = await link.gpu_memory_mib(slice_["gpu_uuids"][0])
             waited = time.monotonic() - started
             where = slice_.get("mig_uuid") or ", ".join(slice_["gpu_uuids"])
-            self._gpu_progress(f"granted a {what} after {waited:.0f} s ({where} on {slice_['node']})", 40)
+            self._gpu_progress(f"granted {a_what} after {waited:.0f} s ({where} on {slice_['node']})", 40)
             self._gpu_granted = f"on your {what}"
             now = time.time()
             held = deadline_message(lease, now)
@@ -472,7 +473,7 @@ class GPUSpawnerMixin(Spawner):
             await self.release_slice("withdrawn: the server did not start")
             raise
 
-    async def _submit(self, link: ServiceLink, offer: dict, what: str) -> dict:
+    async def _submit(self, link: ServiceLink, offer: dict, a_what: str) -> dict:
         """Submit the lease; a stale lease of the same server (a crashed earlier start) is replaced."""
         try:
             try:
@@ -483,13 +484,13 @@ class GPUSpawnerMixin(Spawner):
                 return await link.submit(offer["spec"], self.gpu_holder, idle_timeout=offer.get("idle_timeout"))
         except QuotaExceeded as err:
             if offer.get("over_quota"):
-                raise spawn_error(f"Your quota never allows a {what}: {err}.", "quota", 403) from None
+                raise spawn_error(f"Your quota never allows {a_what}: {err}.", "quota", 403) from None
             advice = QUOTA_ADVICE.get(err.quota.get("key"), "")
-            raise capacity_error(f"You cannot have a {what} now: {err}. {advice}".rstrip()) from None
+            raise capacity_error(f"You cannot have {a_what} now: {err}. {advice}".rstrip()) from None
         except ServiceUnavailable as err:
-            raise capacity_error(f"The GPU allocator cannot give you a {what} now: {err}") from None
+            raise capacity_error(f"The GPU allocator cannot give you {a_what} now: {err}") from None
         except GpuAllocError as err:
-            raise capacity_error(f"The GPU allocator refused a {what}: {err}") from None
+            raise capacity_error(f"The GPU allocator refused {a_what}: {err}") from None
 
     async def release_slice(self, reason: str, *, holder_gone: bool = False) -> None:
         """Give the server's lease back (if any); errors are logged, never raised.

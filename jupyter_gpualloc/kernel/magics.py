@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear
 from .cuda_state import cuda_initialised_by, memory_used_mib
 from .extend import extend_lines
 from .notices import LeaseNotices
-from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib, parse_duration, parse_size
+from .sizes import InputError, format_duration, format_mib, parse_duration
 from .status import describe_lease, describe_request, describe_slice, error_line, is_reported, lease_table, \
     status_lines
 from .usage import usage_lines
@@ -234,7 +233,7 @@ class KernelGpu:
             self._holding()
             if lease["state"] == "queued":
                 if mode == "queue":
-                    return [f"gpu: queued at position {lease.get('position')} for a {describe_request(lease)} "
+                    return [f"gpu: queued at position {lease.get('position')} for {describe_request(lease, article=True)} "
                             f"(lease {lease['id']}): %gpu status applies it once granted"]
                 lease = self._wait(lease, timeout)
         except KeyboardInterrupt:
@@ -250,10 +249,10 @@ class KernelGpu:
         """Poll a queued lease, showing its position, until it is granted, ends, or `timeout` passes."""
         progress = Progress(self.in_kernel)
         started = self.clock()
-        what = describe_request(lease)
+        what, a_what = describe_request(lease), describe_request(lease, article=True)
         while lease["state"] == "queued":
             waited = self.clock() - started
-            progress.show(f"gpu: queued for a {what}: position {lease.get('position')}, "
+            progress.show(f"gpu: queued for {a_what}: position {lease.get('position')}, "
                           f"waited {format_duration(waited)} (interrupt to withdraw)")
             if waited >= timeout:
                 withdrawn = self.client.release(lease["id"])
@@ -277,7 +276,7 @@ class KernelGpu:
         if lease["state"] == "granted":
             return f"gpu: interrupted: {describe_lease(lease)} released (lease {lease['id']})"
         where = f" at position {lease['position']}" if lease.get("position") else ""
-        return f"gpu: interrupted: request for a {describe_request(lease)} withdrawn (was queued{where})"
+        return f"gpu: interrupted: request for {describe_request(lease, article=True)} withdrawn (was queued{where})"
 
     def take_effect(self, lease: dict) -> str:
         """Make a granted lease this process's slice, or say that the kernel must restart for it."""
@@ -356,7 +355,7 @@ class KernelGpu:
         ended = self.end(lease)
         note = self.forget(ended)
         if lease["state"] == "queued":
-            return [f"gpu: withdrew the request for a {describe_request(lease)} (lease {lease['id']})"]
+            return [f"gpu: withdrew the request for {describe_request(lease, article=True)} (lease {lease['id']})"]
         return [f"gpu: released {describe_lease(lease)} (lease {lease['id']}){note}"]
 
     def status(self) -> tuple[list[str], dict | None]:

@@ -31,12 +31,13 @@ def describe_slice(slice_: Mapping[str, Any]) -> str:
     return f"{count} whole GPUs{where}{node}" if count > 1 else f"whole GPU{where}{node}"
 
 
-def describe_request(lease: Mapping[str, Any]) -> str:
-    """What a lease asked for, e.g. '3g.40gb slice' or 'whole GPU on L4'."""
+def describe_request(lease: Mapping[str, Any], article: bool = False) -> str:
+    """What a lease asked for, e.g. '3g.40gb slice' or 'whole GPU on L4' ('a 3g.40gb slice', but
+    '2 whole GPUs', with `article`)."""
     try:
-        return SliceSpec.from_json(lease["spec"]).describe()
+        return SliceSpec.from_json(lease["spec"]).describe(article)
     except (SpecError, KeyError, TypeError):
-        return "GPU slice"
+        return "a GPU slice" if article else "GPU slice"
 
 
 def describe_lease(lease: Mapping[str, Any]) -> str:
@@ -128,7 +129,7 @@ def _lease_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     if lease["state"] == "queued":
         position = lease.get("position")
         where = f" at position {position}" if position else ""
-        return [f"gpu: queued{where} for a {describe_request(lease)} (lease {lease['id']})",
+        return [f"gpu: queued{where} for {describe_request(lease, article=True)} (lease {lease['id']})",
                 "  %gpu release withdraws the request"]
     slice_ = lease["slice"]
     devices = slice_.get("visible_devices") or slice_.get("mig_uuid") or ",".join(slice_["gpu_uuids"])

@@ -211,7 +211,7 @@ def test_cuda_already_initialised_means_restart(service, kernel):
     ("%gpu request --whole --model H100", "gpu: no GPU model 'H100' in this fleet: valid models are A100-SXM4-40GB, L4"),
     ("%gpu request --whole --model 'L4", "gpu: No closing quotation (%gpu? shows the usage)"),
     ("%gpu request --mig huge", "gpu: must look like 1g.10gb or 3g.40gb"),
-    ("%gpu request --whole 9 --model L4", "gpu: no GPU in this fleet can provide"),
+    ("%gpu request --whole 9 --model L4", "gpu: no GPU in this fleet can provide 9 whole GPUs on L4"),
     ("%gpu frobnicate", "gpu: 'frobnicate' is not a %gpu action: use one of request, release, status, offers, "
                         "list, usage, extend, job, jobs (%gpu? shows the usage)"),
     ("%gpu request 10000GB", "gpu: no GPU in this fleet can provide a 10000 GiB GPU slice"),
