@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -121,6 +122,9 @@ class JupyterLabProcess:
         children = psutil.Process(self.proc.pid).children(recursive=True)
         os.killpg(self.proc.pid, 15)
         try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:  # a loaded machine: what did not stop in time is killed
+            os.killpg(self.proc.pid, 9)
             self.proc.wait(30)
         finally:
             for child in children:
