@@ -29,13 +29,19 @@ class GpuState:
     instances: dict[str, MigInstance] = field(default_factory=dict)
     owner: dict[str, str] = field(default_factory=dict)  # mig uuid -> lease id
     created: set[str] = field(default_factory=set)  # mig uuids this core created
-    holders: dict[str, int] = field(default_factory=dict)  # lease id -> milli it holds (a share or all of it)
-    drained: bool = False
+    holders: dict[str, int] = field(default_factory=dict)  # lease id (or outside holder) -> milli it holds
+    drained_by_admin: bool = False
+    cordoned: str | None = None  # why its node takes nothing new (the cluster says so), else None
     cached_layout: mig.Layout | None = None  # forgotten by FleetState.changed()
 
     @property
     def is_mig(self) -> bool:
         return self.gpu.mig_mode is not MigMode.OFF
+
+    @property
+    def drained(self) -> bool:
+        """Whether nothing new is granted here: drained by an admin, or its node cordoned."""
+        return self.drained_by_admin or self.cordoned is not None
 
     def layout(self) -> mig.Layout:
         """The MIG layout of its instances, computed once per change of them."""
@@ -48,10 +54,10 @@ class GpuState:
 
     def snapshot(self) -> tuple:
         """Its instances, owners, holders and drain as they are now (see restore)."""
-        return dict(self.instances), dict(self.owner), set(self.created), dict(self.holders), self.drained
+        return dict(self.instances), dict(self.owner), set(self.created), dict(self.holders), self.drained_by_admin
 
     def restore(self, snapshot: tuple) -> None:
-        self.instances, self.owner, self.created, self.holders, self.drained = snapshot
+        self.instances, self.owner, self.created, self.holders, self.drained_by_admin = snapshot
 
 
 class FleetState:
@@ -59,8 +65,17 @@ class FleetState:
 
     def __init__(self, backend: DeviceBackend, static_mig: bool):
         """Discover the fleet; MIG GPUs are static when `static_mig` or when the backend cannot change MIG."""
-        self.nodes: list[Node] = backend.discover()
+        self._backend, self._static_mig = backend, static_mig
+        self.version = 0  # moved by every change that can alter what a scheduling pass grants
+        self.freed = 0  # moved whenever a slice is freed (room made)
+        self.load(backend.discover())
+
+    def load(self, nodes: list[Node]) -> None:
+        """Hold these nodes, every GPU free (the caller puts back what is held), cordoned ones drained."""
+        self.nodes: list[Node] = nodes
+        self.shape = node_shapes(nodes)
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
+        backend, static_mig = self._backend, self._static_mig
         self.gpus: dict[str, GpuState] = {}
         capacities = []
         for ni, node in enumerate(self.nodes):
@@ -72,17 +87,17 @@ class FleetState:
                 if gpu.mig_mode is MigMode.DYNAMIC and not backend.can_change_mig:
                     gpu.mig_mode = MigMode.STATIC
                 profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
-                self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances})
+                self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances},
+                                               cordoned=node.unschedulable)
         self.view = ClusterView(capacities)
         self.mig_gpus: dict[str, list[GpuState]] = {}  # model -> its MIG GPUs, in fleet order
         for gs in self.gpus.values():
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
-        self.version = 0  # moved by every change that can alter what a scheduling pass grants
-        self.freed = 0  # moved whenever a slice is freed (room made)
         for gs in self.gpus.values():
             self.show(gs)
+        self.room_made()
 
     def changed(self, gs: GpuState) -> None:
         """A GPU's instances, owners, holders or drain changed: its layout, index entry and view follow."""
@@ -121,3 +136,12 @@ class FleetState:
         if spec.node in self.node_index:
             mask[self.node_index[spec.node]] = True
         return mask
+
+
+def node_shapes(nodes: list[Node]) -> tuple:
+    """What the fleet's structure depends on, per node: its resources, GPUs and their MIG instances
+    (not whether it is schedulable): equal shapes need no reload."""
+    return tuple((n.name, n.cpu_milli, n.memory_mib,
+                  tuple((g.uuid, g.model, g.memory_mib, g.mig_mode is MigMode.OFF,
+                         tuple(sorted((i.uuid, i.profile_id, i.start) for i in g.instances))) for g in n.gpus))
+                 for n in nodes)

@@ -9,7 +9,7 @@ from .deadlines import Deadlines
 from .devices.base import UnusableNode
 from .fleet_state import FleetState, GpuState
 from .indexes import ActiveLeases
-from .model import Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec
+from .model import MILLI_PER_GPU, Lease, LeaseState, MigInstance, MigMode, PriorityClass, SliceKind, SliceSpec
 from .plans import Plan
 from .policy import SchedulerPolicy
 from .quotas import quota_block
@@ -17,19 +17,24 @@ from .usage import QuotaStatus
 
 
 def inventory(fleet: FleetState, active: Mapping[str, Lease], returning: Mapping[str, Lease],
-              queue: Iterable[str], unusable: Sequence[UnusableNode]) -> dict:
-    """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
+              queue: Iterable[str], unusable: Sequence[UnusableNode],
+              over_committed: Mapping[str, list[str]] | None = None) -> dict:
+    """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind;
+    what outside holders (workloads the allocator did not place) hold, and what of theirs found
+    no free device (`over_committed`)."""
     nodes = []
     for ni, node in enumerate(fleet.nodes):
         gpus = [_gpu_entry(fleet.gpus[gpu.uuid], active, returning) for gpu in node.gpus]
         held = [l for l in active.values() if l.state is LeaseState.GRANTED and l.slice.node == node.name]
-        nodes.append({"name": node.name, "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
+        nodes.append({"name": node.name, "unschedulable": node.unschedulable,
+                      "cpu_milli": node.cpu_milli, "memory_mib": node.memory_mib,
                       "free_cpu_milli": node.cpu_milli - sum(l.spec.cpu_milli for l in held),
                       "free_memory_mib": node.memory_mib - sum(l.spec.host_memory_mib for l in held),
                       "gpus": gpus})
     waiting = [active[i].priority for i in queue]
     return {"nodes": nodes, "queue": {p.value: waiting.count(p) for p in PriorityClass},
-            "unusable_nodes": [{"name": u.name, "reason": u.reason} for u in unusable]}
+            "unusable_nodes": [{"name": u.name, "reason": u.reason} for u in unusable],
+            "over_committed": [{"outside": key, "unplaced": what} for key, what in (over_committed or {}).items()]}
 
 
 def offers(offer_plans: Iterable[tuple[dict, SliceSpec, tuple[Plan, ...]]], fleet: FleetState,
@@ -56,27 +61,44 @@ def offers(offer_plans: Iterable[tuple[dict, SliceSpec, tuple[Plan, ...]]], flee
 def _gpu_entry(gs: GpuState, active: Mapping[str, Lease], returning: Mapping[str, Lease]) -> dict:
     gpu = gs.gpu
     entry = {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
-             "mig_mode": gpu.mig_mode.value, "drained": gs.drained}
+             "mig_mode": gpu.mig_mode.value, "drained": gs.drained, "cordoned": gs.cordoned}
     if gs.is_mig:
         layout = gs.layout()
-        entry["instances"] = [
-            {"uuid": i.uuid, "profile": gs.profiles[i.profile_id].name, "start": i.start,
-             "size": i.size, "lease_id": gs.owner.get(i.uuid), "returning": gs.owner.get(i.uuid) in returning}
-            for i in sorted(gs.instances.values(), key=lambda i: i.start)]
+        entry["instances"] = [_instance_entry(gs, i, active, returning)
+                              for i in sorted(gs.instances.values(), key=lambda i: i.start)]
         entry["memory_slices"] = layout.geometry.memory_slices
         entry["compute_slices"] = layout.geometry.compute_slices
         entry["free_memory_slices"] = layout.free_memory_slices
         entry["free_compute_slices"] = layout.free_compute_slices
         entry["free_profiles"] = free_profiles(gs, layout)
         return entry
-    held = sorted((active.get(l) or returning[l] for l in gs.holders), key=lambda l: l.seq)
+    held = sorted((active.get(l) or returning[l] for l in gs.holders if l in active or l in returning),
+                  key=lambda l: l.seq)
+    outside = {key: milli for key, milli in gs.holders.items() if key not in active and key not in returning}
     used = sum(l.slice.memory_mib for l in held if l.slice.kind is SliceKind.SHARED)
+    used += sum(gpu.memory_mib * milli // MILLI_PER_GPU for milli in outside.values())
     whole = [l for l in held if l.slice.kind is SliceKind.WHOLE]
     entry["shares"] = [{"lease_id": l.id, "memory_mib": l.slice.memory_mib,
                         "kind": l.slice.kind.value, "returning": l.returning} for l in held]
-    entry["free_memory_mib"] = 0 if whole else gpu.memory_mib - used
+    entry["shares"] += [{"lease_id": None, "outside": key, "milli": milli,
+                         "memory_mib": gpu.memory_mib * milli // MILLI_PER_GPU,
+                         "kind": "whole" if milli == MILLI_PER_GPU else "shared", "returning": False}
+                        for key, milli in sorted(outside.items())]
+    entry["free_memory_mib"] = 0 if whole else max(gpu.memory_mib - used, 0)
     entry["free_milli"] = gs.free_milli()
     entry["whole_free"] = not gs.holders
+    return entry
+
+
+def _instance_entry(gs: GpuState, instance: MigInstance, active: Mapping[str, Lease],
+                    returning: Mapping[str, Lease]) -> dict:
+    """A MIG instance with its lease, or the outside holder that holds it."""
+    owner = gs.owner.get(instance.uuid)
+    is_lease = owner in active or owner in returning
+    entry = {"uuid": instance.uuid, "profile": gs.profiles[instance.profile_id].name, "start": instance.start,
+             "size": instance.size, "lease_id": owner if is_lease else None, "returning": owner in returning}
+    if owner is not None and not is_lease:
+        entry["outside"] = owner
     return entry
 
 

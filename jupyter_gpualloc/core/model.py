@@ -124,12 +124,14 @@ class Gpu:
 
 @dataclass
 class Node:
-    """A machine: its CPU (milli-cores), host memory (MiB) and GPUs."""
+    """A machine: its CPU (milli-cores), host memory (MiB) and GPUs. `unschedulable` says why
+    nothing new may be placed on it (a cordoned or not-Ready Kubernetes node), else None."""
 
     name: str
     cpu_milli: int
     memory_mib: int
     gpus: list[Gpu] = field(default_factory=list)
+    unschedulable: str | None = None
 
 
 @dataclass(frozen=True)

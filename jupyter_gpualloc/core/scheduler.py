@@ -20,6 +20,7 @@ takes it instead). Time is always passed in by the caller. The errors the interf
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 from typing import Callable, ContextManager, Iterable, Sequence
@@ -29,17 +30,19 @@ from .deadlines import Deadlines, ExtensionRefused
 from .devices.base import DeviceBackend
 from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
-from .fleet_state import FleetState, GpuState
+from .fleet_state import FleetState, GpuState, node_shapes
 from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, UndoLog, unreadable
-from .model import Event, Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec, \
+from .model import Event, Lease, LeaseState, MigMode, Node, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_name
 from .placement import get_policy
 from .plans import Plan, Plans, demand, host_demand, slice_demand
 from .policy import SchedulerPolicy
 from .mig_instances import MigInstances
+from .outside import OutsideHolds, OutsideUse
+from .cluster_sync import ClusterSync
 from .queue_order import QueueOrder
 from .quotas import quota_block
 from .recovery import reattach, reconcile_instances, recover_returning
@@ -67,16 +70,25 @@ class Scheduler:
         self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._put_back_leases,
                                          self._destroy_released)
         self._instances = MigInstances(store, backend, self._fleet, self._journal)
+        self._outside = OutsideHolds(self._fleet, self._journal)
+        self._cluster = ClusterSync(self._fleet, self._book, self._journal, self._outside, self._plan_fleet,
+                                    lambda spec: self._plans.of(spec), self._emit, self._end, self._record_lease)
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
+        offers = self._plan_fleet()
+        self.usage = UsageLedger(store, self.policy, offers, now=now)
+        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
+        self._recover(now)
+
+    def _plan_fleet(self) -> list[dict]:
+        """What shapes requests take on the fleet as loaded, the searches over it and the queue's
+        order (their typical demands come from the offers, which it returns)."""
         self._plans = Plans(self._fleet.nodes, self._fleet.profiles())
         offers = self._offers()
         placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(offers))
         self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
-        self.usage = UsageLedger(store, self.policy, offers, now=now)
-        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
-        self._recover(now)
+        return offers
 
     # ------------------------------------------------------- change journal
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
@@ -395,11 +407,37 @@ class Scheduler:
             raise NotFound(f"no GPU {gpu_uuid}")
         with self._journal.atomic(now):
             self._journal.record_gpu(gs)
-            gs.drained = drained
+            gs.drained_by_admin = drained
             self._fleet.changed(gs)
             self._journal.drains[gpu_uuid] = drained
             self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
         if not drained:
+            self._settle(now)
+
+    # ------------------------------------------------- the cluster's changes
+    def nodes_changed(self, nodes: list[Node], *, now: float) -> None:
+        """The nodes are these now (a backend that watches its cluster says so). A node cordoned or
+        not Ready drains its GPUs until it is schedulable again; a node added, deleted or
+        reshaped reloads the fleet: the leases whose slices it no longer has end, saying why."""
+        if node_shapes(nodes) == self._fleet.shape:
+            if self._cluster.cordon(nodes, now):
+                self._settle(now)
+            return
+        if self.group_waiting:
+            with contextlib.suppress(StoreFailed):
+                self.commit_group()
+        with self._journal.atomic(now):
+            self._cluster.reload(nodes, now)
+            self._schedule(now)
+
+    def outside_use(self, key: str, use: OutsideUse | None, *, now: float) -> None:
+        """A workload the allocator did not place (`key`, never a lease id) holds `use` now, or
+        ended (None): its devices leave the free pool, or return to it."""
+        with self._journal.atomic(now):
+            freed = self._outside.give_back(key)
+            if use is not None and not use.is_empty():
+                self._outside.take(use)
+        if freed:
             self._settle(now)
 
     def lease(self, lease_id: str) -> Lease:
@@ -427,7 +465,8 @@ class Scheduler:
     def inventory(self) -> dict:
         """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
         book = self._book
-        return inventory(self._fleet, book.by_id, book.returning, book.queue, self.backend.unusable_nodes())
+        return inventory(self._fleet, book.by_id, book.returning, book.queue, self.backend.unusable_nodes(),
+                         self._outside.unplaced())
 
     def gpu_count(self) -> int:
         """How many GPUs the fleet has."""
@@ -654,7 +693,7 @@ class Scheduler:
         self._journal.restart(state.seq, [i.id for i in state.intents])
         for gpu_uuid in state.drained:
             if gpu_uuid in self._fleet.gpus:
-                self._fleet.gpus[gpu_uuid].drained = True
+                self._fleet.gpus[gpu_uuid].drained_by_admin = True
                 self._fleet.changed(self._fleet.gpus[gpu_uuid])
         reconcile_instances(state, self._fleet, self._journal, now, self._emit)
         self._recover_leases(state, now)

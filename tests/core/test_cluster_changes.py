@@ -1,0 +1,106 @@
+"""The cluster's changes reach the scheduler: outside holders take capacity and give it back, cordons
+drain a node's GPUs, a node added serves, a node deleted ends the leases on it. The clock is passed in."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+from jupyter_gpualloc.core.model import LeaseState, SliceKind, SliceSpec
+from jupyter_gpualloc.core.outside import OutsideUse
+
+from .conftest import A100_40, fleet
+
+WHOLE8 = SliceSpec(kind=SliceKind.WHOLE, count=8, model=A100_40)
+
+
+def nodes_of(h, count: int | None = None):
+    """The backend's nodes, fresh copies (the scheduler keeps its own)."""
+    nodes = copy.deepcopy(h.backend.discover())
+    return nodes if count is None else nodes[:count]
+
+
+def test_an_outside_holder_of_eight_gpus_makes_a_whole_x8_request_wait_until_it_ends(harness):
+    h = harness(fleet({"model": A100_40, "count": 8}))
+    s = h.scheduler
+    s.outside_use("pod:train/big-0", OutsideUse("pod:train/big-0", "node0", whole=8), now=1)
+    lease = s.submit("alice", "server", WHOLE8, now=2)
+    assert lease.state is LeaseState.QUEUED
+    shares = [sh for g in s.inventory()["nodes"][0]["gpus"] for sh in g["shares"]]
+    assert [sh["outside"] for sh in shares] == ["pod:train/big-0"] * 8
+    s.outside_use("pod:train/big-0", None, now=3)
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+
+
+def test_outside_shares_and_mig_devices_leave_the_pool(harness):
+    h = harness(fleet({"model": A100_40, "count": 1},
+                      {"model": A100_40, "count": 1, "mig": "static", "layout": ["3g.20gb", "3g.20gb"]}))
+    s = h.scheduler
+    s.outside_use("pod:a/x", OutsideUse("pod:a/x", "node0", shares=(500, 250), mig={"3g.20gb": 1}), now=1)
+    gpus = s.inventory()["nodes"][0]["gpus"]
+    plain = next(g for g in gpus if g["mig_mode"] == "off")
+    assert plain["free_milli"] == 250
+    mig_gpu = next(g for g in gpus if g["mig_mode"] != "off")
+    assert [i.get("outside") for i in mig_gpu["instances"]] == ["pod:a/x", None]
+    assert mig_gpu["free_profiles"]["3g.20gb"] == 1
+    s.outside_use("pod:a/x", None, now=2)
+    assert next(g for g in s.inventory()["nodes"][0]["gpus"] if g["mig_mode"] == "off")["free_milli"] == 1000
+
+
+def test_what_finds_no_free_device_is_over_committed_not_lost(harness):
+    h = harness(fleet({"model": A100_40, "count": 1}))
+    s = h.scheduler
+    granted = s.submit("alice", "server", SliceSpec(kind=SliceKind.WHOLE, model=A100_40), now=1)
+    s.outside_use("pod:b/y", OutsideUse("pod:b/y", "node0", whole=1), now=2)
+    assert s.inventory()["over_committed"] == [{"outside": "pod:b/y", "unplaced": ["1 whole GPU(s)"]}]
+    assert s.lease(granted.id).state is LeaseState.GRANTED
+
+
+def test_a_cordoned_node_drains_and_comes_back_when_uncordoned(harness):
+    h = harness(fleet({"model": A100_40, "count": 1}))
+    s = h.scheduler
+    cordoned = [dataclasses.replace(n, unschedulable="cordoned") for n in nodes_of(h)]
+    s.nodes_changed(cordoned, now=1)
+    lease = s.submit("alice", "server", SliceSpec(kind=SliceKind.WHOLE, model=A100_40), now=2)
+    assert lease.state is LeaseState.QUEUED
+    assert s.inventory()["nodes"][0]["unschedulable"] == "cordoned"
+    s.nodes_changed(nodes_of(h), now=3)
+    assert s.lease(lease.id).state is LeaseState.GRANTED
+    assert "node.cordoned" in h.types() and "node.uncordoned" in h.types()
+
+
+def test_an_admin_drain_outlives_a_cordon(harness):
+    h = harness(fleet({"model": A100_40, "count": 1}))
+    s = h.scheduler
+    uuid = nodes_of(h)[0].gpus[0].uuid
+    s.drain(uuid, now=1)
+    s.nodes_changed([dataclasses.replace(n, unschedulable="not Ready") for n in nodes_of(h)], now=2)
+    s.nodes_changed(nodes_of(h), now=3)
+    assert s.inventory()["nodes"][0]["gpus"][0]["drained"] is True
+
+
+def test_a_node_added_serves_and_a_node_deleted_ends_its_leases_saying_why(harness):
+    h = harness(fleet({"model": A100_40, "count": 2}, nodes=2))
+    s = h.scheduler
+    s.nodes_changed(nodes_of(h, 1), now=1)
+    assert s.gpu_count() == 2
+    on_0 = s.submit("alice", "server", SliceSpec(kind=SliceKind.WHOLE, count=2, model=A100_40), now=2)
+    waiting = s.submit("bob", "server", SliceSpec(kind=SliceKind.WHOLE, count=2, model=A100_40), now=3)
+    assert waiting.state is LeaseState.QUEUED
+    s.nodes_changed(nodes_of(h), now=4)  # node1 joins
+    assert s.lease(waiting.id).state is LeaseState.GRANTED
+    assert s.lease(on_0.id).state is LeaseState.GRANTED
+    s.nodes_changed(nodes_of(h)[1:], now=5)  # node0 is deleted
+    ended = s.lease(on_0.id)
+    assert (ended.state, ended.reason) == (LeaseState.EXPIRED, "node node0 left the cluster")
+    assert s.lease(waiting.id).state is LeaseState.GRANTED
+
+
+def test_outside_holds_survive_a_reload(harness):
+    h = harness(fleet({"model": A100_40, "count": 8}, nodes=2))
+    s = h.scheduler
+    s.nodes_changed(nodes_of(h, 1), now=1)
+    s.outside_use("pod:t/x", OutsideUse("pod:t/x", "node0", whole=8), now=2)
+    s.nodes_changed(nodes_of(h), now=3)
+    assert s.submit("a", "server", WHOLE8, now=4).slice.node == "node1"
+    assert s.submit("b", "server", WHOLE8, now=5).state is LeaseState.QUEUED
