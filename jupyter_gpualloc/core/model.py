@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
 from .holders import job_holder
 
@@ -132,6 +132,22 @@ class Node:
     memory_mib: int
     gpus: list[Gpu] = field(default_factory=list)
     unschedulable: str | None = None
+
+
+@dataclass(frozen=True)
+class OutsideUse:
+    """What one outside holder (a workload the allocator did not place, named by a key that is never
+    a lease id) takes on a node: whole GPUs, shares (milli of one GPU each, as time-sliced
+    replicas are) and MIG devices by profile name."""
+
+    key: str
+    node: str
+    whole: int = 0
+    shares: tuple[int, ...] = ()
+    mig: Mapping[str, int] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.whole or self.shares or any(self.mig.values()))
 
 
 @dataclass(frozen=True)

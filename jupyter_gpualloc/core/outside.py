@@ -11,28 +11,12 @@ goes through the scheduler's journal, so a change undone puts the holds back too
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
 
 from .fleet_state import FleetState, GpuState
 from .journal import SchedulerJournal
-from .model import MILLI_PER_GPU
+from .model import MILLI_PER_GPU, OutsideUse
 from .placement import Demand
-
-
-@dataclass(frozen=True)
-class OutsideUse:
-    """What one outside holder takes on a node: whole GPUs, shares (milli of one GPU each, as
-    time-sliced replicas are) and MIG devices by profile name."""
-
-    key: str
-    node: str
-    whole: int = 0
-    shares: tuple[int, ...] = ()
-    mig: Mapping[str, int] = field(default_factory=dict)
-
-    def is_empty(self) -> bool:
-        return not (self.whole or self.shares or any(self.mig.values()))
 
 
 @dataclass

@@ -35,13 +35,13 @@ from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, UndoLog, unreadable
-from .model import Event, Lease, LeaseState, MigMode, Node, PriorityClass, SliceKind, SliceSpec, \
+from .model import Event, Lease, LeaseState, MigMode, Node, OutsideUse, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_name
 from .placement import get_policy
 from .plans import Plan, Plans, demand, host_demand, slice_demand
 from .policy import SchedulerPolicy
 from .mig_instances import MigInstances
-from .outside import OutsideHolds, OutsideUse
+from .outside import OutsideHolds
 from .cluster_sync import ClusterSync
 from .queue_order import QueueOrder
 from .quotas import quota_block

@@ -1,6 +1,8 @@
 """GPUKubeSpawner: KubeSpawner whose pods run on the lease's node with the lease's GPU resources.
 
-From a granted lease the pod gets: required node affinity to the lease's node; the NVIDIA device
+From a granted lease the pod gets: the lease's id as the label `gpualloc.jupyter.org/lease` (the
+service ties the lease to the pod: a pod deleted or ended releases it, a lease ended deletes the
+pod, a pod that cannot be scheduled ends it); required node affinity to the lease's node; the NVIDIA device
 plugin's extended resources (`nvidia.com/mig-<profile>` in the mixed MIG strategy or
 `nvidia.com/gpu` in the single one, `nvidia.com/gpu` x count for whole GPUs, and configurable
 names for shared slices such as time-sliced `nvidia.com/gpu.shared` or HAMi's
@@ -19,6 +21,7 @@ from typing import Any, Mapping
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
 
+from ..core.devices.kubernetes import LEASE_LABEL
 from .mixin import GPUSpawnerMixin
 
 MIB_PER_GIB = 1024
@@ -113,7 +116,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         }
 
     async def get_pod_manifest(self):
-        """KubeSpawner's pod, with the lease's node affinity, GPU resources and tolerations added."""
+        """KubeSpawner's pod, with the lease's label, node affinity, GPU resources and tolerations added."""
         self._gpu_init()
         added = self.gpu_pod_settings()
         saved = {name: getattr(self, name) for name in added}
@@ -121,10 +124,13 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.extra_resource_limits = {**saved["extra_resource_limits"], **added["extra_resource_limits"]}
             self.node_affinity_required = _merged(saved["node_affinity_required"], added["node_affinity_required"])
             self.tolerations = _merged(saved["tolerations"], added["tolerations"])
-            return await super().get_pod_manifest()
+            pod = await super().get_pod_manifest()
         finally:
             for name, value in saved.items():
                 setattr(self, name, value)
+        if self._gpu_lease:
+            pod.metadata.labels = {**(pod.metadata.labels or {}), LEASE_LABEL: self._gpu_lease["id"]}
+        return pod
 
 
 def _merged(configured: list | dict, extra: list) -> list | dict:

@@ -33,12 +33,14 @@ from traitlets.config import Application
 
 from ..core.devices import BACKENDS
 from ..core.devices.base import DeviceError, DeviceUnavailable
+from ..core.devices.kubernetes import KubernetesBackend
 from ..core.policy import SchedulerPolicy
 from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
 from . import handlers as h
 from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
 from .checkpoint import WalCheckpointer
+from .cluster import ClusterReconciler
 from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .metrics import ServiceMetrics
@@ -294,6 +296,10 @@ class GpuAllocService(Application):
         a lease's last activity is kept in memory until then; a restart goes on from the last one written).""",
     ).tag(config=True)
     max_wait = Float(60.0, help="The longest a POST /leases long-poll (`wait`) is held, in seconds.").tag(config=True)
+    pod_unschedulable_timeout = Float(
+        300.0, help="""With the kubernetes backend: seconds a lease's pod may stay unschedulable (the
+        kube-scheduler cannot place it) before the lease ends with the kube-scheduler's message.""",
+    ).tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
         True, help="Whether /metrics needs admin credentials (turn off for a scraper inside a trusted network).",
@@ -394,6 +400,12 @@ class GpuAllocService(Application):
         self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
         self.metrics = ServiceMetrics(self.scheduler, self.core.usage, self.policy.usage_metrics_per_user)
         self.broker.add_listener(self.metrics.observe)
+        self.cluster = None
+        if isinstance(self.device_backend, KubernetesBackend):
+            self.cluster = ClusterReconciler(self.scheduler, self.device_backend,
+                                             pod_unschedulable_timeout=self.pod_unschedulable_timeout)
+            self.metrics.cluster_stale.set_function(
+                lambda: 0.0 if self.cluster.stale_since is None else time.time() - self.cluster.stale_since)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
         self.hub_auth = None
         if hub_mode:
@@ -407,7 +419,7 @@ class GpuAllocService(Application):
             scheduler=self.scheduler, jobs=self.jobs, usage=self.core.usage, broker=self.broker,
             metrics=self.metrics, authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
-            authenticate_prometheus=self.authenticate_prometheus,
+            authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
         self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret, self.trusted_proxies)
@@ -415,6 +427,8 @@ class GpuAllocService(Application):
     def tick(self) -> None:
         with self.metrics.timed("tick"):
             self.core.tick(time.time())
+            if self.cluster is not None:
+                self.cluster.tick()
 
     def write_activity(self) -> None:
         self.scheduler.write_activity(time.time())
@@ -426,6 +440,8 @@ class GpuAllocService(Application):
         if self.sqlite_checkpoint_interval > 0 and self.store.url.startswith("sqlite"):
             checkpointer = WalCheckpointer(self.store, self.sqlite_checkpoint_interval, self.log)
             checkpointer.start()
+        if self.cluster is not None:
+            await self.cluster.start()  # the cluster's pods are in the view before the first request
         server = HTTPServer(self.web_app)  # forwarded headers: ServiceApplication
         server.listen(self.port, self.ip)
         ticker = PeriodicCallback(self.tick, self.tick_interval * 1000)
@@ -444,6 +460,8 @@ class GpuAllocService(Application):
         activity.stop()
         self.write_activity()
         server.stop()
+        if self.cluster is not None:
+            await self.cluster.close()
         self.broker.close()
         if checkpointer is not None:
             checkpointer.stop()

@@ -56,6 +56,7 @@ class ServiceContext:
     jobs: Any = None  # core.jobs.Jobs: the job records over the same scheduler
     usage: Any = None  # core.usage.UsageLedger: usage reports, windows and quotas over the same leases
     group: GroupCommit | None = None  # lease changes of one IOLoop turn in one transaction
+    cluster: Any = None  # service.cluster.ClusterReconciler with the kubernetes backend: the cluster's view
 
     def __post_init__(self) -> None:
         if self.group is None:
@@ -247,8 +248,11 @@ class HealthHandler(ApiHandler):
     auth_required = False
 
     def get(self) -> None:
-        self.write_json({"status": "ok", "version": _package_version(), "backend": self.ctx.backend_name,
-                         "gpus": self.scheduler.gpu_count()})
+        health = {"status": "ok", "version": _package_version(), "backend": self.ctx.backend_name,
+                  "gpus": self.scheduler.gpu_count()}
+        if self.ctx.cluster is not None:
+            health["cluster"] = self.ctx.cluster.status()
+        self.write_json(health)
 
 
 class UserHandler(ApiHandler):
@@ -256,21 +260,30 @@ class UserHandler(ApiHandler):
         self.write_json(self.identity.to_json())
 
 
+OUTSIDE = "outside the allocator"  # what a user reads for a pod the allocator did not place
+
+
 class InventoryHandler(ApiHandler):
     def get(self) -> None:
         """Each held slice names its lease, user and holder: all of them for an admin, the
-        caller's own for a user (another user's lease reads 'other')."""
+        caller's own for a user (another user's lease reads 'other'; a pod the allocator did not
+        place reads 'outside the allocator' but for an admin, who sees its namespace/name)."""
         inventory = self.scheduler.inventory()
         whose = None if self.identity.admin else self.identity.user
         visible = {l.id: l for l in self.scheduler.leases(whose) + self.scheduler.returning(whose)}
         for node in inventory["nodes"]:
             for gpu in node["gpus"]:
                 for held in gpu.get("instances", []) + gpu.get("shares", []):
+                    if held.get("outside") and not self.identity.admin:
+                        held["outside"] = OUTSIDE
                     lease = visible.get(held.get("lease_id"))
                     if lease is not None:
                         held.update(user=lease.user, holder=lease.holder)
                     elif held.get("lease_id") is not None:
                         held["lease_id"] = "other"
+        if not self.identity.admin:
+            for entry in inventory.get("over_committed", []):
+                entry["outside"] = OUTSIDE
         self.write_json(inventory)
 
 

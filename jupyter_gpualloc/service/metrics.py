@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.model import Event, LeaseState, PriorityClass
@@ -119,6 +119,9 @@ class ServiceMetrics:
         self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
         self.jobs = Counter("gpualloc_jobs", "Job state changes (queued, started, succeeded, failed, preempted, ...) "
                             "by priority class.", ["event", "priority"], registry=self.registry)
+        self.cluster_stale = Gauge("gpualloc_cluster_stale_seconds",
+                                   "Seconds the Kubernetes view has been stale (the API server unreachable); 0 when current.",
+                                   registry=self.registry)
         self.job_wait = Histogram("gpualloc_job_queue_wait_seconds",
                                   "Seconds from a job's submission to the start of each of its attempts.",
                                   ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)

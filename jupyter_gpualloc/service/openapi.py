@@ -163,6 +163,8 @@ SCHEMAS: dict[str, Any] = {
             "nodes": {"type": "array", "items": {
                 "type": "object", "required": ["name", "gpus"],
                 "properties": {"name": {"type": "string"}, "cpu_milli": {"type": "integer"},
+                               "unschedulable": {"type": ["string", "null"],
+                                                 "description": "Why nothing new goes there (cordoned, not Ready)."},
                                "memory_mib": {"type": "integer"}, "free_cpu_milli": {"type": "integer"},
                                "free_memory_mib": {"type": "integer"},
                                "gpus": {"type": "array", "items": _ref("Gpu")}}}},
@@ -170,6 +172,10 @@ SCHEMAS: dict[str, Any] = {
             "unusable_nodes": {"type": "array", "items": {
                 "type": "object", "required": ["name", "reason"],
                 "properties": {"name": {"type": "string"}, "reason": {"type": "string"}}}},
+            "over_committed": {"type": "array", "description": (
+                "Outside holders (GPU pods the allocator did not place) whose devices found no free one."),
+                "items": {"type": "object", "properties": {
+                    "outside": {"type": "string"}, "unplaced": {"type": "array", "items": {"type": "string"}}}}},
         },
     },
     "Gpu": {
@@ -178,6 +184,7 @@ SCHEMAS: dict[str, Any] = {
             "uuid": {"type": "string"}, "index": {"type": "integer"}, "model": {"type": "string"},
             "memory_mib": {"type": "integer"}, "mig_mode": {"enum": ["off", "static", "dynamic"]},
             "drained": {"type": "boolean"},
+            "cordoned": {"type": ["string", "null"], "description": "Why its node takes nothing new, if so."},
             "instances": {"type": "array", "items": {"type": "object"}},
             "memory_slices": {"type": "integer"}, "compute_slices": {"type": "integer"},
             "free_memory_slices": {"type": "integer"}, "free_compute_slices": {"type": "integer"},
@@ -186,7 +193,9 @@ SCHEMAS: dict[str, Any] = {
             "free_memory_mib": {"type": "integer"}, "free_milli": {"type": "integer"},
             "whole_free": {"type": "boolean"},
         },
-        "description": "Lease ids of other users' slices read 'other' unless the caller is an admin.",
+        "description": ("Lease ids of other users' slices read 'other' unless the caller is an admin. An instance or "
+                        "share held outside the allocator (a GPU pod it did not place) has `outside`: the pod's "
+                        "namespace/name for an admin, 'outside the allocator' for others."),
     },
     "Offers": {"type": "object", "required": ["offers"], "properties": {"offers": {"type": "array", "items": {
         "type": "object", "required": ["name", "label", "spec", "available"],
@@ -196,7 +205,10 @@ SCHEMAS: dict[str, Any] = {
                                       "description": "The caller's quota never allows this offer: 'at most 20 GiB'."}}}}}},
     "Health": {"type": "object", "required": ["status"],
                "properties": {"status": {"const": "ok"}, "version": {"type": "string"},
-                              "backend": {"type": "string"}, "gpus": {"type": "integer"}}},
+                              "backend": {"type": "string"}, "gpus": {"type": "integer"},
+                              "cluster": {"type": "string", "description": (
+                                  "With the kubernetes backend: 'current', or 'stale since <UTC time>' while "
+                                  "the API server cannot be reached (the service decides from its last view).")}}},
     "Identity": {"type": "object", "required": ["user", "admin", "groups"],
                  "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
                                 "groups": {"type": "array", "items": {"type": "string"}}}},

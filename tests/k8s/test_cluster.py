@@ -203,10 +203,10 @@ def test_a_cordoned_node_is_unschedulable(k8s_cluster, namespace):
             scheduled = await until(verdict, what="the scheduler's verdict")
             assert "unschedulable" in scheduled.message
 
-            # The backend leaves a cordoned node out.
+            # The backend reads a cordoned node as unschedulable (the scheduler drains it).
             backend = KubernetesBackend.from_cluster(kubeconfig=k8s_cluster.kubeconfig)
-            names = await asyncio.to_thread(lambda: sorted(n.name for n in backend.discover()))
-            assert "gpu-a100-1" not in names and "gpu-l4-1" in names
+            nodes = await asyncio.to_thread(lambda: {n.name: n.unschedulable for n in backend.discover()})
+            assert nodes["gpu-a100-1"] == "cordoned" and nodes["gpu-l4-1"] is None
         finally:
             await core.patch_node("gpu-a100-1", {"spec": {"unschedulable": False}})
 

@@ -18,22 +18,29 @@ otherwise the advertised MIG devices are packed onto the node's MIG GPUs by coun
 same instance counts are interchangeable), in time polynomial in the device counts. Pods get their
 devices from the device plugin, so the GPU and MIG UUIDs here are stable identifiers for the
 scheduler's bookkeeping (derived from node name and index), not driver UUIDs; spawners request
-extended resources rather than setting CUDA_VISIBLE_DEVICES. Cordoned and not-Ready nodes, and
-nodes without NVIDIA resources, are left out. A node that cannot be read (a MIG model the
+extended resources rather than setting CUDA_VISIBLE_DEVICES. Cordoned and not-Ready nodes are
+read with the reason (`Node.unschedulable`: the scheduler drains them); nodes without NVIDIA
+resources are left out. A node that cannot be read (a MIG model the
 catalogue lacks, devices that fit no legal layout) is logged, listed by `unusable_nodes()` and
 skipped; the rest of the cluster is served. Each node is read again only when what is read from
 it changes.
+
+Pods are read here too (the service's watch, service/cluster_watch.py, holds them): what a bound,
+unfinished GPU pod the allocator did not place holds of its node (`outside_use`), and what a pod
+made for a lease (label `gpualloc.jupyter.org/lease`) says of itself (`own_pod`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import calendar
 import concurrent.futures
 import copy
 import dataclasses
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -41,12 +48,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .. import mig
 from ..fleet import gpu_uuid, mig_uuid
-from ..model import Gpu, MigInstance, MigMode, MigProfile, Node
+from ..model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, OutsideUse
 from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess, UnusableNode
 
 log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
 _MIG_RESOURCE = re.compile(rf"^nvidia\.com/mig-({_PROFILE})(?:\.shared)?$")
@@ -88,6 +96,7 @@ class _Reading:
     node: Node | None
     profiles: dict[str, dict[int, MigProfile]] = field(default_factory=dict)
     problem: str | None = None
+    labels: "_Labels | None" = None
 
 
 class KubernetesBackend(DeviceBackend):
@@ -124,10 +133,15 @@ class KubernetesBackend(DeviceBackend):
 
     def discover(self) -> list[Node]:
         """Every usable GPU node; a node is read again only when what is read from it changed."""
+        return self.read_nodes(self._list_nodes())
+
+    def read_nodes(self, objects: Iterable[Mapping[str, Any]]) -> list[Node]:
+        """The usable GPU nodes these Node objects describe (the cluster's nodes now, as a watch
+        holds them); a node is read again only when what is read from it changed."""
         fleet, unusable, readings, profiles = [], [], {}, {}
-        for raw in self._list_nodes():
+        for raw in objects:
             name = str((raw.get("metadata") or {}).get("name") or "")
-            key = _reading_key(raw)
+            key = reading_key(raw)
             cached = self._readings.get(name)
             reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name)
             readings[name] = (key, reading)
@@ -141,6 +155,36 @@ class KubernetesBackend(DeviceBackend):
 
     def unusable_nodes(self) -> list[UnusableNode]:
         return list(self._unusable)
+
+    def outside_use(self, pod: Mapping[str, Any]) -> OutsideUse | None:
+        """What a pod bound to a GPU node and not finished holds of that node's devices, as read
+        when its node was last read (None: nothing). Whole GPUs on nodes without replicas; a
+        share per replica of a time-sliced GPU; MIG devices by profile (under the single
+        strategy `nvidia.com/gpu` counts MIG devices)."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        node = spec.get("nodeName")
+        cached = self._readings.get(node or "")
+        if not node or status.get("phase") in ("Succeeded", "Failed") or cached is None or cached[1].labels is None:
+            return None
+        labels, gpus = cached[1].labels, 0
+        mig_devices: dict[str, int] = {}
+        for resource, count in pod_resources(spec).items():
+            if resource in GPU_RESOURCES:
+                gpus += count
+            elif match := _MIG_RESOURCE.match(resource):
+                profile = _profile_name(match.group(1))
+                replicas = max(labels.mig.get(profile, {}).get("replicas") or 1, 1)
+                mig_devices[profile] = mig_devices.get(profile, 0) + -(-count // replicas)
+        product = _PRODUCT.match(labels.product)
+        if gpus and labels.strategy == "single" and product.group(2):
+            mig_devices[_profile_name(product.group(2))] = -(-gpus // labels.replicas)
+            gpus = 0
+        metadata = pod.get("metadata") or {}
+        use = OutsideUse(f"pod:{metadata.get('namespace')}/{metadata.get('name')}", node,
+                         whole=gpus if labels.replicas == 1 else 0,
+                         shares=(MILLI_PER_GPU // labels.replicas,) * gpus if labels.replicas > 1 else (),
+                         mig=mig_devices)
+        return None if use.is_empty() else use
 
     def mig_profiles(self, gpu_uuid: str) -> dict[int, MigProfile]:
         if gpu_uuid not in self._profiles:
@@ -161,6 +205,64 @@ class KubernetesBackend(DeviceBackend):
         return []
 
 
+@dataclass(frozen=True)
+class OwnPod:
+    """A pod made for a lease, as the cluster shows it. `unschedulable` is the kube-scheduler's
+    message while it cannot place the pod, `unschedulable_since` when it first said so."""
+
+    lease_id: str
+    namespace: str
+    name: str
+    phase: str
+    node: str | None
+    deleting: bool
+    unschedulable: str | None = None
+    unschedulable_since: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"pod:{self.namespace}/{self.name}"
+
+
+def own_pod(pod: Mapping[str, Any]) -> OwnPod | None:
+    """The lease pod a Pod object is, or None for a pod not made for a lease."""
+    metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    lease_id = (metadata.get("labels") or {}).get(LEASE_LABEL)
+    if not lease_id:
+        return None
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    refused = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
+    return OwnPod(lease_id, metadata.get("namespace", ""), metadata.get("name", ""), status.get("phase", "Pending"),
+                  spec.get("nodeName"), bool(metadata.get("deletionTimestamp")),
+                  scheduled.get("message") or "unschedulable" if refused else None,
+                  _timestamp(scheduled.get("lastTransitionTime")) if refused else None)
+
+
+def _timestamp(text: str | None) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as the API server writes it (UTC, 'Z')."""
+    if not text:
+        return None
+    return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+
+
+def pod_resources(spec: Mapping[str, Any]) -> dict[str, int]:
+    """The NVIDIA device counts a pod spec asks for: its containers' together, or an init
+    container's where that is more (extended resources are set as limits; requests equal them)."""
+    def of(container: Mapping[str, Any]) -> dict[str, int]:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        return {k: int(parse_quantity(v)) for k, v in asked.items() if k in GPU_RESOURCES or _MIG_RESOURCE.match(k)}
+
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for resource, count in of(container).items():
+            total[resource] = total.get(resource, 0) + count
+    for container in spec.get("initContainers") or []:
+        for resource, count in of(container).items():
+            total[resource] = max(total.get(resource, 0), count)
+    return total
+
+
 def node_from_object(raw: Mapping[str, Any]) -> Node | None:
     """The Node (with its GPUs) a Kubernetes Node object describes, or None for nodes to skip;
     DeviceError for a node that cannot be read."""
@@ -176,7 +278,7 @@ def _read(raw: Mapping[str, Any], name: str) -> _Reading:
         return _Reading(None, problem=str(exc))
 
 
-def _reading_key(raw: Mapping[str, Any]) -> Any:
+def reading_key(raw: Mapping[str, Any]) -> Any:
     """Everything `_read_node` looks at, so an unchanged key means an unchanged reading."""
     metadata, status = raw.get("metadata") or {}, raw.get("status") or {}
     labels = metadata.get("labels") or {}
@@ -219,8 +321,6 @@ def _read_node(raw: Mapping[str, Any]) -> _Reading:
     name = metadata.get("name")
     if not name:
         raise DeviceError("a Kubernetes Node object without metadata.name")
-    if (raw.get("spec") or {}).get("unschedulable") or not _ready(status):
-        return _Reading(None)
     labels = _Labels.of(name, metadata.get("labels") or {})
     allocatable: Mapping[str, Any] = status.get("allocatable") or {}
     advertised = sum(_count(allocatable.get(r, 0), name, r) for r in GPU_RESOURCES)
@@ -234,7 +334,8 @@ def _read_node(raw: Mapping[str, Any]) -> _Reading:
     if advertised == 0 and not mig_devices:
         return _Reading(None)
     reading = _Reading(Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
-                            memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20)))
+                            memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20),
+                            unschedulable=_unschedulable(raw)), labels=labels)
     product = _PRODUCT.match(labels.product)
     model_name, single_profile = _VENDOR.sub("", product.group(1)), product.group(2)
     hami = _hami_gpus(metadata.get("annotations") or {}, name)
@@ -494,6 +595,15 @@ def _label_int(labels: Mapping[str, str], key: str, node: str) -> int | None:
         raise DeviceError(f"node {node}: label {key} is not an integer: {value!r}") from None
 
 
+def _unschedulable(raw: Mapping[str, Any]) -> str | None:
+    """Why nothing new may run on the node (cordoned, not Ready), or None."""
+    if (raw.get("spec") or {}).get("unschedulable"):
+        return "cordoned"
+    if not _ready(raw.get("status") or {}):
+        return "not Ready"
+    return None
+
+
 def _ready(status: Mapping[str, Any]) -> bool:
     conditions = status.get("conditions")
     if not conditions:
@@ -530,8 +640,8 @@ def _profile(model: mig.GpuModel, profile_name: str, node: str) -> MigProfile:
         raise DeviceError(f"node {node}: {model.name} has no MIG profile {profile_name!r}") from None
 
 
-async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None,
-                              timeout: float) -> list[dict[str, Any]]:
+async def cluster_configuration(kubeconfig: str | None) -> Any:
+    """A kubernetes_asyncio Configuration: the kubeconfig when given, else in-cluster, else the default kubeconfig."""
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.config import ConfigException
 
@@ -543,7 +653,14 @@ async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException:
             await config.load_kube_config(client_configuration=configuration)
-    async with client.ApiClient(configuration) as api:
+    return configuration
+
+
+async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None,
+                              timeout: float) -> list[dict[str, Any]]:
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await cluster_configuration(kubeconfig)) as api:
         kwargs: dict[str, Any] = {"_request_timeout": timeout}
         if label_selector:
             kwargs["label_selector"] = label_selector

@@ -40,8 +40,11 @@ def test_parse_quantity_rejects_garbage():
         parse_quantity("12 apples")
 
 
-def test_gpu_nodes_only(fleet):
-    assert sorted(fleet) == ["a100-mixed", "a100-single", "h100-half-mig", "l4-pool-1", "t4-shared"]
+def test_gpu_nodes_only_with_cordoned_and_not_ready_ones_marked_unschedulable(fleet):
+    assert sorted(fleet) == ["a100-mixed", "a100-single", "h100-half-mig", "l4-cordoned", "l4-notready",
+                             "l4-pool-1", "t4-shared"]
+    assert {name: node.unschedulable for name, node in fleet.items() if node.unschedulable} == {
+        "l4-cordoned": "cordoned", "l4-notready": "not Ready"}
 
 
 def test_mixed_strategy_mig_devices_become_static_instances(fleet):
@@ -154,7 +157,7 @@ def test_from_cluster_lists_nodes_with_kubernetes_asyncio(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    assert names == ["a100-mixed", "h100-half-mig", "a100-single", "l4-pool-1", "t4-shared"]
+    assert names == ["a100-mixed", "h100-half-mig", "a100-single", "l4-pool-1", "t4-shared", "l4-cordoned", "l4-notready"]
     path, _, query = server.paths[0].partition("?")
     assert path == "/api/v1/nodes" and parse_qs(query)["labelSelector"] == ["nvidia.com/gpu.present=true"]
 

@@ -1,0 +1,147 @@
+"""The Kubernetes cluster kept in step with the core: what the watch sees becomes the scheduler's
+calls, and every lease is tied to the pod made for it.
+
+- Nodes and pods the allocator did not place reach `Scheduler.nodes_changed` and
+  `Scheduler.outside_use` (ClusterWatch reports them on the IOLoop; no decision reads the cluster).
+- A lease's pod deleted, `Failed` or `Succeeded` releases the lease (its holder is gone), saying so.
+- A lease that ended while its pod remains has the pod deleted: the spawner's own stop usually
+  did it first; this is the backstop, logged.
+- A pod the kube-scheduler cannot place for `pod_unschedulable_timeout` seconds ends its lease
+  with the kube-scheduler's message, and is deleted.
+- While the API server cannot be reached the core goes on deciding from its last view, and
+  `stale_since` says since when (/health, the gpualloc_cluster_stale metric).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from ..core.devices.kubernetes import KubernetesBackend
+from ..core.devices.kubernetes import OwnPod
+from .cluster_watch import ClusterWatch
+from ..core.errors import NotFound, StoreFailed
+from ..core.model import Event, LeaseState, Node, OutsideUse
+from ..core.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+ENDED = frozenset({"lease.released", "lease.expired", "lease.preempted", "lease.cancelled"})
+
+
+class ClusterReconciler:
+    """Listens to a ClusterWatch and the scheduler's events; acts for the leases' pods."""
+
+    def __init__(self, scheduler: Scheduler, backend: KubernetesBackend, *, kubeconfig: str | None = None,
+                 pod_unschedulable_timeout: float = 300.0, clock: Callable[[], float] = time.time):
+        self.scheduler, self.clock = scheduler, clock
+        self.pod_unschedulable_timeout = pod_unschedulable_timeout
+        self.watch = ClusterWatch(backend, self, kubeconfig=kubeconfig)
+        self.stale_since: float | None = None
+        self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
+        self._deleting: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        scheduler.subscribe(self._on_event)
+
+    async def start(self, sync_timeout: float = 120.0) -> None:
+        """Watch the cluster; returns once nodes and pods were listed once and applied."""
+        await self.watch.start()
+        await self.watch.synced(sync_timeout)
+
+    async def close(self) -> None:
+        await self.watch.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def status(self) -> str:
+        """'current', or 'stale since <UTC time>' while the API server cannot be reached."""
+        if self.stale_since is None:
+            return "current"
+        return "stale since " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.stale_since))
+
+    # ----------------------------------------------------- the watch's reports
+    def nodes_changed(self, nodes: list[Node]) -> None:
+        self._core(self.scheduler.nodes_changed, nodes)
+
+    def outside_use(self, key: str, use: OutsideUse | None) -> None:
+        self._core(self.scheduler.outside_use, key, use)
+
+    def own_pod(self, key: str, pod: OwnPod | None) -> None:
+        known = self._pods.pop(key, None)
+        if pod is None:
+            self._deleting.discard(key)
+            if known is not None:
+                self._end(known.lease_id, f"its pod {known.namespace}/{known.name} was deleted")
+            return
+        self._pods[key] = pod
+        if pod.phase in ("Succeeded", "Failed"):
+            self._end(pod.lease_id, f"its pod {pod.namespace}/{pod.name} {pod.phase.lower()}")
+            self._delete(pod, "it has ended")
+        elif not self._lease_active(pod.lease_id):
+            self._delete(pod, f"its lease {pod.lease_id} has ended")
+
+    def stale(self, since: float | None) -> None:
+        self.stale_since = since
+
+    # ---------------------------------------------------------------- leases
+    def tick(self) -> None:
+        """End the leases whose pods the kube-scheduler could not place for too long."""
+        now = self.clock()
+        for pod in list(self._pods.values()):
+            since = pod.unschedulable_since
+            if since is None or pod.node or now - since < self.pod_unschedulable_timeout:
+                continue
+            self._end(pod.lease_id, f"its pod could not be scheduled for {now - since:.0f} s: {pod.unschedulable}")
+            self._delete(pod, "it could not be scheduled")
+
+    def _on_event(self, event: Event) -> None:
+        if event.type not in ENDED or event.lease_id is None:
+            return
+        for pod in [p for p in self._pods.values() if p.lease_id == event.lease_id]:
+            self._delete(pod, f"its lease ended ({event.data.get('reason', event.type)})")
+
+    def _lease_active(self, lease_id: str) -> bool:
+        try:
+            lease = self.scheduler.lease(lease_id)
+        except (NotFound, StoreFailed):
+            return False
+        return lease.state in (LeaseState.QUEUED, LeaseState.GRANTED)
+
+    def _end(self, lease_id: str, reason: str) -> None:
+        """Release a lease whose pod is gone or hopeless (its holder is gone with it)."""
+        try:
+            lease = self.scheduler.lease(lease_id)
+        except (NotFound, StoreFailed):
+            return
+        if lease.state in (LeaseState.QUEUED, LeaseState.GRANTED) or lease.returning:
+            log.info("lease %s ends: %s", lease_id, reason)
+            self._core(self.scheduler.release, lease_id, reason=reason, holder_gone=True)
+
+    def _delete(self, pod: OwnPod, why: str) -> None:
+        if pod.key in self._deleting or pod.deleting:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no IOLoop (the core driven directly): the pod's next report deletes it
+            return
+        self._deleting.add(pod.key)
+        log.info("deleting pod %s/%s of lease %s: %s", pod.namespace, pod.name, pod.lease_id, why)
+        task = loop.create_task(self._delete_now(pod))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete_now(self, pod: OwnPod) -> None:
+        try:
+            await self.watch.delete_pod(pod.namespace, pod.name)
+        except Exception as err:  # the next report of the pod tries again
+            self._deleting.discard(pod.key)
+            log.warning("could not delete pod %s/%s: %s", pod.namespace, pod.name, err)
+
+    def _core(self, call, *args, **kwargs) -> None:
+        """One core call at the present time; a store failure is logged, and the next report retries."""
+        try:
+            call(*args, now=self.clock(), **kwargs)
+        except StoreFailed as err:
+            log.warning("the store refused a change from the cluster: %s", err)

@@ -1,0 +1,223 @@
+"""The cluster as it changes: a watch of its nodes and pods that tells a listener what changed.
+
+`ClusterWatch` lists the nodes and pods once, then watches both from the list's resourceVersion
+(with bookmarks, so a quiet watch still moves on); a watch that ends is resumed from the last
+version seen, and one the API server answers `410 Gone` lists again and reports the difference.
+While the API server cannot be reached it reports the view stale (and keeps retrying); what it
+reports then is the difference between its last view and the fresh one, so nothing is lost or
+reported twice across a break.
+
+What it reports, in the running event loop, to a `ClusterListener`:
+- the GPU nodes, as the backend reads them, whenever what is read from any node changed (labels,
+  allocatable, cordon, readiness) or a node came or went;
+- each pod the allocator did not create that holds GPU devices on a node (`OutsideUse`), when
+  that changes, and None when it ends;
+- each pod made for a lease (label `LEASE_LABEL`, core/devices/kubernetes.py), as an `OwnPod`, and
+  None once deleted.
+
+It decides nothing: the listener (the service) turns these into the scheduler's calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+from ..core.devices.kubernetes import KubernetesBackend, OwnPod, cluster_configuration, own_pod, reading_key
+from ..core.model import Node, OutsideUse
+
+log = logging.getLogger(__name__)
+
+
+class ClusterListener(Protocol):
+    def nodes_changed(self, nodes: list[Node]) -> None: ...
+    def outside_use(self, key: str, use: OutsideUse | None) -> None: ...
+    def own_pod(self, key: str, pod: OwnPod | None) -> None: ...
+    def stale(self, since: float | None) -> None: ...
+
+
+class _Resource:
+    """One watched kind: its objects by key, the version to resume from, and how to list and watch it."""
+
+    def __init__(self, kind: str, list_call: Callable[..., Any], key: Callable[[Mapping[str, Any]], str]):
+        self.kind, self.list_call, self.key = kind, list_call, key
+        self.objects: dict[str, Mapping[str, Any]] = {}
+        self.version: str | None = None
+
+
+class ClusterWatch:
+    """Lists, then watches, the cluster's nodes and pods for one listener (see the module's docstring)."""
+
+    def __init__(self, backend: KubernetesBackend, listener: ClusterListener, *, kubeconfig: str | None = None,
+                 retry_seconds: float = 1.0, watch_seconds: int = 300):
+        self.backend, self.listener = backend, listener
+        self._kubeconfig, self._retry, self._watch_seconds = kubeconfig, retry_seconds, watch_seconds
+        self._node_keys: dict[str, Any] = {}
+        self._outside: dict[str, OutsideUse] = {}
+        self._own: dict[str, OwnPod] = {}
+        self._stale_since: float | None = None
+        self._broken: set[str] = set()  # the kinds whose last request failed
+        self._synced = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._api: Any = None
+        self._core: Any = None
+
+    async def start(self) -> None:
+        """Open the client and start watching; returns at once (see synced())."""
+        from kubernetes_asyncio import client
+
+        self._api = client.ApiClient(await cluster_configuration(self._kubeconfig))
+        self._core = client.CoreV1Api(self._api)
+        nodes = _Resource("nodes", self._core.list_node, lambda o: o["metadata"]["name"])
+        pods = _Resource("pods", self._core.list_pod_for_all_namespaces,
+                         lambda o: f"pod:{o['metadata'].get('namespace')}/{o['metadata']['name']}")
+        self._resources = (nodes, pods)
+        self._tasks = [asyncio.create_task(self._follow(r), name=f"watch {r.kind}") for r in self._resources]
+
+    async def synced(self, timeout: float | None = None) -> None:
+        """Wait until both kinds were listed once and reported."""
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    @property
+    def stale_since(self) -> float | None:
+        return self._stale_since
+
+    async def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod made for a lease; False when it was gone already."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+        try:
+            await self._core.delete_namespaced_pod(name, namespace, _request_timeout=30)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._api is not None:
+            await self._api.close()
+
+    # -------------------------------------------------------------- watching
+    async def _follow(self, resource: _Resource) -> None:
+        """List, then watch from the list's version, forever; relist on 410, retry on errors."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+        import aiohttp
+
+        while True:
+            try:
+                if resource.version is None:
+                    await self._list(resource)
+                await self._watch(resource)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as err:
+                if err.status == 410:
+                    resource.version = None
+                    continue
+                self._mark_stale(resource, f"{err.status} {err.reason}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+                self._mark_stale(resource, repr(err))
+            await asyncio.sleep(self._retry)
+
+    async def _list(self, resource: _Resource) -> None:
+        response = await resource.list_call(_preload_content=False, _request_timeout=60)
+        listed = await response.json()
+        objects = {resource.key(o): o for o in listed.get("items") or []}
+        for key in set(resource.objects) - set(objects):
+            self._apply(resource, "DELETED", resource.objects[key])
+        for obj in objects.values():
+            self._apply(resource, "MODIFIED", obj)
+        resource.version = listed["metadata"]["resourceVersion"]
+        self._flush(resource)
+        self._mark_fresh(resource)
+        if all(r.version is not None for r in self._resources):
+            self._synced.set()
+
+    async def _watch(self, resource: _Resource) -> None:
+        """One watch request, applied batch by batch as its lines arrive."""
+        response = await resource.list_call(
+            watch=True, resource_version=resource.version, allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_seconds, _preload_content=False,
+            _request_timeout=self._watch_seconds + 30)
+        self._mark_fresh(resource)
+        buffered = b""
+        async for chunk in response.content.iter_any():
+            *lines, buffered = (buffered + chunk).split(b"\n")
+            for line in lines:
+                if line.strip() and not self._event(resource, json.loads(line)):
+                    return
+            self._flush(resource)
+
+    def _event(self, resource: _Resource, event: Mapping[str, Any]) -> bool:
+        """Apply one watch event; False when the watch must list again (410 Gone)."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                resource.version = None
+            else:
+                self._mark_stale(resource, str(obj.get("message")))
+            return False
+        resource.version = (obj.get("metadata") or {}).get("resourceVersion", resource.version)
+        if kind != "BOOKMARK":
+            self._apply(resource, kind, obj)
+        return True
+
+    def _apply(self, resource: _Resource, kind: str, obj: Mapping[str, Any]) -> None:
+        key = resource.key(obj)
+        if kind == "DELETED":
+            resource.objects.pop(key, None)
+        else:
+            resource.objects[key] = obj
+        if resource.kind == "pods":
+            self._pod_changed(key, None if kind == "DELETED" else obj)
+
+    def _flush(self, resource: _Resource) -> None:
+        """After a batch of node events: the nodes, if what is read from any of them changed."""
+        if resource.kind != "nodes":
+            return
+        keys = {name: reading_key(raw) for name, raw in resource.objects.items()}
+        if keys == self._node_keys:
+            return
+        self._node_keys = keys
+        nodes = self.backend.read_nodes(resource.objects.values())
+        self.listener.nodes_changed(nodes)
+        for key, raw in self._resources[1].objects.items():  # a pod's devices are read by its node's labels
+            self._pod_changed(key, raw)
+
+    def _pod_changed(self, key: str, pod: Mapping[str, Any] | None) -> None:
+        mine = own_pod(pod) if pod is not None else None
+        if mine is not None or key in self._own:
+            if self._own.get(key) != mine:
+                if mine is None:
+                    del self._own[key]
+                else:
+                    self._own[key] = mine
+                self.listener.own_pod(key, mine)
+            return
+        use = self.backend.outside_use(pod) if pod is not None else None
+        if self._outside.get(key) != use:
+            if use is None:
+                del self._outside[key]
+            else:
+                self._outside[key] = use
+            self.listener.outside_use(key, use)
+
+    def _mark_stale(self, resource: _Resource, why: str) -> None:
+        self._broken.add(resource.kind)
+        if self._stale_since is None:
+            self._stale_since = time.time()
+            log.warning("the cluster's view is stale: %s: %s", resource.kind, why)
+            self.listener.stale(self._stale_since)
+
+    def _mark_fresh(self, resource: _Resource) -> None:
+        self._broken.discard(resource.kind)
+        if self._stale_since is not None and not self._broken:
+            log.info("the cluster's view is current again")
+            self._stale_since = None
+            self.listener.stale(None)

@@ -1,0 +1,262 @@
+"""The service on the real control plane (--backend kubernetes): its view of nodes and pods stays
+true as the cluster changes, and every lease is tied to the pod made for it.
+
+The service reaches the API server through a TCP proxy the outage test cuts. Each test works on
+nodes of its own, and puts back what it changed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cuttable_proxy import CuttableProxy
+from tests.processes import start_logged, wait_until_ready
+from tests.service.conftest import ROOT, ServiceProcess
+
+from .test_cluster import KWOK_ANNOTATION, PHASE, gpu_pod, until
+
+client = pytest.importorskip("kubernetes_asyncio.client")
+
+LEASE_LABEL = "gpualloc.jupyter.org/lease"
+CONFIG = """
+c.SchedulerPolicy.heartbeat_ttl = 3600
+c.SchedulerPolicy.wait_for_holders = False
+c.GpuAllocService.tick_interval = 0.5
+c.GpuAllocService.pod_unschedulable_timeout = 3
+"""
+
+
+class ClusterService(ServiceProcess):
+    """The service with the kubernetes backend, on a kubeconfig that goes through `proxy`."""
+
+    def __init__(self, workdir: Path, kubeconfig: Path):
+        super().__init__(workdir, config=CONFIG)
+        self.kubeconfig = kubeconfig
+
+    def command(self) -> list[str]:
+        command = super().command()
+        at = command.index("--fleet")
+        return [*command[:at], "--backend", "kubernetes", *command[at + 2:]]
+
+    def start(self, timeout: float = 90) -> "ClusterService":
+        self.proc = start_logged(self.command(), self.workdir / "service.log", cwd=self.workdir,
+                                 env={**os.environ, "JUPYTERHUB_API_TOKEN": "", "KUBECONFIG": str(self.kubeconfig)})
+        wait_until_ready(self.proc, lambda: self.call("GET", "health").status == 200, "the service",
+                         self.log_tail, timeout)
+        return self
+
+
+@pytest.fixture(scope="module")
+def proxy(k8s_cluster):
+    config = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    server = config["clusters"][0]["cluster"]["server"]
+    proxy = CuttableProxy(int(server.rsplit(":", 1)[1]))
+    yield proxy
+    proxy.cut()
+
+
+@pytest.fixture(scope="module")
+def service(k8s_cluster, proxy, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("service-k8s")
+    config = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    svc = ClusterService(workdir, kubeconfig).start()
+    yield svc
+    svc.kill()
+
+
+def node_of(service, name: str) -> dict | None:
+    return next((n for n in service.call("GET", "inventory", token=ROOT).json()["nodes"] if n["name"] == name), None)
+
+
+def outside_on(service, name: str) -> list[str]:
+    node = node_of(service, name) or {"gpus": []}
+    return sorted(held["outside"] for gpu in node["gpus"]
+                  for held in gpu.get("shares", []) + gpu.get("instances", []) if held.get("outside"))
+
+
+def wait_for(check, timeout: float = 30.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def lease_state(service, lease_id: str) -> dict:
+    return service.call("GET", f"leases/{lease_id}", token=ROOT).json()
+
+
+def request(service, spec: dict, holder: str) -> dict:
+    reply = service.call("POST", "leases", {"spec": spec, "holder": holder}, ROOT)
+    assert reply.status in (201, 202), reply
+    return reply.json()
+
+
+def test_health_says_the_view_is_current(service):
+    health = service.call("GET", "health").json()
+    assert health["backend"] == "kubernetes" and health["cluster"] == "current"
+
+
+def test_a_foreign_pod_holding_the_node_makes_a_request_queue_until_it_is_deleted(service, k8s_cluster, namespace):
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        namespace, gpu_pod("train", {"nvidia.com/gpu": "4"}, node="gpu-a100-1")))
+    wait_for(lambda: outside_on(service, "gpu-a100-1") == [f"pod:{namespace}/train"] * 4,
+             what="the foreign pod's GPUs outside the allocator")
+    lease = request(service, {"kind": "whole", "count": 4, "node": "gpu-a100-1"}, "job:foreign")
+    assert lease["state"] == "queued"
+    users = service.call("GET", "inventory", token="alice-token-0001").json()
+    assert {h["outside"] for n in users["nodes"] for g in n["gpus"] for h in g.get("shares", []) if h.get("outside")} \
+        == {"outside the allocator"}
+
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_namespaced_pod("train", namespace, grace_period_seconds=0))
+    started = time.monotonic()
+    wait_for(lambda: lease_state(service, lease["id"])["state"] == "granted", what="the grant")
+    assert time.monotonic() - started < 10
+    service.call("DELETE", f"leases/{lease['id']}", token=ROOT)
+
+
+def test_foreign_mig_and_time_sliced_pods_take_their_devices(service, k8s_cluster, namespace):
+    async def create(api):
+        core = client.CoreV1Api(api)
+        await core.create_namespaced_pod(namespace, gpu_pod("mig", {"nvidia.com/mig-3g.40gb": "2"}, node="gpu-h100-mig-1"))
+        await core.create_namespaced_pod(namespace, gpu_pod("ts", {"nvidia.com/gpu": "3"}, node="gpu-l4-shared-1"))
+
+    k8s_cluster.run(create)
+    wait_for(lambda: len(outside_on(service, "gpu-h100-mig-1")) == 2 and outside_on(service, "gpu-l4-shared-1"),
+             what="the MIG and time-sliced pods' devices")
+    gpus = node_of(service, "gpu-h100-mig-1")["gpus"]
+    assert all(g["free_profiles"]["3g.40gb"] == 0 for g in gpus)
+    shared = node_of(service, "gpu-l4-shared-1")["gpus"]
+    assert sorted(g["free_milli"] for g in shared) == [250, 1000]  # three quarter-GPU replicas on the first
+
+
+def test_a_cordoned_node_drains_and_comes_back_when_uncordoned(service, k8s_cluster):
+    lease = None
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-l4-1", {"spec": {"unschedulable": True}}))
+    try:
+        wait_for(lambda: node_of(service, "gpu-l4-1")["unschedulable"] == "cordoned", what="the cordon")
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "job:cordon")
+        assert lease["state"] == "queued"
+    finally:
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-l4-1", {"spec": {"unschedulable": False}}))
+    wait_for(lambda: lease_state(service, lease["id"])["state"] == "granted", what="the grant once uncordoned")
+    service.call("DELETE", f"leases/{lease['id']}", token=ROOT)
+
+
+def test_a_node_added_serves_without_a_restart_and_its_deletion_ends_its_leases(service, k8s_cluster):
+    async def add(api):
+        core = client.CoreV1Api(api)
+        node = (await core.read_node("gpu-l4-1", _preload_content=False))
+        raw = await node.json()
+        new = {"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "gpu-l4-new", "labels": {**raw["metadata"]["labels"],
+                                                             "kubernetes.io/hostname": "gpu-l4-new"},
+                            "annotations": {KWOK_ANNOTATION: "fake"}},
+               "spec": {}, "status": {"allocatable": raw["status"]["allocatable"],
+                                      "capacity": raw["status"]["capacity"]}}
+        await core.create_node(new)
+
+    k8s_cluster.run(add)
+    try:
+        wait_for(lambda: (node_of(service, "gpu-l4-new") or {"unschedulable": "absent"})["unschedulable"] is None,
+                 what="the new node, Ready, in the inventory")
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-new"}, "job:new-node")
+        assert lease["state"] == "granted"
+    finally:
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_node("gpu-l4-new"))
+    ended = wait_for(lambda: (l := lease_state(service, lease["id"]))["state"] != "granted" and l,
+                     what="the lease's end")
+    assert ended["state"] == "expired" and ended["reason"] == "node gpu-l4-new left the cluster"
+
+
+def lease_pod(lease: dict, name: str, resources: dict, node: str | None, phase: str = "Running") -> dict:
+    pod = gpu_pod(name, resources, node=node, labels={LEASE_LABEL: lease["id"]})
+    pod["metadata"]["annotations"] = {PHASE: phase}
+    return pod
+
+
+def test_deleting_a_leases_pod_releases_the_lease(service, k8s_cluster, namespace):
+    lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:deleted")
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        namespace, lease_pod(lease, "server-pod", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
+
+    async def running(api):
+        async def check():
+            return (await client.CoreV1Api(api).read_namespaced_pod("server-pod", namespace)).status.phase == "Running"
+        await until(check, what="the pod Running")
+        assert outside_on(service, "gpu-l4-1") == []  # the lease's own pod is not a foreign one
+        await client.CoreV1Api(api).delete_namespaced_pod("server-pod", namespace, grace_period_seconds=0)
+
+    k8s_cluster.run(running)
+    ended = wait_for(lambda: (l := lease_state(service, lease["id"]))["state"] != "granted" and l, what="the release")
+    assert ended["state"] == "released" and ended["reason"] == f"its pod {namespace}/server-pod was deleted"
+
+
+def test_a_lease_ended_by_the_core_has_its_pod_deleted(service, k8s_cluster, namespace):
+    lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:ended")
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        namespace, lease_pod(lease, "orphan", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
+    assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
+
+    async def gone(api):
+        async def check():
+            pods = await client.CoreV1Api(api).list_namespaced_pod(namespace)
+            return not [p for p in pods.items if p.metadata.name == "orphan"]
+        await until(check, what="the pod deleted")
+
+    k8s_cluster.run(gone)
+
+
+def test_an_unschedulable_pod_ends_its_lease_with_the_schedulers_message(service, k8s_cluster, namespace):
+    lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:stuck")
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        namespace, lease_pod(lease, "stuck", {"nvidia.com/gpu": "64"}, "gpu-l4-1")))
+    ended = wait_for(lambda: (l := lease_state(service, lease["id"]))["state"] != "granted" and l,
+                     timeout=60, what="the lease's end")
+    assert re.match(r"its pod could not be scheduled for \d+ s: .*Insufficient nvidia\.com/gpu", ended["reason"]), ended
+
+
+def test_an_outage_leaves_the_view_equal_to_a_fresh_list(service, k8s_cluster, proxy, namespace, tmp_path):
+    proxy.cut()
+    try:
+        wait_for(lambda: service.call("GET", "health").json()["cluster"].startswith("stale since"),
+                 what="the view marked stale")
+
+        async def change(api):  # while the service cannot see
+            core = client.CoreV1Api(api)
+            await core.create_namespaced_pod(namespace, gpu_pod("during", {"nvidia.com/gpu": "2"}, node="gpu-a100-1"))
+            await core.patch_node("gpu-t4-shared-1", {"spec": {"unschedulable": True}})
+
+        k8s_cluster.run(change)
+        time.sleep(1)
+    finally:
+        proxy.restore()
+    try:
+        wait_for(lambda: service.call("GET", "health").json()["cluster"] == "current", what="the view current again")
+        wait_for(lambda: outside_on(service, "gpu-a100-1") == [f"pod:{namespace}/during"] * 2
+                 and node_of(service, "gpu-t4-shared-1")["unschedulable"] == "cordoned",
+                 what="the changes made during the outage")
+        fresh = ClusterService(tmp_path / "fresh", Path(k8s_cluster.kubeconfig)).start()
+        try:
+            assert views(fresh) == views(service)
+        finally:
+            fresh.kill()
+    finally:
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-t4-shared-1", {"spec": {"unschedulable": False}}))
+
+
+def views(service) -> dict:
+    """What the service holds of the cluster: each node's schedulability and outside holds."""
+    nodes = service.call("GET", "inventory", token=ROOT).json()["nodes"]
+    return {n["name"]: (n["unschedulable"], outside_on(service, n["name"])) for n in nodes}
