@@ -7,7 +7,7 @@ import copy
 import dataclasses
 
 from jupyter_gpualloc.core.model import LeaseState, SliceKind, SliceSpec
-from jupyter_gpualloc.core.outside import OutsideUse
+from jupyter_gpualloc.core.model import OutsideUse
 
 from .conftest import A100_40, fleet
 
