@@ -7,8 +7,8 @@ from typing import Callable
 from .fleet_state import FleetState
 from .journal import SchedulerJournal
 from .lease_book import LeaseBook
-from .model import Lease, SliceKind
-from .plans import host_demand, slice_demand
+from .model import Lease, LeaseState, SliceKind, SliceSpec, SpecError
+from .plans import Plan, host_demand, slice_demand
 from .store import StoredState
 
 
@@ -76,3 +76,25 @@ def reattach(lease: Lease, fleet: FleetState) -> bool:
         fleet.changed(gs)
     fleet.view.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease))
     return True
+
+
+def recover_leases(state: StoredState, book: LeaseBook, plans_of: Callable[[SliceSpec], tuple[Plan, ...]],
+                   fleet: FleetState, now: float, *, end: Callable[..., None], emit: Callable[..., None],
+                   running: Callable[[Lease, float], None]) -> None:
+    """Hold the stored active leases again, on their slices (ended, when the fleet no longer has them);
+    `running(lease, now)` for each granted one that holds its slice again."""
+    for lease in sorted(state.leases, key=lambda l: l.seq):
+        lease.heartbeat_at = now
+        book.add(lease)
+        try:
+            book.plans[lease.id] = plans_of(lease.spec)
+        except SpecError as err:
+            end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}", holds=False)
+            continue
+        if lease.state is LeaseState.QUEUED:
+            book.queue.append(lease.id)
+        elif not reattach(lease, fleet):
+            emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
+            end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
+        else:
+            running(lease, now)

@@ -20,7 +20,6 @@ takes it instead). Time is always passed in by the caller. The errors the interf
 
 from __future__ import annotations
 
-import contextlib
 import math
 import secrets
 from typing import Callable, ContextManager, Iterable, Sequence
@@ -30,7 +29,7 @@ from .deadlines import Deadlines, ExtensionRefused
 from .devices.base import DeviceBackend
 from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
-from .fleet_state import FleetState, GpuState, node_shapes
+from .fleet_state import FleetState, GpuState
 from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
@@ -41,12 +40,11 @@ from .placement import get_policy
 from .plans import Plan, Plans, demand, host_demand, slice_demand
 from .policy import SchedulerPolicy
 from .mig_instances import MigInstances
-from .outside import OutsideHolds
-from .cluster_sync import ClusterSync
+from .fleet_changes import FleetChanges
 from .queue_order import QueueOrder
 from .quotas import quota_block
-from .recovery import reattach, reconcile_instances, recover_returning
-from .store import Store, StoreError, StoredState
+from .recovery import reattach, reconcile_instances, recover_leases, recover_returning
+from .store import Store, StoreError
 from .usage import UsageLedger
 
 DRAINED = "drained"  # how the reason of a request refused as its GPUs are drained begins
@@ -70,9 +68,7 @@ class Scheduler:
         self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._put_back_leases,
                                          self._destroy_released)
         self._instances = MigInstances(store, backend, self._fleet, self._journal)
-        self._outside = OutsideHolds(self._fleet, self._journal)
-        self._cluster = ClusterSync(self._fleet, self._book, self._journal, self._outside, self._plan_fleet,
-                                    lambda spec: self._plans.of(spec), self._emit, self._end, self._record_lease)
+        self._changes = FleetChanges(self, self._fleet, self._book, self._journal)
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         offers = self._plan_fleet()
@@ -402,43 +398,17 @@ class Scheduler:
 
     def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
         """Stop (or resume) granting new slices on a GPU; existing leases stay."""
-        gs = self._fleet.gpus.get(gpu_uuid)
-        if gs is None:
-            raise NotFound(f"no GPU {gpu_uuid}")
-        with self._journal.atomic(now):
-            self._journal.record_gpu(gs)
-            gs.drained_by_admin = drained
-            self._fleet.changed(gs)
-            self._journal.drains[gpu_uuid] = drained
-            self._emit("gpu.drained" if drained else "gpu.undrained", now, gpu=gpu_uuid)
-        if not drained:
-            self._settle(now)
+        self._changes.drain(gpu_uuid, drained, now)
 
     # ------------------------------------------------- the cluster's changes
     def nodes_changed(self, nodes: list[Node], *, now: float) -> None:
-        """The nodes are these now (a backend that watches its cluster says so). A node cordoned or
-        not Ready drains its GPUs until it is schedulable again; a node added, deleted or
-        reshaped reloads the fleet: the leases whose slices it no longer has end, saying why."""
-        if node_shapes(nodes) == self._fleet.shape:
-            if self._cluster.cordon(nodes, now):
-                self._settle(now)
-            return
-        if self.group_waiting:
-            with contextlib.suppress(StoreFailed):
-                self.commit_group()
-        with self._journal.atomic(now):
-            self._cluster.reload(nodes, now)
-            self._schedule(now)
+        """The nodes are these now (a backend that watches its cluster says so): see FleetChanges.nodes_changed."""
+        self._changes.nodes_changed(nodes, now)
 
     def outside_use(self, key: str, use: OutsideUse | None, *, now: float) -> None:
         """A workload the allocator did not place (`key`, never a lease id) holds `use` now, or
         ended (None): its devices leave the free pool, or return to it."""
-        with self._journal.atomic(now):
-            freed = self._outside.give_back(key)
-            if use is not None and not use.is_empty():
-                self._outside.take(use)
-        if freed:
-            self._settle(now)
+        self._changes.outside_use(key, use, now)
 
     def lease(self, lease_id: str) -> Lease:
         """An active lease, or an ended one from the store."""
@@ -466,7 +436,7 @@ class Scheduler:
         """Every node and GPU: MIG layout with owners, shares, free capacity per profile and kind."""
         book = self._book
         return inventory(self._fleet, book.by_id, book.returning, book.queue, self.backend.unusable_nodes(),
-                         self._outside.unplaced())
+                         self._changes.outside.unplaced())
 
     def gpu_count(self) -> int:
         """How many GPUs the fleet has."""
@@ -685,6 +655,11 @@ class Scheduler:
         return quota_block(self.policy, self._book.active, lease.user, lease.groups, plans, lease.id,
                            assume_empty=assume_empty)
 
+    def _running(self, lease: Lease, now: float) -> None:
+        """A recovered granted lease runs again: its usage and time limit count from `now`."""
+        self.usage.start(lease, now)
+        self.deadlines.start(lease, now)
+
     # -------------------------------------------------------------- recovery
     def _recover(self, now: float) -> None:
         """Rebuild leases (and the slices of ended ones still returning) and MIG ownership from
@@ -696,7 +671,8 @@ class Scheduler:
                 self._fleet.gpus[gpu_uuid].drained_by_admin = True
                 self._fleet.changed(self._fleet.gpus[gpu_uuid])
         reconcile_instances(state, self._fleet, self._journal, now, self._emit)
-        self._recover_leases(state, now)
+        recover_leases(state, self._book, self._plans.of, self._fleet, now, end=self._end, emit=self._emit,
+                       running=self._running)
         recover_returning(state, self._fleet, self._book, self._journal, now)
         for gs in self._fleet.gpus.values():
             if gs.gpu.mig_mode is MigMode.DYNAMIC:
@@ -704,25 +680,6 @@ class Scheduler:
                     self._instances.destroy(gs, mig_uuid, now)
         self._schedule(now)
         self._journal.commit()
-
-    def _recover_leases(self, state: StoredState, now: float) -> None:
-        """Hold the stored active leases again, on their slices (ended, when the fleet no longer has them)."""
-        for lease in sorted(state.leases, key=lambda l: l.seq):
-            lease.heartbeat_at = now
-            self._book.add(lease)
-            try:
-                self._book.plans[lease.id] = self._plans.of(lease.spec)
-            except SpecError as err:
-                self._end(lease, LeaseState.EXPIRED, now, f"fleet changed: {err.message}", holds=False)
-                continue
-            if lease.state is LeaseState.QUEUED:
-                self._book.queue.append(lease.id)
-            elif not reattach(lease, self._fleet):
-                self._emit("reconcile.slice_lost", now, lease, slice=lease.slice.to_json() if lease.slice else None)
-                self._end(lease, LeaseState.EXPIRED, now, "its slice no longer exists on the device", holds=False)
-            else:
-                self.usage.start(lease, now)
-                self.deadlines.start(lease, now)
 
 
 def check_holder(holder: str) -> None:
