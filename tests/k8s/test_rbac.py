@@ -1,0 +1,95 @@
+"""The service's RBAC (hub_config/gpualloc-rbac.yaml) is enough and no more: on the local control
+plane, the service runs as the `hub` service account bound to exactly those rules, sees the
+cluster, deletes the pod of a lease it ended, and may do nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.service.conftest import ROOT
+
+from .test_cluster import until
+from .test_service_on_cluster import ClusterService, lease_pod, request
+
+client = pytest.importorskip("kubernetes_asyncio.client")
+
+RBAC = Path(__file__).parents[2] / "hub_config" / "gpualloc-rbac.yaml"
+NAMESPACE = "jhub"
+
+
+@pytest.fixture(scope="module")
+def hub_kubeconfig(k8s_cluster, tmp_path_factory) -> Path:
+    """A kubeconfig with a token of service account jhub/hub, bound by the project's RBAC file only."""
+    async def setup(api):
+        core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        await core.create_namespace({"metadata": {"name": NAMESPACE}})
+        await core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "hub"}})
+        for obj in yaml.safe_load_all(RBAC.read_text()):
+            kind = obj["kind"]
+            if kind == "ClusterRole":
+                await rbac.create_cluster_role(obj)
+            elif kind == "ClusterRoleBinding":
+                await rbac.create_cluster_role_binding(obj)
+            elif kind == "Role":
+                await rbac.create_namespaced_role(NAMESPACE, obj)
+            else:
+                await rbac.create_namespaced_role_binding(NAMESPACE, obj)
+        token = await core.create_namespaced_service_account_token(
+            "hub", NAMESPACE, {"spec": {"expirationSeconds": 3600}})
+        return token.status.token
+
+    token = k8s_cluster.run(setup)
+    config = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    config["users"] = [{"name": "hub", "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = "hub"
+    path = tmp_path_factory.mktemp("rbac") / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def allowed(k8s_cluster, verb: str, resource: str, namespace: str = "") -> bool:
+    """Whether jhub/hub may do it, as the API server's authorizer answers (SubjectAccessReview)."""
+    async def review(api):
+        answer = await client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
+            "user": f"system:serviceaccount:{NAMESPACE}:hub", "groups": ["system:serviceaccounts"],
+            "resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace}}})
+        return answer.status.allowed
+
+    return k8s_cluster.run(review)
+
+
+def test_the_rules_allow_what_the_service_needs_and_nothing_more(k8s_cluster, hub_kubeconfig):
+    for verb in ("get", "list", "watch"):
+        assert allowed(k8s_cluster, verb, "nodes") and allowed(k8s_cluster, verb, "pods")
+    assert allowed(k8s_cluster, "delete", "pods", NAMESPACE)
+    assert not allowed(k8s_cluster, "delete", "pods", "default")
+    for verb, resource in (("create", "pods"), ("patch", "nodes"), ("update", "pods"), ("get", "secrets"),
+                           ("create", "pods/exec"), ("list", "secrets"), ("delete", "nodes")):
+        assert not allowed(k8s_cluster, verb, resource, NAMESPACE), (verb, resource)
+
+
+def test_the_service_works_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
+    service = ClusterService(tmp_path / "service", hub_kubeconfig).start()
+    try:
+        assert service.call("GET", "health").json()["cluster"] == "current"
+        names = {n["name"] for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]}
+        assert {"gpu-a100-1", "gpu-l4-1"} <= names
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:rbac")
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+            NAMESPACE, lease_pod(lease, "jupyter-rbac", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
+        assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
+
+        async def deleted(api):
+            async def check():
+                pods = await client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
+                return not [p for p in pods.items if p.metadata.name == "jupyter-rbac"]
+            await until(check, what="the lease's pod deleted by the service")
+
+        k8s_cluster.run(deleted)
+        assert "Forbidden" not in service.log_tail()
+    finally:
+        service.kill()
