@@ -162,8 +162,10 @@ class FitSearch:
         return Fit(mig_slice(gs, plan, choice[1], None), plan, gs.node_index, (gs,), create_at=choice[1])
 
     def _plain(self, lease: Lease, plan: Plan, reserved: set[str]) -> Fit | None:
-        """A share or whole GPUs where the placement policy puts them, reserved GPUs hidden from it."""
+        """A share or whole GPUs where the placement policy puts them, reserved GPUs and those that
+        cannot take the plan's kind (GpuState.takes) hidden from it."""
         hidden = [self.fleet.gpus[u] for u in reserved if not self.fleet.gpus[u].is_mig]
+        hidden += self.fleet.cannot_take[plan.kind]
         for gs in hidden:
             self.fleet.show(gs, reserved=True)
         try:

@@ -14,7 +14,7 @@ import numpy as np
 from . import mig
 from .devices.base import DeviceBackend
 from .indexes import MigCapacity
-from .model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, SliceSpec
+from .model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, SliceKind, SliceSpec
 from .placement import ClusterView, NodeCapacity
 
 
@@ -37,6 +37,10 @@ class GpuState:
     @property
     def is_mig(self) -> bool:
         return self.gpu.mig_mode is not MigMode.OFF
+
+    def takes(self, kind: SliceKind) -> bool:
+        """Whether a plain slice of `kind` (shared or whole) may go on this GPU (Gpu.sharing)."""
+        return self.gpu.sharing == "any" or self.gpu.sharing == kind.value
 
     @property
     def drained(self) -> bool:
@@ -95,6 +99,8 @@ class FleetState:
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
+        self.cannot_take = {kind: [gs for gs in self.gpus.values() if not gs.is_mig and not gs.takes(kind)]
+                            for kind in (SliceKind.SHARED, SliceKind.WHOLE)}  # hidden from the plain searches
         for gs in self.gpus.values():
             self.show(gs)
         self.room_made()
@@ -142,6 +148,6 @@ def node_shapes(nodes: list[Node]) -> tuple:
     """What the fleet's structure depends on, per node: its resources, GPUs and their MIG instances
     (not whether it is schedulable): equal shapes need no reload."""
     return tuple((n.name, n.cpu_milli, n.memory_mib,
-                  tuple((g.uuid, g.model, g.memory_mib, g.mig_mode is MigMode.OFF,
+                  tuple((g.uuid, g.model, g.memory_mib, g.mig_mode is MigMode.OFF, g.sharing,
                          tuple(sorted((i.uuid, i.profile_id, i.start) for i in g.instances))) for g in n.gpus))
                  for n in nodes)

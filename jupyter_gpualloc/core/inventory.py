@@ -87,6 +87,7 @@ def _gpu_entry(gs: GpuState, active: Mapping[str, Lease], returning: Mapping[str
     entry["free_memory_mib"] = 0 if whole else max(gpu.memory_mib - used, 0)
     entry["free_milli"] = gs.free_milli()
     entry["whole_free"] = not gs.holders
+    entry["sharing"] = gpu.sharing
     return entry
 
 
@@ -124,7 +125,7 @@ def count_available(fleet: FleetState, plans: Sequence[Plan]) -> int:
             continue
         per_node: dict[int, int] = {}
         for gs in fleet.gpus.values():
-            if gs.is_mig or gs.drained or gs.gpu.model != plan.model:
+            if gs.is_mig or gs.drained or gs.gpu.model != plan.model or not gs.takes(plan.kind):
                 continue
             if plan.kind is SliceKind.SHARED:
                 total += gs.free_milli() // plan.milli

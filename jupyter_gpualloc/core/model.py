@@ -120,6 +120,9 @@ class Gpu:
     mig_capable: bool = False
     mig_mode: MigMode = MigMode.OFF
     instances: list[MigInstance] = field(default_factory=list)
+    # Which plain slices it may carry: "any"; "whole" (a Kubernetes GPU without sharing: the device
+    # plugin gives it to one pod); "shared" (time-sliced or MPS replicas: pods get replicas, never all of it).
+    sharing: str = "any"
 
 
 @dataclass

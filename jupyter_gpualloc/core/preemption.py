@@ -102,7 +102,7 @@ def _for_plain_plan(lease: Lease, plan: Plan, reserved: set[str], held: list[Gpu
     per_node: dict[int, list[GpuState]] = {}
     nodes = sorted({gs.node_index for gs in held})
     for gs in (fleet.gpus[g.uuid] for ni in nodes for g in fleet.nodes[ni].gpus):
-        if (not gs.is_mig and gs.gpu.model == plan.model and not gs.drained
+        if (not gs.is_mig and gs.gpu.model == plan.model and not gs.drained and gs.takes(plan.kind)
                 and gs.gpu.uuid not in reserved and (spec.node is None or gs.gpu.node == spec.node)):
             per_node.setdefault(gs.node_index, []).append(gs)
     for gpus in per_node.values():

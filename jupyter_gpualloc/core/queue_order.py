@@ -77,7 +77,8 @@ class QueueOrder:
             return {best.gpu.uuid}
         by_node: dict[int, list[GpuState]] = {}
         for gs in self.fleet.gpus.values():
-            if (not gs.is_mig and not gs.drained and gs.gpu.model == plan.model and gs.gpu.uuid not in taken
+            if (not gs.is_mig and not gs.drained and gs.gpu.model == plan.model and gs.takes(plan.kind)
+                    and gs.gpu.uuid not in taken
                     and gs.node_index in hosts):
                 by_node.setdefault(gs.node_index, []).append(gs)
         best_set: list[GpuState] = []

@@ -104,3 +104,18 @@ def test_outside_holds_survive_a_reload(harness):
     s.nodes_changed(nodes_of(h), now=3)
     assert s.submit("a", "server", WHOLE8, now=4).slice.node == "node1"
     assert s.submit("b", "server", WHOLE8, now=5).state is LeaseState.QUEUED
+
+
+def test_a_time_sliced_gpu_takes_only_shares_and_a_plain_kubernetes_gpu_only_whole_slices(harness):
+    h = harness(fleet({"model": A100_40, "count": 2}))
+    nodes = nodes_of(h)
+    nodes[0].gpus[0].sharing, nodes[0].gpus[1].sharing = "whole", "shared"
+    s = h.scheduler
+    s.nodes_changed(nodes, now=1)
+    share = s.submit("a", "kernel:1", SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, model=A100_40), now=2)
+    whole = s.submit("b", "kernel:2", SliceSpec(kind=SliceKind.WHOLE, model=A100_40), now=3)
+    assert share.slice.gpu_uuids == (nodes[0].gpus[1].uuid,) and whole.slice.gpu_uuids == (nodes[0].gpus[0].uuid,)
+    s.release(share.id, now=4, holder_gone=True)
+    assert s.submit("c", "kernel:3", SliceSpec(kind=SliceKind.WHOLE, model=A100_40), now=5).state is LeaseState.QUEUED
+    offers = {o["spec"]["kind"]: o["available"] for o in s.offers()}
+    assert offers["whole"] == 0 and offers["shared"] > 0

@@ -18,7 +18,9 @@ otherwise the advertised MIG devices are packed onto the node's MIG GPUs by coun
 same instance counts are interchangeable), in time polynomial in the device counts. Pods get their
 devices from the device plugin, so the GPU and MIG UUIDs here are stable identifiers for the
 scheduler's bookkeeping (derived from node name and index), not driver UUIDs; spawners request
-extended resources rather than setting CUDA_VISIBLE_DEVICES. Cordoned and not-Ready nodes are
+extended resources rather than setting CUDA_VISIBLE_DEVICES. What a plain GPU may carry follows
+its device plugin (`Gpu.sharing`): a time-sliced or MPS GPU only shares (its replicas), a GPU
+without sharing only whole-GPU slices, a HAMi GPU either. Cordoned and not-Ready nodes are
 read with the reason (`Node.unschedulable`: the scheduler drains them); nodes without NVIDIA
 resources are left out. A node that cannot be read (a MIG model the
 catalogue lacks, devices that fit no legal layout) is logged, listed by `unusable_nodes()` and
@@ -385,11 +387,15 @@ def _add_gpus(reading: _Reading, labels: _Labels, model_name: str, advertised: i
         mig_layouts = []
         whole = min(whole, physical) if physical is not None else whole
     memory_mib = labels.memory_mib or (catalogue.memory_mib if catalogue else 0) or (hami[0][1] if hami else 0)
+    # Time-sliced or MPS replicas go to pods one by one, never a GPU whole; HAMi splits memory or
+    # gives it all; a plain device plugin gives each GPU to one pod.
+    sharing = "any" if hami else ("shared" if labels.replicas > 1 else "whole")
     for _ in range(whole):
         uuid = gpu_uuid(name, len(reading.node.gpus))
         reading.node.gpus.append(Gpu(uuid=uuid, index=len(reading.node.gpus),
                                      model=catalogue.name if catalogue else model_name, memory_mib=memory_mib,
-                                     node=name, mig_capable=bool(catalogue and catalogue.mig_capable)))
+                                     node=name, mig_capable=bool(catalogue and catalogue.mig_capable),
+                                     sharing=sharing))
         reading.profiles[uuid] = {}
     if mig_layouts:
         _add_mig_gpus(reading, catalogue, memory_mib, _node_profiles(catalogue, labels.mig), mig_layouts)

@@ -85,6 +85,8 @@ def test_whole_and_time_sliced_gpus(fleet):
     assert (l4.cpu_milli, l4.memory_mib) == (47500, 192 * 1024)
     t4 = fleet["t4-shared"]
     assert [(g.model, g.memory_mib) for g in t4.gpus] == [("T4", 15360)]  # 4 replicas of one T4
+    # the device plugin gives a plain GPU to one pod, and a time-sliced one only by replicas
+    assert {g.sharing for g in l4.gpus} == {"whole"} and t4.gpus[0].sharing == "shared"
 
 
 def test_uuids_are_stable_identifiers(fleet):
