@@ -123,6 +123,9 @@ class ClusterWatch:
                 self._mark_stale(resource, f"{err.status} {err.reason}")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
                 self._mark_stale(resource, repr(err))
+            except Exception:  # a listener failed on a change: logged, and the kind is listed afresh
+                log.exception("applying a change of the cluster's %s failed", resource.kind)
+                resource.version = None
             await asyncio.sleep(self._retry)
 
     async def _list(self, resource: _Resource) -> None:
@@ -147,12 +150,15 @@ class ClusterWatch:
             _request_timeout=self._watch_seconds + 30)
         self._mark_fresh(resource)
         buffered = b""
-        async for chunk in response.content.iter_any():
-            *lines, buffered = (buffered + chunk).split(b"\n")
-            for line in lines:
-                if line.strip() and not self._event(resource, json.loads(line)):
-                    return
-            self._flush(resource)
+        try:
+            async for chunk in response.content.iter_any():
+                *lines, buffered = (buffered + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip() and not self._event(resource, json.loads(line)):
+                        return
+                self._flush(resource)
+        finally:
+            response.close()
 
     def _event(self, resource: _Resource, event: Mapping[str, Any]) -> bool:
         """Apply one watch event; False when the watch must list again (410 Gone)."""
