@@ -33,7 +33,7 @@ from .fleet_state import FleetState, GpuState
 from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
-from .journal import Listeners, SchedulerJournal, UndoLog, unreadable
+from .journal import Listeners, SchedulerJournal, unreadable
 from .model import Event, Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_name
 from .placement import get_policy
@@ -64,7 +64,7 @@ class Scheduler:
         self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
         self._fleet = FleetState(backend, static_mig=self.policy.mig_changes == "static")
         self._book = LeaseBook(self._fleet)
-        self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._put_back_leases,
+        self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._book.put_back,
                                          self._destroy_released)
         self._instances = MigInstances(store, backend, self._fleet, self._journal)
         for unusable in self.backend.unusable_nodes():
@@ -74,8 +74,8 @@ class Scheduler:
         placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(offers))
         self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
-        self.usage = UsageLedger(store, self.policy, offers, now=now)
-        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
+        self.usage = UsageLedger(store, self.policy, offers, self._journal, now=now)
+        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of, self._journal)
         self._recover(now)
 
     # ------------------------------------------------------- change journal
@@ -127,13 +127,6 @@ class Scheduler:
                 self._schedule(now)
         except StoreFailed:
             pass
-
-    def _put_back_leases(self, changed: UndoLog[Lease], now: float) -> None:
-        """The leases of a change undone, as they were (see LeaseBook.put_back), their usage and deadlines too."""
-        self._book.put_back(changed.put_back())
-        for lease_id in changed.before:
-            self.usage.resync(lease_id, self._book.by_id.get(lease_id), now)
-            self.deadlines.resync(lease_id, self._book.by_id.get(lease_id))
 
     def _stored_lease(self, lease_id: str) -> Lease | None:
         """A lease as the store has it (ended ones live only there); StoreFailed if it cannot be read."""
