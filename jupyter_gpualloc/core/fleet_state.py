@@ -2,7 +2,8 @@
 
 Every change to a GPU's instances, owners, holders or drain is followed by `FleetState.changed(gs)`,
 which keeps the GPU's cached MIG layout, the MIG capacity index, the placement view and the
-version a scheduling pass depends on in step.
+version a scheduling pass depends on in step. The version has one rule: it moves with every
+changed() and moved() (the leases a pass reads changed); room_made() moves only `freed`.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ class FleetState:
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
-        self.version = 0  # moved by every change that can alter what a scheduling pass grants
-        self.freed = 0  # moved whenever a slice is freed (room made)
+        self.version = 0  # moved by changed() and moved(): what a scheduling pass grants may differ
+        self.freed = 0  # moved by room_made(): what a pass found no room for may fit now
         for gs in self.gpus.values():
             self.show(gs)
 
@@ -96,8 +97,7 @@ class FleetState:
         self.version += 1
 
     def room_made(self) -> None:
-        """A slice was freed: what found no room before may fit now."""
-        self.version += 1
+        """A slice was freed: what found no room before may fit now (its GPUs' changed() moves the version)."""
         self.freed += 1
 
     def show(self, gs: GpuState, reserved: bool = False) -> None:
