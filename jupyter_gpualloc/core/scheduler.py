@@ -116,12 +116,15 @@ class Scheduler:
         Room was made on their GPUs, so a waiting queue gets a scheduling pass (if `settle`)."""
         self._instances.destroy_released(to_destroy, now)
         self._fleet.moved()
-        if settle and self._book.queue:
+        if settle:
             self._settle(now)
 
     def _settle(self, now: float) -> None:
         """Grant what the queue can now have, as a change of its own: if the store fails there,
-        the caller's committed change stands and the next tick grants (and reports the failure)."""
+        the caller's committed change stands and the next tick grants (and reports the failure).
+        O(1) with nothing queued: a pass over no requests would change nothing."""
+        if not self._book.queue:
+            return
         try:
             with self._journal.atomic(now):
                 self._schedule(now)

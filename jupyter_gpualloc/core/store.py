@@ -389,7 +389,7 @@ class Store:
         intents_done = list(intents_done)
         deadline_rows = [(lease_id, record and {
             "lease_id": record.lease_id, "deadline": record.deadline, "extensions": record.extensions,
-            "warned_at": record.warned_at}) for lease_id, record in (deadlines or {}).items()]
+            "warned_at": record.warned_at}) for lease_id, record in deadlines.items()] if deadlines else []
 
         def write(conn: Connection) -> None:
             for lease_id, held in returning.items():
@@ -411,7 +411,7 @@ class Store:
                 self._delete_deadline.run(conn, {"lease_id": lease_id})
                 if row is not None:
                     self._insert_deadline.run(conn, row)
-        self._apply(write, rows, seq, [_usage_row(seg) for seg in usage])
+        self._apply(write, rows, seq, [_usage_row(seg) for seg in usage] if usage else ())
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
