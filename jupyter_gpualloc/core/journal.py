@@ -245,13 +245,14 @@ class SchedulerJournal:
         destroyed, dirty = self.destroyed, self.undo.leases.dirty
         if dirty or self.instance_changes or self.drains or self.intents or self.returning_changes or destroyed \
                 or self.deadlines or self.usage:
+            changes = self.instance_changes + [c for c, _ in destroyed] if destroyed else self.instance_changes
             try:
-                self.store.save(list(dirty.values()), self.instance_changes + [c for c, _ in destroyed],
-                                self.seq, drains=self.drains, intents_done=self.intents,
-                                returning=self.returning_changes, deadlines=self.deadlines, usage=self.usage)
+                self.store.save(list(dirty.values()), changes, self.seq, drains=self.drains,
+                                intents_done=self.intents, returning=self.returning_changes,
+                                deadlines=self.deadlines, usage=self.usage)
             except StoreError as err:
                 raise refused(err) from err
-        events, self.events = [e for _, e in destroyed] + self.events, []
+        events, self.events = [e for _, e in destroyed] + self.events if destroyed else self.events, []
         self.destroyed = []
         if self.store.holding:
             self._staged.append(_Staged(self.undo, list(self.intents), now, destroyed))
