@@ -1,6 +1,8 @@
 """How the scheduler core's cost grows with active leases, fleet size and queue length.
 
-    python benchmarks/core_scaling.py [--quick] [--fill-budget 120] [--ops 200] [--out FILE]
+    python benchmarks/core_scaling.py [--quick] [--fill-budget 120] [--ops 200] [--cpu] [--out FILE]
+
+To compare another tree's core with the same script, put that tree first on PYTHONPATH.
 
 Simulated fleets of 4-GPU nodes (80 GiB GPUs, no MIG; and one section of dynamic-MIG A100-80GB
 GPUs), an in-memory SQLite store (the store's cost per call is constant; this measures the core),
@@ -8,7 +10,7 @@ GPUs), an in-memory SQLite store (the store's cost per call is constant; this me
 
 - `submit`/`release`/`touch` p50 and p99 with N active shared leases on G GPUs (each op timed
   alone, --ops of each, on a fleet filled by `submit`; a cell whose filling exceeds
-  --fill-budget seconds is reported as not reached);
+  --fill-budget seconds is reported as not reached; --cpu: in thread CPU time);
 - MIG `submit`+`release` of a 1g.10gb slice on G dynamic-MIG GPUs holding 500 leases;
 - `tick()` with Q queued shared requests on G full GPUs (each GPU held whole): the first pass
   after filling, a second one with nothing changed, and one `submit` while that queue waits
@@ -78,7 +80,7 @@ def fill(s: Scheduler, count: int, spec: SliceSpec, budget: float, start: int = 
     return time.perf_counter() - t0
 
 
-def leases_cell(gpus: int, leases: int, ops: int, budget: float) -> dict | None:
+def leases_cell(gpus: int, leases: int, ops: int, budget: float, clock=time.perf_counter) -> dict | None:
     s = scheduler(gpus)
     spec = SliceSpec.from_json({"kind": "shared", "memory_gib": 1})
     took = fill(s, leases, spec, budget)
@@ -88,20 +90,20 @@ def leases_cell(gpus: int, leases: int, ops: int, budget: float) -> dict | None:
     held = [l.id for l in s.leases()]
     sub, rel, tou = [], [], []
     for k in range(ops):
-        t0 = time.perf_counter()
+        t0 = clock()
         lease = s.submit(f"u{k % USERS}", f"kernel:m{k}", spec, now=2.0, wait=False)
-        sub.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        sub.append(clock() - t0)
+        t0 = clock()
         s.release(lease.id, now=2.0)
-        rel.append(time.perf_counter() - t0)
+        rel.append(clock() - t0)
         lease_id = held[int(rng.integers(len(held)))]
-        t0 = time.perf_counter()
+        t0 = clock()
         s.touch(lease_id, now=2.0, last_activity=2.0)
-        tou.append(time.perf_counter() - t0)
+        tou.append(clock() - t0)
     return {"fill": took, "submit": pct(sub), "release": pct(rel), "touch": pct(tou)}
 
 
-def mig_cell(gpus: int, leases: int, ops: int, budget: float) -> dict | None:
+def mig_cell(gpus: int, leases: int, ops: int, budget: float, clock=time.perf_counter) -> dict | None:
     s = scheduler(gpus, mig=True)
     spec = SliceSpec.from_json({"kind": "mig", "profile": "1g.10gb"})
     took = fill(s, leases, spec, budget)
@@ -109,10 +111,10 @@ def mig_cell(gpus: int, leases: int, ops: int, budget: float) -> dict | None:
         return None
     times = []
     for k in range(ops):
-        t0 = time.perf_counter()
+        t0 = clock()
         lease = s.submit(f"u{k % USERS}", f"kernel:m{k}", spec, now=2.0, wait=False)
         s.release(lease.id, now=2.0)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return {"fill": took, "submit_release": pct(times)}
 
 
@@ -180,6 +182,9 @@ def main() -> None:
     parser.add_argument("--memory-leases", type=int, default=50_000, help="leases held in the memory cell")
     parser.add_argument("--only", choices=["leases", "mig", "tick", "memory"], action="append",
                         help="run only these sections (repeatable; default all)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time submit, release and touch in this thread's CPU time, not wall time (on a "
+                             "shared machine, what other processes take then does not count)")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
     if args.quick:
@@ -194,6 +199,7 @@ def main() -> None:
         tick_cells = [(100, 1000), (100, 10_000), (1000, 1000), (1000, 10_000), (10_000, 1000),
                       (10_000, 10_000)]
     sections = set(args.only or ["leases", "mig", "tick", "memory"])
+    clock = time.thread_time if args.cpu else time.perf_counter
     lease_cells = lease_cells if "leases" in sections else []
     mig_gpus = mig_gpus if "mig" in sections else []
     tick_cells = tick_cells if "tick" in sections else []
@@ -202,7 +208,7 @@ def main() -> None:
         lines += ["", "| GPUs | active leases | fill s | submit p50 / p99 ms | release p50 / p99 ms | "
                   "touch p50 / p99 ms |", "|---:|---:|---:|---:|---:|---:|"]
     for gpus, leases in lease_cells:
-        r = leases_cell(gpus, leases, args.ops, args.fill_budget)
+        r = leases_cell(gpus, leases, args.ops, args.fill_budget, clock)
         if r is None:
             lines.append(f"| {gpus:,} | {leases:,} | > {args.fill_budget:.0f} | not reached | | |")
         else:
@@ -213,7 +219,7 @@ def main() -> None:
         lines += ["", "| MIG GPUs (dynamic) | active leases | fill s | submit+release p50 / p99 ms |",
                   "|---:|---:|---:|---:|"]
     for gpus in mig_gpus:
-        r = mig_cell(gpus, MIG_LEASES, args.ops, args.fill_budget)
+        r = mig_cell(gpus, MIG_LEASES, args.ops, args.fill_budget, clock)
         if r is None:
             lines.append(f"| {gpus:,} | {MIG_LEASES:,} | > {args.fill_budget:.0f} | not reached |")
         else:

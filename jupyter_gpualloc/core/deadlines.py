@@ -3,15 +3,18 @@
 A lease gets its deadline when it is granted; `deadline_warning` seconds before it the holder is
 warned (lease.deadline_warning), at it the lease is released like an idle one. The holder may
 extend it by `extension` seconds at most `max_extensions` times, and, when policy says so, not
-while other requests wait. Deadlines are stored, so a restart keeps them.
+while other requests wait. Deadlines are stored, so a restart keeps them. Each change of one is
+part of the scheduler's change that makes it: written by its commit, put back if it is undone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterable
 
-from .model import Lease, LeaseState
+from .journal import SchedulerJournal
+from .model import Lease
 from .store import DeadlineRecord, Store
 from .usage import OfferNames, holder_kind
 
@@ -51,9 +54,10 @@ def describe_seconds(seconds: float) -> str:
 class Deadlines:
     """The deadlines of granted leases, decided from policy and offers, kept in the store."""
 
-    def __init__(self, store: Store, policy, offer_of: OfferNames):
-        """`offer_of`: the offers, and the offer each spec was made from (the usage ledger's)."""
-        self.store = store
+    def __init__(self, store: Store, policy, offer_of: OfferNames, journal: SchedulerJournal):
+        """`offer_of`: the offers, and the offer each spec was made from (the usage ledger's);
+        `journal`: the scheduler's, whose changes give, move and end deadlines."""
+        self._journal = journal
         self.policy = policy
         self._by_name = {o["name"]: o for o in offer_of.offers}
         self._offer_of = offer_of
@@ -92,22 +96,23 @@ class Deadlines:
         if limit is None:
             return
         record = DeadlineRecord(lease.id, now + limit, 0, None)
-        self._records[lease.id] = record
-        self.store.save_deadline(record)
-
-    def resync(self, lease_id: str, lease: Lease | None) -> None:
-        """After the scheduler undid a change: a lease granted again gets back the deadline of its
-        grant (its extensions are lost), one no longer granted loses its own (in memory only)."""
-        if lease is not None and lease.state is LeaseState.GRANTED:
-            limit = self.max_duration(lease)
-            if lease_id not in self._records and limit is not None:
-                self._records[lease_id] = DeadlineRecord(lease_id, (lease.granted_at or 0.0) + limit, 0, None)
-        else:
-            self._records.pop(lease_id, None)
+        self._keep(lease.id, record)
 
     def stop(self, lease: Lease) -> None:
-        if self._records.pop(lease.id, None) is not None:
-            self.store.delete_deadline(lease.id)
+        if lease.id in self._records:
+            self._keep(lease.id, None)
+
+    def _keep(self, lease_id: str, record: DeadlineRecord | None) -> None:
+        """A lease's new deadline record (None: none), written by the change's commit, put back if it is undone."""
+        self._journal.on_undo(partial(self._put, lease_id, self._records.get(lease_id)))
+        self._put(lease_id, record)
+        self._journal.write_deadline(lease_id, record)
+
+    def _put(self, lease_id: str, record: DeadlineRecord | None) -> None:
+        if record is None:
+            del self._records[lease_id]
+        else:
+            self._records[lease_id] = record
 
     def check(self, leases: Iterable[Lease], now: float) -> list[DeadlineAction]:
         """Warn leases within deadline_warning of their deadline (once), release those past it."""
@@ -121,8 +126,7 @@ class Deadlines:
                 actions.append(DeadlineAction(lease, record, True, held))
             elif now >= record.deadline - self.policy.deadline_warning and record.warned_at is None:
                 record = DeadlineRecord(record.lease_id, record.deadline, record.extensions, now)
-                self._records[lease.id] = record
-                self.store.save_deadline(record)
+                self._keep(lease.id, record)
                 actions.append(DeadlineAction(lease, record, False, held))
         return actions
 
@@ -138,6 +142,5 @@ class Deadlines:
             raise ExtensionRefused("others are waiting for GPUs, so leases are not extended now")
         record = DeadlineRecord(lease.id, max(now, record.deadline) + self.policy.extension,
                                 record.extensions + 1, None)
-        self._records[lease.id] = record
-        self.store.save_deadline(record)
+        self._keep(lease.id, record)
         return record

@@ -73,14 +73,14 @@ class FitSearch:
         for plan in plans:
             if not allowed(plan):
                 continue
-            key = shape(plan, lease.spec)
-            if memo is not None and memo.no_room(key):
+            key = shape(plan, lease.spec) if memo is not None else None
+            if key is not None and memo.no_room(key):
                 continue
             found = self._mig(lease, plan, reserved) if plan.kind is SliceKind.MIG \
                 else self._plain(lease, plan, reserved)
             if found is not None:
                 return found
-            if memo is not None:
+            if key is not None:
                 memo.add(key)
         return None
 

@@ -2,7 +2,8 @@
 
 Every change to a GPU's instances, owners, holders or drain is followed by `FleetState.changed(gs)`,
 which keeps the GPU's cached MIG layout, the MIG capacity index, the placement view and the
-version a scheduling pass depends on in step.
+version a scheduling pass depends on in step. The version has one rule: it moves with every
+changed() and moved() (the leases a pass reads changed); room_made() moves only `freed`.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ class FleetState:
     def __init__(self, backend: DeviceBackend, static_mig: bool):
         """Discover the fleet; MIG GPUs are static when `static_mig` or when the backend cannot change MIG."""
         self._backend, self._static_mig = backend, static_mig
-        self.version = 0  # moved by every change that can alter what a scheduling pass grants
-        self.freed = 0  # moved whenever a slice is freed (room made)
+        self.version = 0  # moved by changed() and moved(): what a scheduling pass grants may differ
+        self.freed = 0  # moved by room_made(): what a pass found no room for may fit now
         self.load(backend.discover())
 
     def load(self, nodes: list[Node]) -> None:
@@ -103,6 +104,7 @@ class FleetState:
                             for kind in (SliceKind.SHARED, SliceKind.WHOLE)}  # hidden from the plain searches
         for gs in self.gpus.values():
             self.show(gs)
+        self.moved()
         self.room_made()
 
     def changed(self, gs: GpuState) -> None:
@@ -117,8 +119,7 @@ class FleetState:
         self.version += 1
 
     def room_made(self) -> None:
-        """A slice was freed: what found no room before may fit now."""
-        self.version += 1
+        """A slice was freed: what found no room before may fit now (its GPUs' changed() moves the version)."""
         self.freed += 1
 
     def show(self, gs: GpuState, reserved: bool = False) -> None:

@@ -28,22 +28,28 @@ class Holder:
 
 def parse_holder(text: str) -> Holder | None:
     """The holder `text` names, or None if it follows no form of the grammar."""
+    parts = _kind_and_name(text)
+    return Holder(*parts) if parts is not None else None
+
+
+def _kind_and_name(text: str) -> tuple[str, str] | None:
+    """parse_holder's answer as a tuple: the tests on every request make no Holder."""
     if text == SERVER:
-        return Holder(SERVER)
+        return SERVER, ""
     kind, colon, name = text.partition(":")
     if colon and name and kind in KINDS:
-        return Holder(kind, name)
+        return kind, name
     return None
 
 
 def is_holder(text: str) -> bool:
-    return parse_holder(text) is not None
+    return _kind_and_name(text) is not None
 
 
 def is_server(text: str) -> bool:
     """Whether `text` is a server's holder: 'server' or 'server:<name>'."""
-    holder = parse_holder(text)
-    return holder is not None and holder.kind == SERVER
+    parts = _kind_and_name(text)
+    return parts is not None and parts[0] == SERVER
 
 
 def server_holder(name: str = "") -> str:
@@ -70,5 +76,5 @@ def job_of(text: str | None) -> str | None:
 
 
 def _name_of(text: str | None, kind: str) -> str | None:
-    holder = parse_holder(text) if text else None
-    return holder.name if holder is not None and holder.kind == kind else None
+    parts = _kind_and_name(text) if text else None
+    return parts[1] if parts is not None and parts[0] == kind else None

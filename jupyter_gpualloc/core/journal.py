@@ -5,12 +5,12 @@ owner writes the records changed (`dirty`) in one transaction at the change's en
 announces its events to the listeners; if anything fails on the way, every record is put back
 as it was and no event is announced. `ChangeJournal` is that cycle for an owner whose write is
 one call (jobs); `SchedulerJournal` is the scheduler's, whose changes also touch GPUs and MIG
-instances and may wait in a group commit.
+instances and may wait in a group commit, and whose parts (usage, deadlines) hand it their
+writes and the inverse of each change they make (`on_undo`).
 """
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
@@ -20,7 +20,7 @@ from .errors import StoreFailed
 from .fleet_state import FleetState, GpuState
 from .model import Event, Lease, MigInstance
 from .placement import Demand
-from .store import Store, StoreError
+from .store import DeadlineRecord, Store, StoreError, UsageSegment
 
 
 class Record(Protocol):
@@ -58,7 +58,7 @@ class UndoLog(Generic[R]):
     def record(self, record: R, *, known: bool, extra: Any = None) -> None:
         """Note a record about to change (`known`: it existed before this change): O(1)."""
         if record.id not in self.before:
-            self.before[record.id] = (copy.copy(record) if known else None, extra)
+            self.before[record.id] = (_shallow_copy(record) if known else None, extra)
         self.dirty[record.id] = record
 
     def put_back(self) -> list[tuple[R, R | None, Any]]:
@@ -70,6 +70,13 @@ class UndoLog(Generic[R]):
                 vars(record).update(vars(before))
             restored.append((record, before, extra))
         return restored
+
+
+def _shallow_copy(record: R) -> R:
+    """What copy.copy makes of a record (a plain dataclass), in a third of its time."""
+    before = object.__new__(type(record))
+    vars(before).update(vars(record))
+    return before
 
 
 class ChangeJournal(Generic[R]):
@@ -126,7 +133,7 @@ class Undo:
     seq: int
     leases: UndoLog[Lease] = field(default_factory=UndoLog)  # beside each: its plans
     gpus: dict[str, tuple] = field(default_factory=dict)  # GpuState.snapshot() by GPU UUID
-    view: list[Callable[[], None]] = field(default_factory=list)  # inverse placement-view changes
+    inverses: list[Callable[[], None]] = field(default_factory=list)  # placement view, usage, deadlines
     made: list[tuple[GpuState, MigInstance, str]] = field(default_factory=list)  # with the intent id
 
 
@@ -143,16 +150,19 @@ class _Staged:
 class SchedulerJournal:
     """The scheduler's unit of work over leases, GPUs, MIG instances and drains.
 
-    A change records what it touches (`record_lease`, `record_gpu`, the view's inverses and the
-    instances it made); `commit` writes it in one transaction and announces its events, or, while
-    the store holds a group (`Store.hold()`), stages it for `write_group`, which writes the group,
-    announces it, or undoes every staged change, newest first. `rollback` puts a change back: the
-    fleet's part here, the leases by the owner's `put_back_leases(undo_log, now)`; `on_released(
-    instances, now, settle)` hears of the MIG instances a durable group released.
+    A change records what it touches (`record_lease`, `record_gpu`, the instances it made, and
+    through `on_undo` the inverse of each other change: the view's, the usage ledger's, the
+    deadlines', whose writes it takes too: `write_usage`, `write_deadline`); `commit` writes it
+    in one transaction and announces its events, or, while the store holds a group
+    (`Store.hold()`), stages it for `write_group`, which writes the group, announces it, or
+    undoes every staged change, newest first. `rollback` puts a change back: the
+    fleet and the inverses here, the leases by the owner's `put_back_leases(restored)` (see
+    UndoLog.put_back); `on_released(instances, now, settle)` hears of the MIG instances a durable
+    group released.
     """
 
     def __init__(self, store: Store, backend: DeviceBackend, fleet: FleetState, listeners: Listeners,
-                 put_back_leases: Callable[[UndoLog[Lease], float], None],
+                 put_back_leases: Callable[[list[tuple[Lease, Lease | None, Any]]], None],
                  on_released: Callable[[dict[str, GpuState], float, bool], None]):
         self.store = store
         self.backend = backend
@@ -165,6 +175,8 @@ class SchedulerJournal:
         self.instance_changes: list[tuple[str, str, MigInstance | None, bool]] = []
         self.drains: dict[str, bool] = {}
         self.returning_changes: dict[str, bool] = {}  # what the next commit writes of returning slices
+        self.deadlines: dict[str, DeadlineRecord | None] = {}  # leases' deadlines the next commit writes
+        self.usage: list[UsageSegment] = []  # accrual the next commit writes
         self.intents: list[str] = []  # MIG intents written since the last commit, which drops them
         # Instances released in the waiting group, destroyed once it is durable (write_group),
         # unless granted again meanwhile: mig uuid -> its GPU.
@@ -193,13 +205,25 @@ class SchedulerJournal:
         if gs.gpu.uuid not in self.undo.gpus:
             self.undo.gpus[gs.gpu.uuid] = gs.snapshot()
 
+    def on_undo(self, inverse: Callable[[], None]) -> None:
+        """Call `inverse` if the change being made is undone (the inverses of a change run newest first)."""
+        self.undo.inverses.append(inverse)
+
+    def write_deadline(self, lease_id: str, record: DeadlineRecord | None) -> None:
+        """A lease's deadline (None: it has none) for the next commit to write."""
+        self.deadlines[lease_id] = record
+
+    def write_usage(self, segments: Iterable[UsageSegment]) -> None:
+        """Usage segments for the next commit to write (new, or moving the end of one stored)."""
+        self.usage.extend(segments)
+
     def view_allocate(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
         self.fleet.view.allocate(node_index, slots, taken)
-        self.undo.view.append(lambda: self.fleet.view.release(node_index, slots, taken))
+        self.undo.inverses.append(lambda: self.fleet.view.release(node_index, slots, taken))
 
     def view_release(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
         self.fleet.view.release(node_index, slots, taken)
-        self.undo.view.append(lambda: self.fleet.view.allocate(node_index, slots, taken))
+        self.undo.inverses.append(lambda: self.fleet.view.allocate(node_index, slots, taken))
 
     # ------------------------------------------------------------------ writing
     @contextmanager
@@ -219,14 +243,16 @@ class SchedulerJournal:
         holds writes for a group commit, the change waits in the group: write_group() writes it,
         then announces it, or undoes it."""
         destroyed, dirty = self.destroyed, self.undo.leases.dirty
-        if dirty or self.instance_changes or self.drains or self.intents or self.returning_changes or destroyed:
+        if dirty or self.instance_changes or self.drains or self.intents or self.returning_changes or destroyed \
+                or self.deadlines or self.usage:
+            changes = self.instance_changes + [c for c, _ in destroyed] if destroyed else self.instance_changes
             try:
-                self.store.save(list(dirty.values()), self.instance_changes + [c for c, _ in destroyed],
-                                self.seq, drains=self.drains, intents_done=self.intents,
-                                returning=self.returning_changes)
+                self.store.save(list(dirty.values()), changes, self.seq, drains=self.drains,
+                                intents_done=self.intents, returning=self.returning_changes,
+                                deadlines=self.deadlines, usage=self.usage)
             except StoreError as err:
                 raise refused(err) from err
-        events, self.events = [e for _, e in destroyed] + self.events, []
+        events, self.events = [e for _, e in destroyed] + self.events if destroyed else self.events, []
         self.destroyed = []
         if self.store.holding:
             self._staged.append(_Staged(self.undo, list(self.intents), now, destroyed))
@@ -235,6 +261,8 @@ class SchedulerJournal:
         self.instance_changes.clear()
         self.drains.clear()
         self.returning_changes.clear()
+        self.deadlines.clear()
+        self.usage.clear()
         self.intents.clear()
         self.undo = Undo(self.seq)
         if self._staged and not self.store.holding:  # written above, with the group before it
@@ -282,19 +310,21 @@ class SchedulerJournal:
     def rollback(self, now: float) -> None:
         """Put back everything changed since the last commit; destroy the MIG instances made for it."""
         undo = self.undo
-        for inverse in reversed(undo.view):
+        for inverse in reversed(undo.inverses):
             inverse()
         for uuid, snapshot in undo.gpus.items():
             gs = self.fleet.gpus[uuid]
             gs.restore(snapshot)
             self.fleet.changed(gs)
         self.fleet.moved()
-        self._put_back_leases(undo.leases, now)
+        self._put_back_leases(undo.leases.put_back())
         self.seq = undo.seq
         made = {inst.uuid for _, inst, _ in undo.made}
         self.instance_changes = [c for c in self.instance_changes if c[1] not in made]
         self.drains.clear()
         self.returning_changes.clear()
+        self.deadlines.clear()
+        self.usage.clear()
         self.events.clear()
         self.undo = Undo(self.seq)
         self._unmake_made(undo.made, now)

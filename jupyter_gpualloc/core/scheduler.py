@@ -33,7 +33,7 @@ from .fleet_state import FleetState, GpuState
 from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
-from .journal import Listeners, SchedulerJournal, UndoLog, unreadable
+from .journal import Listeners, SchedulerJournal, unreadable
 from .model import Event, Lease, LeaseState, MigMode, Node, OutsideUse, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_name
 from .placement import get_policy
@@ -43,7 +43,7 @@ from .mig_instances import MigInstances
 from .fleet_changes import FleetChanges
 from .queue_order import QueueOrder
 from .quotas import quota_block
-from .recovery import reattach, reconcile_instances, recover_leases, recover_returning
+from .recovery import reconcile_instances, recover_leases, recover_returning
 from .store import Store, StoreError
 from .usage import UsageLedger
 
@@ -65,15 +65,15 @@ class Scheduler:
         self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
         self._fleet = FleetState(backend, static_mig=self.policy.mig_changes == "static")
         self._book = LeaseBook(self._fleet)
-        self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._put_back_leases,
+        self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._book.put_back,
                                          self._destroy_released)
         self._instances = MigInstances(store, backend, self._fleet, self._journal)
         self._changes = FleetChanges(self, self._fleet, self._book, self._journal)
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         offers = self._plan_fleet()
-        self.usage = UsageLedger(store, self.policy, offers, now=now)
-        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of)
+        self.usage = UsageLedger(store, self.policy, offers, self._journal, now=now)
+        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of, self._journal)
         self._recover(now)
 
     def _plan_fleet(self) -> list[dict]:
@@ -124,24 +124,20 @@ class Scheduler:
         Room was made on their GPUs, so a waiting queue gets a scheduling pass (if `settle`)."""
         self._instances.destroy_released(to_destroy, now)
         self._fleet.moved()
-        if settle and self._book.queue:
+        if settle:
             self._settle(now)
 
     def _settle(self, now: float) -> None:
         """Grant what the queue can now have, as a change of its own: if the store fails there,
-        the caller's committed change stands and the next tick grants (and reports the failure)."""
+        the caller's committed change stands and the next tick grants (and reports the failure).
+        O(1) with nothing queued: a pass over no requests would change nothing."""
+        if not self._book.queue:
+            return
         try:
             with self._journal.atomic(now):
                 self._schedule(now)
         except StoreFailed:
             pass
-
-    def _put_back_leases(self, changed: UndoLog[Lease], now: float) -> None:
-        """The leases of a change undone, as they were (see LeaseBook.put_back), their usage and deadlines too."""
-        self._book.put_back(changed.put_back())
-        for lease_id in changed.before:
-            self.usage.resync(lease_id, self._book.by_id.get(lease_id), now)
-            self.deadlines.resync(lease_id, self._book.by_id.get(lease_id))
 
     def _stored_lease(self, lease_id: str) -> Lease | None:
         """A lease as the store has it (ended ones live only there); StoreFailed if it cannot be read."""

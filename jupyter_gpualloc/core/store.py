@@ -371,10 +371,13 @@ class Store:
 
     def save(self, changed: list[Lease], instance_changes: list[tuple[str, str, MigInstance | None, bool]],
              seq: int, *, drains: Mapping[str, bool] | None = None, intents_done: Sequence[str] = (),
-             returning: Mapping[str, bool] | None = None) -> None:
+             returning: Mapping[str, bool] | None = None,
+             deadlines: Mapping[str, DeadlineRecord | None] | None = None,
+             usage: Sequence[UsageSegment] = ()) -> None:
         """One transaction: upsert leases, add/remove MIG instance records, set GPUs' drain marks,
         mark or unmark ended leases whose slices are still held (`returning`), drop fulfilled MIG
-        intents, remember the sequence. StoreError, and nothing written, if any part fails.
+        intents, set or (None) delete leases' deadlines, add or move usage segments, remember the
+        sequence. StoreError, and nothing written, if any part fails.
         The rows are taken now; in a group, a lease written twice is written once, as it was last."""
         rows = [_lease_row(l) for l in changed]
         instances = [(mig_uuid, inst and {
@@ -384,6 +387,9 @@ class Store:
         drains = dict(drains or {})
         returning = dict(returning or {})
         intents_done = list(intents_done)
+        deadline_rows = [(lease_id, record and {
+            "lease_id": record.lease_id, "deadline": record.deadline, "extensions": record.extensions,
+            "warned_at": record.warned_at}) for lease_id, record in deadlines.items()] if deadlines else []
 
         def write(conn: Connection) -> None:
             for lease_id, held in returning.items():
@@ -401,7 +407,11 @@ class Store:
                     self._insert_drain.run(conn, {"gpu_uuid": gpu_uuid})
             if intents_done:
                 self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in intents_done])
-        self._apply(write, rows, seq)
+            for lease_id, row in deadline_rows:
+                self._delete_deadline.run(conn, {"lease_id": lease_id})
+                if row is not None:
+                    self._insert_deadline.run(conn, row)
+        self._apply(write, rows, seq, [_usage_row(seg) for seg in usage] if usage else ())
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
@@ -510,18 +520,6 @@ class Store:
             query = query.where(gpu_busy.c.user == user)
         with self._read() as conn:
             return {lease_id: busy for lease_id, busy in conn.execute(query)}
-
-    def save_deadline(self, record: DeadlineRecord) -> None:
-        row = {"lease_id": record.lease_id, "deadline": record.deadline, "extensions": record.extensions,
-               "warned_at": record.warned_at}
-
-        def write(conn: Connection) -> None:
-            self._delete_deadline.run(conn, {"lease_id": record.lease_id})
-            self._insert_deadline.run(conn, row)
-        self._apply(write)
-
-    def delete_deadline(self, lease_id: str) -> None:
-        self._apply(partial(self._delete_deadline.run, row={"lease_id": lease_id}))
 
     def load_deadlines(self) -> list[DeadlineRecord]:
         with self._read() as conn:

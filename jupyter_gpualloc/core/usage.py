@@ -9,6 +9,11 @@ lease accrues again from the moment the new process starts. While the store is o
 heartbeat keeps its accrual in memory (the first heartbeat the store takes again writes it), so a
 crash during an outage loses the accrual since the last heartbeat before it.
 
+Starting and stopping a lease's accrual and its quota warnings are part of the scheduler's change
+that makes them: each records its inverse in the change's journal (a lease's final accrual is
+written by the change's commit), so a change undone puts them back. Accrual written at signs of
+life (`accrue`) goes to the store at once, and is marked unstored again if the store refuses it.
+
 `usage_quotas` limit GPU-hours over a window, rolling ("7d", "24h") or calendar ("calendar_day",
 "calendar_week" from Monday 00:00 UTC, "calendar_month"), per user or per group. The scheduler
 asks `refusal()` before it accepts a request and `enforce()` on every tick; both take the time.
@@ -22,10 +27,12 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Iterable, Sequence
 
 from . import mig
-from .model import MIB_PER_GIB, Lease, LeaseState, SliceKind, SliceSpec
+from .journal import SchedulerJournal
+from .model import MIB_PER_GIB, Lease, SliceKind, SliceSpec
 from .store import Store, StoreError, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
@@ -253,8 +260,10 @@ class _Totals:
 class UsageLedger:
     """Accrues granted leases into the store and answers reports and usage quotas."""
 
-    def __init__(self, store: Store, policy, offers: Sequence[dict], *, now: float):
+    def __init__(self, store: Store, policy, offers: Sequence[dict], journal: SchedulerJournal, *, now: float):
+        """`journal`: the scheduler's, whose changes start and stop accrual."""
         self.store = store
+        self._journal = journal
         self.policy = policy
         self.offers = list(offers)
         self.offer_of = OfferNames(self.offers)
@@ -278,16 +287,7 @@ class UsageLedger:
             model=sl.model, kind=sl.kind.value, offer=self.offer_of(lease.spec),
             holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
         self._running[lease.id] = _Accrual(template, now, now)
-
-    def resync(self, lease_id: str, lease: Lease | None, now: float) -> None:
-        """After the scheduler undid a change: accrue the lease from now if it is granted again,
-        forget it if it is not (nothing is written)."""
-        if lease is not None and lease.state is LeaseState.GRANTED:
-            if lease_id not in self._running:
-                self.start(lease, now)
-        else:
-            self._running.pop(lease_id, None)
-            self._gpu.pop(lease_id, None)
+        self._journal.on_undo(partial(self._running.pop, lease.id, None))
 
     def accrue(self, leases: Iterable[Lease], now: float, *, keep_if_refused: bool = False) -> None:
         """Store the accrual of these leases up to now (those not being accrued are skipped).
@@ -312,13 +312,25 @@ class UsageLedger:
             self.store.if_refused(unmark)
 
     def stop(self, lease: Lease, now: float) -> None:
-        """Store a lease's final accrual up to its end and stop accruing it."""
-        segments = self._advance(lease.id, now)
-        self._running.pop(lease.id, None)
-        self._gpu.pop(lease.id, None)
-        for key in [k for k in self._warned if k[0] == lease.id]:
+        """Stop accruing a lease; the change's commit writes its final accrual up to its end."""
+        acc = self._running.pop(lease.id, None)
+        warned = {key: event for key, event in self._warned.items() if key[0] == lease.id}
+        for key in warned:
             del self._warned[key]
-        self._save(segments, now)
+        self._journal.on_undo(partial(self._restart, lease.id, acc, self._gpu.pop(lease.id, None), warned))
+        if acc is not None:
+            segments = self._pending(acc, now)
+            self._journal.write_usage(segments)
+            if self._horizon:
+                self._remember(segments)
+
+    def _restart(self, lease_id: str, acc: _Accrual | None, signal: _GpuSignal | None, warned: dict) -> None:
+        """Undo stop(): accrue the lease again from where it was stored to, with its GPU signal and warnings."""
+        if acc is not None:
+            self._running[lease_id] = acc
+        if signal is not None:
+            self._gpu[lease_id] = signal
+        self._warned.update(warned)
 
     def _advance(self, lease_id: str, now: float) -> list[UsageSegment]:
         """Move a running lease's stored accrual to now: one segment per UTC day touched."""
@@ -549,17 +561,31 @@ class UsageLedger:
             for status in cache[key]:
                 mark = (lease.id, status.scope, status.who)
                 if status.standing == "ok":
-                    self._warned.pop(mark, None)
+                    self._warn(mark, None)
                     continue
                 event = f"usage.{status.standing}"
                 release = event == "usage.exceeded" and self.policy.usage_enforcement == "release" and \
                     (holder_kind(lease.holder) != "job" or self.policy.usage_release_jobs)
                 if self._warned.get(mark) != event or release:
-                    self._warned[mark] = event
+                    self._warn(mark, event)
                     actions.append(UsageAction(lease, event, status, release))
                     if release:
                         break
         return actions
+
+    def _warn(self, mark: tuple[str, str, str], event: str | None) -> None:
+        """Remember the last event a lease got for a quota (None: none), put back if the change is undone."""
+        before = self._warned.get(mark)
+        if before == event:
+            return
+        self._put_warned(mark, event)
+        self._journal.on_undo(partial(self._put_warned, mark, before))
+
+    def _put_warned(self, mark: tuple[str, str, str], event: str | None) -> None:
+        if event is None:
+            del self._warned[mark]
+        else:
+            self._warned[mark] = event
 
 
 def to_csv(rows: list[dict], by: str) -> str:

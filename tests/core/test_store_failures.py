@@ -12,7 +12,7 @@ from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import HolderBusy, NotFound, QuotaExceeded, Scheduler, StoreFailed
-from jupyter_gpualloc.core.store import Store
+from jupyter_gpualloc.core.store import DeadlineRecord, Store
 
 from .conftest import A100_40, fleet
 
@@ -120,6 +120,35 @@ def test_a_refused_release_keeps_the_lease_and_its_instance(setup):
     assert picture(again) == committed
     assert again.lease("A").state is LeaseState.RELEASED
     again.store.close()
+
+
+SHARED_GPUS = 8192 / 23034  # what SHARED amounts to on an L4
+
+
+def test_refused_changes_put_back_deadlines_and_accrual_as_stored(store_urls):
+    """A refused extension, deadline warning and release leave the lease's deadline and usage as
+    they were, in memory and in the store, so the next tick warns again and nothing is lost."""
+    url = store_urls.fresh()
+    store = FlakyStore(url)
+    s = Scheduler(SimulatedBackend(FLEET), store,
+                  SchedulerPolicy(**POLICY, max_duration={"kernel": 100}, deadline_warning=10, max_extensions=1))
+    seen = []
+    s.subscribe(seen.append)
+    s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    for refused in (lambda: s.extend("A", now=50), lambda: s.tick(95), lambda: s.release("A", now=96)):
+        store.fail_next.add("save")
+        with pytest.raises(StoreFailed):
+            refused()
+        assert s.deadline("A") == {"at": 101, "extensions": 0, "extensions_left": 1, "warned_at": None}
+        assert store.load_deadlines() == [DeadlineRecord("A", 101, 0, None)]
+    assert s.usage.report(0, 200, "user", 96) == [{"user": "alice", "gpu_hours": round(95 * SHARED_GPUS / 3600, 6),
+                                                   "gib_hours": round(95 * 8 / 3600, 6), "leases": 1}]
+    s.tick(97)
+    assert [e.type for e in seen] == ["lease.granted", "lease.deadline_warning"]
+    s.release("A", now=98)
+    assert store.load_deadlines() == []
+    assert [(seg.start, seg.end) for seg in store.load_usage(0, 200, "alice")] == [(1, 98)]
+    store.close()
 
 
 def test_a_value_the_database_refuses_poisons_nothing(setup):

@@ -45,8 +45,8 @@ def test_every_value_comes_back_as_it_was_written(store):
     store.save_usage([segment])
     store.add_busy("A", "1970-01-01", "zoë", 0.5, 1.0)
     store.add_busy("A", "1970-01-01", "zoë", 0.25, 1.0)  # the upsert adds
-    store.save_deadline(DeadlineRecord("A", 100.5, 2, None))
-    store.save_deadline(DeadlineRecord("A", 200.5, 3, 150.0))  # replaces
+    store.save([], [], 8, deadlines={"A": DeadlineRecord("A", 100.5, 2, None)})
+    store.save([], [], 8, deadlines={"A": DeadlineRecord("A", 200.5, 3, 150.0)})  # replaces
     job = Job(id="J", user="zoë", name="train", spec=MIG_SPEC, priority=PriorityClass.BATCH, preemptible=True,
               source={"kind": "cell", "code": "print('ü')"}, workdir="w", kernel_name="python3",
               state=JobState.QUEUED, created_at=6.0)
@@ -62,8 +62,7 @@ def test_every_value_comes_back_as_it_was_written(store):
     assert store.load_deadlines() == [DeadlineRecord("A", 200.5, 3, 150.0)]
     assert store.load_jobs() == [job]
 
-    store.save([], [("GPU-0", "MIG-7", None, True)], 9, drains={"GPU-1": False})
-    store.delete_deadline("A")
+    store.save([], [("GPU-0", "MIG-7", None, True)], 9, drains={"GPU-1": False}, deadlines={"A": None})
     state = store.load()
     assert state.instances == [] and state.drained == [] and state.seq == 9
     assert store.load_deadlines() == []
