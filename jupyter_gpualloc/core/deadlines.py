@@ -95,6 +95,15 @@ class Deadlines:
         self._records[lease.id] = record
         self.store.save_deadline(record)
 
+    def cap(self, lease: Lease, at: float) -> None:
+        """End a granted lease by `at` at the latest (a reservation's window end), extensions kept."""
+        record = self._records.get(lease.id)
+        if record is not None and record.deadline <= at:
+            return
+        record = DeadlineRecord(lease.id, at, record.extensions if record else 0, None)
+        self._records[lease.id] = record
+        self.store.save_deadline(record)
+
     def resync(self, lease_id: str, lease: Lease | None) -> None:
         """After the scheduler undid a change: a lease granted again gets back the deadline of its
         grant (its extensions are lost), one no longer granted loses its own (in memory only)."""
