@@ -41,6 +41,7 @@ from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login
 from .checkpoint import WalCheckpointer
 from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
+from .reservations import RESERVATION_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
 from .deadlines import ExtendHandler
@@ -70,6 +71,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/leases/{lease_id}/extend", ExtendHandler, "extend"),
     ("/usage/efficiency", EfficiencyHandler, "usage_efficiency"),
     ("/leases/{lease_id}/utilization", UtilizationHandler, "utilization"),
+    *RESERVATION_ROUTES,
 ]
 
 
