@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from datetime import datetime, timezone
 
 from .conftest import ALICE, BOB, ROOT
 from .test_openapi import validator
@@ -52,3 +55,26 @@ def test_reservations_over_rest_survive_a_restart(fresh_service):
     assert svc.call("GET", "reservations/ml101", token=ROOT).status == 404
     types = [json.loads(line)["type"] for line in svc.audit_log.read_text().splitlines()]
     assert "reservation.created" in types and "reservation.deleted" in types
+
+
+def cli(svc, token, *args):
+    return subprocess.run([sys.executable, "-m", "jupyter_gpualloc.cli", "reservation", *args, "--url", svc.url[: -len("api/v1/")],
+                           "--token", token], capture_output=True, text=True, timeout=60)
+
+
+def test_the_reservation_command(fresh_service):
+    svc = fresh_service().start()
+    start = datetime.fromtimestamp(time.time() + 86400, timezone.utc).strftime("%Y-%m-%dT%H:%M")
+    made = cli(svc, ROOT, "create", "ml101", "--group", "students", "--mig", "1g.5gb", "--count", "7",
+               "--start", start, "--duration", "2h", "--weekly")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("ml101 reservation: 7 1g.5gb slices from ")
+    refused = cli(svc, ROOT, "create", "ml102", "--user", "alice", "--mig", "1g.5gb", "--count", "8",
+                  "--start", start, "--duration", "1h")
+    assert refused.returncode == 1 and "only 7 of 8" in refused.stderr
+    listed = cli(svc, BOB, "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("ml101  upcoming  7 x 1g.5gb slice for group students")
+    assert "weekly  in use 0/7" in listed.stdout
+    assert cli(svc, ALICE, "list").stdout == "no reservations\n"
+    assert cli(svc, ALICE, "delete", "ml101").returncode == 1
+    assert cli(svc, ROOT, "delete", "ml101").stdout == "deleted ml101\n"
