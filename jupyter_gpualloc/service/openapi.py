@@ -621,6 +621,8 @@ OPERATIONS["/leases/{lease_id}/extend"] = {
                            "409": _error("Not extended: no deadline, no extensions left, others wait, "
                                          "or not granted (`reason`).")}},
 }
+SCHEMAS["Lease"]["properties"]["reservation"] = {
+    "type": ["string", "null"], "description": "The reservation it was granted from (it ends with its window); null if none."}
 _WHEN = {"type": ["number", "string"], "maxLength": 64,
          "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset)."}
 _NAMES = {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}
