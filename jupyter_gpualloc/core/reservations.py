@@ -218,6 +218,8 @@ class Reservations:
         self._pending: dict[str, str] = {}  # lease id -> the reservation it is being granted from
         self._held: tuple[tuple, dict[str, frozenset[str]]] | None = None
         self._warned: set[str] = set()  # interactive leases warned to leave for a reservation
+        self._pass: PassMemo | None = None  # the scheduling pass whose memos _memos are
+        self._memos: dict[frozenset[str], PassMemo] = {}
 
     # ------------------------------------------------------------ journal
     def _write(self, changed: list[Reservation]) -> None:
@@ -435,8 +437,8 @@ class Reservations:
     def place(self, lease: Lease, plans: Sequence[Plan], reserved: set[str], now: float, memo: PassMemo | None,
               allowed: Callable[[Plan], bool], preempt: Callable[[list[Lease]], None]) -> Fit | None:
         """Where the request fits (FitSearch.find): a member's in its reservation first, reclaiming
-        lent capacity by `preempt`; else outside `reserved` and what reservations withhold from it.
-        The pass's `memo` learns only from searches that nothing was withheld from."""
+        lent capacity by `preempt`; else outside `reserved` and what reservations withhold from it
+        (with a memo of its own per withheld set, see _memo_for)."""
         if not self._by_name:
             return self._fit.find(lease, plans, reserved, memo, allowed)
         r = self.serving(lease, now)
@@ -453,7 +455,16 @@ class Reservations:
                 self._pending[lease.id] = r.name
                 return fit
         hidden = self.withheld(lease, now)
-        return self._fit.find(lease, plans, reserved | hidden, None if hidden else memo, allowed)
+        return self._fit.find(lease, plans, reserved | hidden, self._memo_for(memo, frozenset(hidden)), allowed)
+
+    def _memo_for(self, memo: PassMemo | None, hidden: frozenset[str]) -> PassMemo | None:
+        """The pass's memo for searches that `hidden` GPUs are withheld from: the pass's own when
+        none are, else one per withheld set (what found no room without those GPUs may fit with them)."""
+        if memo is None or not hidden:
+            return memo
+        if self._pass is not memo:
+            self._pass, self._memos = memo, {}
+        return self._memos.setdefault(hidden, PassMemo(self._fleet))
 
     def granted(self, lease: Lease, now: float) -> None:
         """A lease was granted: if from a reservation, it counts there and ends with the window."""
