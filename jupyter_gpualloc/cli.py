@@ -412,8 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     use.add_argument("--since", help="start: a date (2026-11-01), an ISO-8601 time or epoch seconds, UTC "
                                      "(default: the start of this month)")
     use.add_argument("--until", help="end, same forms (default: now)")
-    use.add_argument("--by", default="user", choices=["user", "group", "model", "kind", "offer", "holder_kind", "day"],
-                     help="one row per user (default), group, GPU model, slice kind, offer, holder kind or UTC day")
+    use.add_argument("--by", default="user", choices=["user", "group", "model", "kind", "offer", "holder_kind", "day",
+                                                          "reservation"],
+                     help="one row per user (default), group, GPU model, slice kind, offer, holder kind, UTC day "
+                          "or reservation (the leases granted from one)")
     use.add_argument("--user", help="admins: only this user's usage")
     use.add_argument("--csv", action="store_true", help="CSV instead of a table")
     use.add_argument("--efficiency", action="store_true",

@@ -76,6 +76,7 @@ class Reservation:
     gpu_seconds: float = 0.0  # used inside it by leases that ended
     started: float | None = None  # start of the last window announced started
     ended: float | None = None  # start of the last window announced ended
+    served: list[str] = field(default_factory=list)  # every lease granted from it (usage by reservation)
     deleted: bool = False
 
     @property
@@ -118,7 +119,7 @@ class Reservation:
                 "spec": self.spec.to_json(), "count": self.count, "start": self.start, "end": self.end,
                 "weekly": self.weekly, "lead_seconds": self.lead, "preempt_interactive": self.preempt_interactive,
                 "created_at": self.created_at, "leases": self.leases, "gpu_seconds": self.gpu_seconds,
-                "started": self.started, "ended": self.ended}
+                "started": self.started, "ended": self.ended, "served": self.served}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Reservation":
@@ -126,7 +127,7 @@ class Reservation:
                    SliceSpec.from_json(data["spec"]), data["count"], data["start"], data["end"], data["weekly"],
                    data["lead_seconds"], data["preempt_interactive"], data["created_at"],
                    {k: list(v) for k, v in data["leases"].items()}, data["gpu_seconds"], data["started"],
-                   data["ended"])
+                   data["ended"], list(data.get("served", [])))
 
 
 def parse_time(value: Any, field_name: str) -> float:
@@ -264,11 +265,16 @@ class Reservations:
                     held=sorted(self.held(now).get(r.name, frozenset())), in_use=len(live), leases=sorted(live),
                     free=max(0, r.count - len(live)) if r.state(now) == "active" else 0,
                     gpu_hours=self.gpu_seconds(r, now) / 3600.0, summary=describe(r, len(live), now))
+        del data["served"]
         return data
 
     def gpu_seconds(self, r: Reservation, now: float) -> float:
         """GPU-seconds used inside the reservation, its running leases' included."""
         return r.gpu_seconds + sum((now - at) * gpus for at, gpus in self._live(r).values())
+
+    def lease_names(self) -> dict[str, str]:
+        """Every lease ever granted from a reservation, with the reservation's name (GET /usage?by=reservation)."""
+        return {lease_id: r.name for r in self._by_name.values() for lease_id in r.served}
 
     def of_lease(self, lease_id: str) -> Reservation | None:
         """The reservation a granted lease was served from, if any."""
@@ -475,6 +481,7 @@ class Reservations:
         with self._journal.change():
             self._journal.record(r, known=True)
             r.leases[lease.id] = [now, gpu_share(lease.slice)]
+            r.served.append(lease.id)
         self._deadlines.cap(lease, r.window(now)[1])
 
     def on_lease_event(self, event: Event) -> None:

@@ -491,7 +491,7 @@ SCHEMAS.update({
         "type": "object", "required": ["since", "until", "by", "user", "rows", "total", "quotas"],
         "properties": {
             "since": {"type": "number"}, "until": {"type": "number"},
-            "by": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"]},
+            "by": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation"]},
             "user": {"type": ["string", "null"], "description": "Whose usage; null: everyone's (admins)."},
             "rows": {"type": "array", "items": {
                 "type": "object", "required": ["gpu_hours", "gib_hours", "leases"],
@@ -523,7 +523,7 @@ OPERATIONS["/usage"] = {
                 {"name": "until", "in": "query", "required": False, "schema": USAGE_TIME,
                  "description": "ISO-8601 time or epoch seconds (UTC); default now."},
                 {"name": "by", "in": "query", "required": False,
-                 "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"],
+                 "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation"],
                             "default": "user"}},
                 {"name": "user", "in": "query", "required": False, "schema": NAME,
                  "description": "Admins: one user's usage only."},

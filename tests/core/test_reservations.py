@@ -188,6 +188,9 @@ def test_leases_from_a_reservation_end_with_its_window(mig_fleet):
         "reservation.created", "reservation.started", "reservation.ended"]
     [row] = s.reservations.report(END)
     assert row["gpu_hours"] == pytest.approx(2 * (1 / 7))
+    [by_reservation] = s.usage.report(0, END, "reservation", END, reservation_of=s.reservations.lease_names())
+    assert by_reservation["reservation"] == "ml101" and by_reservation["leases"] == 1
+    assert by_reservation["gpu_hours"] == pytest.approx(2 * (1 / 7))  # the member's, not the other lease's
 
 
 def test_a_weekly_reservation_repeats_across_a_restart(mig_fleet):

@@ -50,6 +50,9 @@ def test_reservations_over_rest_survive_a_restart(fresh_service):
     svc.start()
     again = svc.call("GET", "reservations/ml101", token=BOB).json()
     assert again["in_use"] == 1 and again["free"] == 6 and again["summary"].startswith("ml101 reservation: 6 of 7 free")
+    usage = svc.call("GET", "usage?by=reservation", token=ROOT).json()
+    assert [(r["reservation"], r["leases"]) for r in usage["rows"]] == [("ml101", 1)]
+    validator(document, "UsageReport").validate(usage)
     assert svc.call("DELETE", "reservations/ml101", token=BOB).status == 403
     assert svc.call("DELETE", "reservations/ml101", token=ROOT).status == 200
     assert svc.call("GET", "reservations/ml101", token=ROOT).status == 404
