@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from . import mig, preemption
 from .deadlines import Deadlines
-from .errors import NotFound, SchedulerError
+from .errors import NotFound, SchedulerError, StoreFailed
 from .fit import Fit, FitSearch, PassMemo
 from .fleet_state import FleetState, GpuState
 from .journal import ChangeJournal, Listeners, refused
@@ -43,7 +43,7 @@ from .usage import gpu_share
 WEEK = 7 * 86400.0
 DEFAULT_LEAD = 600.0
 FIELDS = {"name", "users", "groups", "spec", "count", "start", "end", "weekly", "lead_seconds",
-          "preempt_interactive", "nodes"}
+          "preempt_interactive"}
 ENDINGS = {f"lease.{state.value}" for state in LeaseState if not state.active}
 
 
@@ -317,11 +317,11 @@ class Reservations:
         return r
 
     def _plan(self, r: Reservation) -> Plan:
+        """The plan it holds capacity for; SpecError (naming the spec's field) when the fleet has none."""
         try:
             return self._plans.of(r.spec)[0]
         except SpecError as err:
-            raise ReservationConflict(f"spec.{err.field}" if not err.field.startswith("spec") else err.field,
-                                      err.message, 0) from None
+            raise SpecError(err.field if err.field.startswith("spec") else f"spec.{err.field}", err.message) from None
 
     def _fits(self, r: Reservation, plan: Plan, now: float, promise: bool) -> int:
         """How many slices of `plan` the GPUs of its kind hold beside overlapping reservations (with
@@ -491,10 +491,13 @@ class Reservations:
         r = self.of_lease(event.lease_id)
         if r is None:
             return
-        with self._journal.change():
-            self._journal.record(r, known=True)
-            at, gpus = r.leases.pop(event.lease_id)
-            r.gpu_seconds += max(0.0, event.time - at) * gpus
+        try:
+            with self._journal.change():
+                self._journal.record(r, known=True)
+                at, gpus = r.leases.pop(event.lease_id)
+                r.gpu_seconds += max(0.0, event.time - at) * gpus
+        except StoreFailed:
+            pass  # put back as stored: the lease no longer counts as in use (_live), its GPU time goes unsummed
 
     # ------------------------------------------------------------ windows
     def next_change(self, now: float) -> float:

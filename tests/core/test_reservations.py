@@ -55,6 +55,9 @@ def test_creation_is_refused_with_how_many_fit(mig_fleet):
     with pytest.raises(ReservationConflict) as exists:
         reserve(s, count=1)
     assert exists.value.field == "name"
+    with pytest.raises(SpecError) as unknown:
+        reserve(s, name="h100", spec={"kind": "whole", "model": "H100"})
+    assert unknown.value.field == "spec.model"
     assert [r.name for r in s.reservations.all()] == ["ml101", "ml102", "friday"]
 
 
