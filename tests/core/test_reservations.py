@@ -239,3 +239,23 @@ def test_quotas_and_fair_share_are_unchanged_outside_reservations(harness):
         assert [state(s, l) for l in leases] == [LeaseState.GRANTED] * 4 + [LeaseState.QUEUED]
         s.release(leases[0].id, now=10, holder_gone=True)
         assert state(s, leases[-1]) is LeaseState.GRANTED
+
+
+def test_a_displaced_job_is_requeued_and_waits_for_the_window_to_end(l4_fleet):
+    from jupyter_gpualloc.core.jobs import JobRequest, Jobs
+
+    h = l4_fleet(count=1)
+    s = h.scheduler
+    jobs = Jobs(s, now=0)
+    reserve(s, spec={"kind": "whole", "model": "L4"}, count=1)
+    request = JobRequest.from_json({"spec": {"kind": "whole", "model": "L4"}, "workdir": "/w",
+                                    "source": {"kind": "cell", "code": "x"}})
+    job = jobs.submit("dave", request, now=0)
+    jobs.start(job.id, now=1)
+    s.tick(START - LEAD)
+    jobs.tick(START - LEAD)
+    again = jobs.job(job.id)
+    assert again.state.value == "queued" and again.preemptions == 1 and "reservation ml101" in again.reason
+    assert state(s, s.lease(again.lease_id)) is LeaseState.QUEUED
+    s.tick(END)
+    assert state(s, s.lease(again.lease_id)) is LeaseState.GRANTED  # lent again once the window is over
