@@ -31,6 +31,7 @@ BENCHMARKS = [
     ("service_load.py", "service_quick.md", ["--quick", "--markdown", str(DOCS / "benchmarks" / "service_quick.md")]),
     ("usage_sessions.py", "usage.md", []),
     ("jobs.py", "jobs.md", []),
+    ("reservations.py", "reservations.md", []),
 ]
 
 

@@ -281,6 +281,102 @@ def job_list(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- reservations
+
+
+def reservation_request(args: argparse.Namespace) -> dict:
+    """The REST body of `reservation create`; InputError (kernel/sizes.py) for a bad option."""
+    from .core.model import SpecError
+    from .core.reservations import parse_time
+    from .kernel.arguments import spec_from_args
+    from .kernel.sizes import InputError, parse_duration
+
+    if (args.end is None) == (args.duration is None):
+        raise InputError("give the window's --end or its --duration")
+    try:
+        start = parse_time(args.start, "--start")
+        end = parse_time(args.end, "--end") if args.end else start + parse_duration(args.duration)
+    except SpecError as err:
+        raise InputError(f"{err.field} {err.message}") from None
+    spec = spec_from_args(args.mem or "", args.mig, args.shared, args.whole, args.model)
+    if args.node:
+        spec["node"] = args.node
+    return {"name": args.name, "users": args.user, "groups": args.group, "spec": spec, "count": args.count,
+            "start": start, "end": end, "weekly": args.weekly, "lead_seconds": parse_duration(args.lead),
+            "preempt_interactive": args.preempt_interactive}
+
+
+def reservation_lines(reservations: list[dict]) -> list[str]:
+    """One line per reservation: name, state, what it holds for whom, its next window, its use."""
+    from .core.model import SliceSpec
+    from .core.usage import format_time
+
+    lines = []
+    for r in reservations:
+        who = ", ".join([*r["users"], *(f"group {g}" for g in r["groups"])])
+        window = f"{format_time(r['next_start'])} - {format_time(r['next_end'])}" if r["next_start"] else "-"
+        weekly = " weekly" if r["weekly"] else ""
+        lines.append(f"{r['name']}  {r['state']}  {r['count']} x {SliceSpec.from_json(r['spec']).describe()} "
+                     f"for {who}  {window}{weekly}  in use {r['in_use']}/{r['count']}  "
+                     f"{r['gpu_hours']:.2f} GPU-h")
+    return lines
+
+
+def reservation(args: argparse.Namespace, out: TextIO) -> int:
+    """create, list or delete reservations through the service (create and delete: admins)."""
+    from .client import GpuAllocError, SyncGpuAllocClient
+    from .kernel.sizes import InputError
+
+    try:
+        with SyncGpuAllocClient(args.url, args.token) as client:
+            if args.reservation_command == "create":
+                made = client.create_reservation(reservation_request(args))
+                print(made["summary"], file=out)
+                for warning in made.get("warnings", []):
+                    print(f"warning: {warning}", file=out)
+            elif args.reservation_command == "delete":
+                print(f"deleted {client.delete_reservation(args.name)['name']}", file=out)
+            else:
+                found = client.reservations()
+                for line in reservation_lines(found) if found else ["no reservations"]:
+                    print(line, file=out)
+    except (InputError, GpuAllocError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_reservation_parser(sub) -> None:
+    res = sub.add_parser("reservation", help="capacity held for a class or workshop in a time window")
+    res_sub = res.add_subparsers(dest="reservation_command", required=True)
+    create = res_sub.add_parser("create", help="hold COUNT slices for users and groups in a window (admins)")
+    create.add_argument("name", help="the reservation's name, e.g. ml101")
+    create.add_argument("--user", action="append", default=[], help="a member (repeatable)")
+    create.add_argument("--group", action="append", default=[], help="a member group (repeatable)")
+    kind = create.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--mem", metavar="SIZE", help="slices of this GPU memory, e.g. 10GB")
+    kind.add_argument("--mig", metavar="PROFILE", help="MIG slices of this profile, e.g. 1g.10gb")
+    kind.add_argument("--shared", metavar="SIZE", help="memory-capped shares, e.g. 10GB")
+    kind.add_argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs per slice (default 1)")
+    create.add_argument("--model", help="only this GPU model, e.g. H100")
+    create.add_argument("--node", help="only on this node")
+    create.add_argument("--count", type=int, default=1, help="how many slices (default 1)")
+    create.add_argument("--start", required=True, help="e.g. 2026-12-08T10:00 (UTC unless it names its offset)")
+    create.add_argument("--end", help="the window's end, same forms")
+    create.add_argument("--duration", help="or its length, e.g. 2h")
+    create.add_argument("--weekly", action="store_true", help="the window repeats every week")
+    create.add_argument("--lead", default="10m", help="preemptible work leaves this long before the start (10m)")
+    create.add_argument("--preempt-interactive", action="store_true",
+                        help="end interactive work on its capacity at the start (warned at the lead)")
+    delete = res_sub.add_parser("delete", help="delete a reservation (admins)")
+    delete.add_argument("name")
+    listing = res_sub.add_parser("list", help="reservations: all for admins, yours for members")
+    for command in (create, delete, listing):
+        command.add_argument("--url", help="the gpualloc API's root URL (default: $GPUALLOC_URL or JupyterHub's)")
+        command.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
+        command.set_defaults(func=reservation)
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -316,8 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     use.add_argument("--since", help="start: a date (2026-11-01), an ISO-8601 time or epoch seconds, UTC "
                                      "(default: the start of this month)")
     use.add_argument("--until", help="end, same forms (default: now)")
-    use.add_argument("--by", default="user", choices=["user", "group", "model", "kind", "offer", "holder_kind", "day"],
-                     help="one row per user (default), group, GPU model, slice kind, offer, holder kind or UTC day")
+    use.add_argument("--by", default="user", choices=["user", "group", "model", "kind", "offer", "holder_kind", "day",
+                                                          "reservation"],
+                     help="one row per user (default), group, GPU model, slice kind, offer, holder kind, UTC day "
+                          "or reservation (the leases granted from one)")
     use.add_argument("--user", help="admins: only this user's usage")
     use.add_argument("--csv", action="store_true", help="CSV instead of a table")
     use.add_argument("--efficiency", action="store_true",
@@ -353,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (sj, lj):
         command.add_argument("--url", help="the gpualloc API's root URL (default: $GPUALLOC_URL or JupyterHub's)")
         command.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
+    add_reservation_parser(sub)
     return parser
 
 

@@ -339,6 +339,17 @@ class GpuAllocClient:
         query = {k: str(v) for k, v in (("since", since), ("until", until), ("user", user)) if v is not None}
         return await self.call("GET", f"usage/efficiency?{urlencode(query)}")
 
+    async def reservations(self) -> list[dict]:
+        """Reservations: every one for admins, the caller's (as a member) for others."""
+        return (await self.call("GET", "reservations"))["reservations"]
+
+    async def create_reservation(self, request: Mapping[str, Any]) -> dict:
+        """Hold capacity for users and groups in a window (admins; see the ReservationRequest schema)."""
+        return await self.call("POST", "reservations", dict(request))
+
+    async def delete_reservation(self, name: str) -> dict:
+        return await self.call("DELETE", f"reservations/{quote(name, safe='')}")
+
     async def submit_job(self, request: Mapping[str, Any]) -> dict:
         """Queue a background job (see the JobRequest schema), run by this process's server unless
         `runner` says otherwise; the job, queued."""
@@ -540,6 +551,15 @@ class SyncGpuAllocClient:
 
     def usage_efficiency(self, **query: Any) -> dict:
         return self._run(self._client.usage_efficiency(**query))
+
+    def reservations(self) -> list[dict]:
+        return self._run(self._client.reservations())
+
+    def create_reservation(self, request: Mapping[str, Any]) -> dict:
+        return self._run(self._client.create_reservation(request))
+
+    def delete_reservation(self, name: str) -> dict:
+        return self._run(self._client.delete_reservation(name))
 
     def submit_job(self, request: Mapping[str, Any]) -> dict:
         return self._run(self._client.submit_job(request))

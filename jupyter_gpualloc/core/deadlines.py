@@ -98,6 +98,13 @@ class Deadlines:
         record = DeadlineRecord(lease.id, now + limit, 0, None)
         self._keep(lease.id, record)
 
+    def cap(self, lease: Lease, at: float) -> None:
+        """End a granted lease by `at` at the latest (a reservation's window end), extensions kept."""
+        record = self._records.get(lease.id)
+        if record is not None and record.deadline <= at:
+            return
+        self._keep(lease.id, DeadlineRecord(lease.id, at, record.extensions if record else 0, None))
+
     def stop(self, lease: Lease) -> None:
         if lease.id in self._records:
             self._keep(lease.id, None)

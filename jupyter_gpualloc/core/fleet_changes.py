@@ -99,6 +99,7 @@ class FleetChanges:
             self._fleet.gpus[uuid].drained_by_admin = True
             self._fleet.changed(self._fleet.gpus[uuid])
         self._scheduler._plan_fleet()
+        self._scheduler.reservations.use(self._scheduler._plans, self._scheduler._fit)
         self._emit("fleet.reloaded", now, nodes=len(nodes), removed=sorted(gone))
         for lease in sorted(self._book.by_id.values(), key=lambda l: l.seq):
             self._reattach(lease, gone, now)

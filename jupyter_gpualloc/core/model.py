@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-from .holders import job_holder
+from .holders import GRAMMAR, is_holder, job_holder
 
 MIB_PER_GIB = 1024
 MILLI_PER_GPU = 1000
@@ -435,6 +435,13 @@ def check_name(value: Any, field_name: str, max_length: int = NAME_MAX_LENGTH) -
     if value != value.strip():
         raise SpecError(field_name, "must not start or end with whitespace")
     return value
+
+
+def check_holder(holder: str) -> None:
+    """SpecError unless `holder` is a name that follows the holder grammar (holders.py)."""
+    check_name(holder, "holder")
+    if not is_holder(holder):
+        raise SpecError("holder", f"must be {GRAMMAR}")
 
 
 def _bounded_int(value: Any, name: str, minimum: int) -> int:

@@ -30,12 +30,11 @@ from .devices.base import DeviceBackend
 from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
 from .fleet_state import FleetState, GpuState
-from .holders import GRAMMAR, is_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, unreadable
 from .model import Event, Lease, LeaseState, MigMode, Node, OutsideUse, PriorityClass, SliceKind, SliceSpec, \
-    SpecError, check_name
+    SpecError, check_holder, check_name
 from .placement import get_policy
 from .plans import Plan, Plans, demand, host_demand, slice_demand
 from .policy import SchedulerPolicy
@@ -44,6 +43,7 @@ from .fleet_changes import FleetChanges
 from .queue_order import QueueOrder
 from .quotas import quota_block
 from .recovery import reconcile_instances, recover_leases, recover_returning
+from .reservations import Reservations
 from .store import Store, StoreError
 from .usage import UsageLedger
 
@@ -74,6 +74,9 @@ class Scheduler:
         offers = self._plan_fleet()
         self.usage = UsageLedger(store, self.policy, offers, self._journal, now=now)
         self.deadlines = Deadlines(store, self.policy, self.usage.offer_of, self._journal)
+        self.reservations = Reservations(store, self._fleet, self._plans, self._fit, self._book, self.deadlines,
+                                         self._listeners)
+        self.subscribe(self.reservations.on_lease_event)
         self._recover(now)
 
     def _plan_fleet(self) -> list[dict]:
@@ -181,7 +184,7 @@ class Scheduler:
             self._record_lease(lease)
             self._book.add(lease)
             self._book.plans[lease.id] = plans
-            fit = None if blocked else self._find_fit(lease, plans, self._order.reserved(self._book.queue, now, lease))
+            fit = None if blocked else self._find_fit(lease, plans, self._order.reserved(self._book.queue, now, lease), now)
             if fit is not None:
                 self._grant(lease, fit, now)
             elif not wait:
@@ -390,6 +393,8 @@ class Scheduler:
                 else:
                     self._emit("lease.deadline_warning", now, action.lease,
                                **action.warning(self.deadlines.extensions_left(action.lease.id)))
+            for lease, state, reason in self.reservations.due(now):
+                self._end(lease, state, now, reason)
             self._schedule(now)
 
     def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
@@ -564,15 +569,18 @@ class Scheduler:
         lease.granted_at = now
         self.usage.start(lease, now)
         self.deadlines.start(lease, now)
+        self.reservations.granted(lease, now)
         lease.last_activity = max(lease.last_activity or 0.0, now)
         lease.reason = ""
         self._emit("lease.granted", now, lease, slice=sl.to_json(), waited_s=now - lease.created_at)
 
     # ------------------------------------------------------ scheduling pass
-    def _find_fit(self, lease: Lease, plans: Sequence[Plan], reserved: set[str]) -> Fit | None:
-        """Where the first of `plans` within quota fits now, outside `reserved` GPUs (see FitSearch.find)."""
-        return self._fit.find(lease, plans, reserved, self._memo,
-                              lambda plan: self._quota_block(lease, [plan]) is None)
+    def _find_fit(self, lease: Lease, plans: Sequence[Plan], reserved: set[str], now: float) -> Fit | None:
+        """Where the first of `plans` within quota fits now, outside `reserved` GPUs and those that
+        reservations withhold from it (see FitSearch.find and Reservations.place)."""
+        return self.reservations.place(lease, plans, reserved, now, self._memo,
+                                       lambda plan: self._quota_block(lease, [plan]) is None,
+                                       lambda chosen: self._preempt(chosen, now, "reclaimed for its reservation"))
 
     def _schedule(self, now: float) -> None:
         """Grant every waiting request that fits, in queue order, honouring reservations.
@@ -598,20 +606,20 @@ class Scheduler:
         usage_known: dict = {}
         until = math.inf  # when the next waiting request reaches reserve_after
         reserve_after, preemption = self.policy.reserve_after, self.policy.preemption
-        for lease_id in self._order.ordered(self._book.queue):
+        for lease_id in self.reservations.first(self._order.ordered(self._book.queue), now):
             lease = self._book.by_id.get(lease_id)
             if lease is None or lease.state is not LeaseState.QUEUED:
                 continue
             plans = self._book.plans[lease_id]
             waited = now - lease.created_at >= reserve_after
-            if not waited and self._nothing_fits(lease, plans, preemption):
+            if not waited and self._nothing_fits(lease, plans, preemption, now):
                 until = min(until, lease.created_at + reserve_after)
                 continue
             blocked = self._quota_block(lease, plans)
             used_up = None if blocked else self.usage.refusal(lease.user, lease.groups, now, usage_known)
             if used_up is not None:
                 blocked = QuotaExceeded(used_up.scope, "gpu_hours", used_up.limit, used_up.sentence())
-            fit = None if blocked else self._find_fit(lease, plans, reserved)
+            fit = None if blocked else self._find_fit(lease, plans, reserved, now)
             if fit is None and blocked is None and lease.priority is PriorityClass.INTERACTIVE and preemption:
                 fit = self._preempt_for(lease, plans, reserved, now)
             if fit is not None:
@@ -624,25 +632,31 @@ class Scheduler:
                 reserved |= self._order.reservation(lease, reserved)
             else:
                 until = min(until, lease.created_at + reserve_after)
+        until = min(until, self.reservations.next_change(now))
         self._pass_done = (start, until) if self._fleet.version == start else None  # skippable if it changed nothing
 
-    def _nothing_fits(self, lease: Lease, plans: Sequence[Plan], preemption: bool) -> bool:
+    def _nothing_fits(self, lease: Lease, plans: Sequence[Plan], preemption: bool, now: float) -> bool:
         """Whether this pass already found no room for every plan of the request (same host
         demand) and it cannot preempt: then it is passed over in O(plans), without quota checks,
-        as its placement could only fail again. Its quota reason is refreshed once room is made."""
-        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._book.active.preemptible:
+        as its placement could only fail again (not one a reservation serves, searched there alone).
+        Its quota reason is refreshed once room is made."""
+        if preemption and lease.priority is PriorityClass.INTERACTIVE and self._book.active.preemptible \
+                or self.reservations.serves(lease, now):
             return False
         return all(self._memo.no_room(shape(plan, lease.spec)) for plan in plans)
 
     def _preempt_for(self, lease: Lease, plans: Sequence[Plan], reserved: set[str], now: float) -> Fit | None:
         """End the victims preemption picks for the request (see preemption.victims), then place it."""
-        chosen = preemption.victims(lease, plans, reserved, self._fleet, self._book.active,
-                                    self._book.returning.values())
+        chosen = preemption.victims(lease, plans, reserved | self.reservations.withheld(lease, now), self._fleet,
+                                    self._book.active, self._book.returning.values())
         if not chosen:
             return None
+        self._preempt(chosen, now, "preempted for an interactive request")
+        return self._find_fit(lease, plans, reserved, now)
+
+    def _preempt(self, chosen: Sequence[Lease], now: float, reason: str) -> None:
         for victim in chosen:
-            self._end(victim, LeaseState.PREEMPTED, now, "preempted for an interactive request")
-        return self._find_fit(lease, plans, reserved)
+            self._end(victim, LeaseState.PREEMPTED, now, reason)
 
     def _quota_block(self, lease: Lease, plans: Sequence[Plan], *,
                      assume_empty: bool = False) -> QuotaExceeded | None:
@@ -676,10 +690,3 @@ class Scheduler:
                     self._instances.destroy(gs, mig_uuid, now)
         self._schedule(now)
         self._journal.commit()
-
-
-def check_holder(holder: str) -> None:
-    """SpecError unless `holder` is a name that follows the holder grammar (holders.py)."""
-    check_name(holder, "holder")
-    if not is_holder(holder):
-        raise SpecError("holder", f"must be {GRAMMAR}")

@@ -140,6 +140,13 @@ jobs = Table(
     Column("data", Text, nullable=False),
 )
 
+# Reservations of capacity for a window (see core/reservations.py), one JSON record each.
+reservations = Table(
+    "reservations", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("data", Text, nullable=False),
+)
+
 
 @dataclass
 class InstanceRecord:
@@ -260,6 +267,8 @@ class Store:
         self._upsert_usage = upsert(usage, ["lease_id", "start"], lambda excluded: {"end": excluded.end})
         self._upsert_meta_row = upsert(meta, ["key"])
         self._upsert_jobs = upsert(jobs, ["id"])
+        self._upsert_reservations = upsert(reservations, ["name"])
+        self._delete_reservation = delete_by(reservations, "name")
         self._upsert_instance = upsert(mig_instances, ["uuid"])
         self._delete_instance = delete_by(mig_instances, "uuid")
         self._delete_returning = delete_by(returning_slices, "lease_id")
@@ -430,6 +439,23 @@ class Store:
         rows = [{"id": j.id, "user": j.user, "state": j.state.value, "created_at": j.created_at,
                  "data": json.dumps(j.to_json())} for j in changed]
         self._apply(partial(self._upsert_jobs.run_many, rows=rows))
+
+    def save_reservations(self, changed: Sequence[Any]) -> None:
+        """One transaction: upsert reservation records, delete the deleted ones. StoreError if it fails."""
+        rows = [{"name": r.name, "data": json.dumps(r.to_json())} for r in changed if not r.deleted]
+        gone = [{"name": r.name} for r in changed if r.deleted]
+
+        def write(conn: Connection) -> None:
+            if rows:
+                self._upsert_reservations.run_many(conn, rows)
+            if gone:
+                self._delete_reservation.run_many(conn, gone)
+        self._apply(write)
+
+    def load_reservations(self) -> list[dict]:
+        """Every reservation record, as the JSON object it was saved as (core/reservations.py)."""
+        with self._read() as conn:
+            return [json.loads(r[0]) for r in conn.execute(select(reservations.c.data))]
 
     # --------------------------------------------------------------- reads
     def load(self) -> StoredState:

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from . import mig
 from .journal import SchedulerJournal
@@ -36,7 +36,7 @@ from .model import MIB_PER_GIB, Lease, SliceKind, SliceSpec
 from .store import Store, StoreError, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
-REPORT_DIMENSIONS = ("user", "group", "model", "kind", "offer", "holder_kind", "day")
+REPORT_DIMENSIONS = ("user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation")
 CALENDAR_WINDOWS = ("calendar_day", "calendar_week", "calendar_month")
 _ROLLING = re.compile(r"(\d+(?:\.\d+)?)([hdw])")
 _UNIT_SECONDS = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -437,11 +437,13 @@ class UsageLedger:
         return sorted(rows, key=lambda r: (r["efficiency"], -r["gpu_hours"]))
 
     # ------------------------------------------------------------ reports
-    def report(self, since: float, until: float, by: str, now: float, user: str | None = None) -> list[dict]:
+    def report(self, since: float, until: float, by: str, now: float, user: str | None = None,
+               reservation_of: Mapping[str, str] | None = None) -> list[dict]:
         """GPU-hours and GiB-hours in [since, until) (clipped at now) per value of `by`, largest first
         (days in order).
 
         A lease of several groups counts fully in each of them; a lease without one under group "".
+        By reservation, only the leases `reservation_of` names (lease id -> reservation) count.
         """
         if by not in REPORT_DIMENSIONS:
             raise ValueError(f"by must be one of {', '.join(REPORT_DIMENSIONS)}")
@@ -451,7 +453,10 @@ class UsageLedger:
             seconds = min(seg.end, until) - max(seg.start, since)
             if seconds <= 0:
                 continue
-            keys = (seg.groups or ("",)) if by == "group" else (getattr(seg, by),)
+            if by == "reservation":
+                keys = (reservation_of[seg.lease_id],) if seg.lease_id in (reservation_of or {}) else ()
+            else:
+                keys = (seg.groups or ("",)) if by == "group" else (getattr(seg, by),)
             for key in keys:
                 t = totals.setdefault(key, _Totals())
                 t.gpu_hours += seconds * seg.gpus / SECONDS_PER_HOUR

@@ -15,6 +15,7 @@ from .devices.base import DeviceBackend
 from .jobs import Jobs
 from .model import Event
 from .policy import SchedulerPolicy
+from .reservations import Reservations
 from .scheduler import Scheduler
 from .store import Store
 from .usage import UsageLedger
@@ -33,6 +34,11 @@ class Core:
     def usage(self) -> UsageLedger:
         """The usage ledger over the scheduler's leases: reports, efficiency, windows and usage quotas."""
         return self.scheduler.usage
+
+    @property
+    def reservations(self) -> Reservations:
+        """Capacity held for members in time windows: create, delete, list and usage per reservation."""
+        return self.scheduler.reservations
 
     def tick(self, now: float) -> None:
         """End dead and idle leases and grant (Scheduler.tick), then move the jobs on (Jobs.tick)."""

@@ -77,11 +77,12 @@ def offer_note(offer: Mapping[str, Any]) -> str:
 
 
 def render_form(offers: Iterable[Mapping[str, Any]], selected: str | None = None, *,
-                message: str = "", standing: Iterable[str] = ()) -> str:
+                message: str = "", standing: Iterable[str] = (), reservations: Iterable[str] = ()) -> str:
     """The HTML snippet JupyterHub puts inside its spawn form: one radio button per offer.
 
     Offers the user's quota can never allow, or a used-up usage quota refuses now, are shown
-    disabled with the reason; `standing` (one sentence per usage quota) is shown above them.
+    disabled with the reason; `standing` (one sentence per usage quota) and `reservations` (one
+    line per reservation of the user: 'ml101 reservation: 22 of 30 free until 12:00 UTC') above them.
     """
     offers = list(offers)
     choosable = [o["name"] for o in offers if not refusal(o)]
@@ -103,6 +104,7 @@ def render_form(offers: Iterable[Mapping[str, Any]], selected: str | None = None
             f'</div>')
     intro = f'<p class="text-muted">{escape(message)}</p>' if message else ""
     usage = "".join(f'<p class="gpualloc-usage small">GPU usage: {escape(line)}</p>' for line in standing)
+    usage += "".join(f'<p class="gpualloc-reservation small">{escape(line)}</p>' for line in reservations)
     return (f'<fieldset class="gpualloc-offers mb-3"><legend>GPU for this server</legend>{intro}{usage}'
             + "".join(rows) + "</fieldset>")
 

@@ -72,6 +72,10 @@ class ServiceLink:
     async def offers(self) -> list[dict]:
         return await self.client.offers()
 
+    async def reservations(self) -> list[dict]:
+        """The reservations the user is a member of (GET /reservations)."""
+        return await self.client.reservations()
+
     async def usage_quotas(self) -> list[dict]:
         """Where the user stands against each of their usage quotas (GET /usage's `quotas`)."""
         return (await self.client.usage())["quotas"]

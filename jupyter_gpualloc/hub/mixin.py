@@ -241,6 +241,7 @@ class GPUSpawnerMixin(Spawner):
         only_no_gpu = [form.no_gpu_offer(self.gpu_no_gpu_label)] if self.gpu_no_gpu_offer else []
         until = "only servers without a GPU can start" if self.gpu_no_gpu_offer else "no server can start"
         standing: list[str] = []
+        reservations: list[str] = []
         try:
             offers = await self.gpu_offers()
         except AllocatorNotConfigured:
@@ -253,9 +254,9 @@ class GPUSpawnerMixin(Spawner):
                              exc_info=not isinstance(err, ServiceUnavailable))
             offers, message = only_no_gpu, f"The GPU allocator is not answering right now: {until}."
         else:
-            standing = await self.gpu_usage_standing()
+            standing, reservations = await self.gpu_usage_standing(), await self.gpu_reservations()
         return base_html + form.render_form(offers, previous or self.gpu_default_offer, message=message,
-                                            standing=standing)
+                                            standing=standing, reservations=reservations)
 
     async def gpu_usage_standing(self) -> list[str]:
         """One sentence per usage quota of the user ('you have used 12.50 of 40 GPU-hours this week
@@ -264,6 +265,16 @@ class GPUSpawnerMixin(Spawner):
             return [quota["message"] for quota in await self.gpu_link().usage_quotas()]
         except Exception as err:  # the offers came; a missing usage line must not break the form
             self.log.warning("GPU usage quotas for %s: %s", self._log_name, err,
+                             exc_info=not isinstance(err, (GpuAllocError, PermissionError)))
+            return []
+
+    async def gpu_reservations(self) -> list[str]:
+        """'ml101 reservation: 22 of 30 free until 12:00 UTC' per reservation of the user not yet
+        ended; none when the service does not say (logged: the form works without them)."""
+        try:
+            return [r["summary"] for r in await self.gpu_link().reservations() if r["state"] != "ended"]
+        except Exception as err:  # the offers came; a missing reservation line must not break the form
+            self.log.warning("GPU reservations for %s: %s", self._log_name, err,
                              exc_info=not isinstance(err, (GpuAllocError, PermissionError)))
             return []
 

@@ -400,16 +400,26 @@ class KernelGpu:
         report's default period, so that no clock but the service's is read)."""
         return self.client.usage().get("quotas", [])
 
+    def reservations(self) -> list[str]:
+        """'  ML101 reservation: 22 of 30 free until 12:00 UTC' for each reservation the user may use
+        now or later; none when the service does not say (the status goes without them)."""
+        from ..client import GpuAllocError
+
+        try:
+            return [f"  {r['summary']}" for r in self.client.reservations() if r["state"] != "ended"]
+        except GpuAllocError:
+            return []
+
     def offers(self) -> list[str]:
         offers = self.client.offers()
         if not offers:
-            return ["gpu: no slices are offered"]
+            return ["gpu: no slices are offered"] + self.reservations()
         width = max(len(offer["label"]) for offer in offers)
         lines = ["gpu: offers (available now, and how to ask)"]
         for offer in offers:
             lines.append(f"  {offer['label']:<{width}} {offer['available']:>3} available   "
                          f"%gpu request {request_arguments(offer['spec'])}")
-        return lines
+        return lines + self.reservations()
 
     def list(self) -> list[str]:
         leases = self.client.leases()
@@ -467,6 +477,7 @@ class GpuMagics(Magics):
         elif args.action == "status":
             lines, lease = self.kernel_gpu.status()
             self._show_status(lines, lease)
+            _say(self.kernel_gpu.reservations())
         elif args.action == "offers":
             _say(self.kernel_gpu.offers())
         elif args.action == "usage":

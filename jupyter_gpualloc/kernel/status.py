@@ -144,6 +144,8 @@ def _lease_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     limit = time_limit_text(lease, now)
     if limit:
         lines.append(f"  time limit: {limit}")
+    if lease.get("reservation"):
+        lines.append(f"  from reservation {lease['reservation']}: it ends with the reservation's window")
     return lines
 
 

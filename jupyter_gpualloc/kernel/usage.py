@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 HEADINGS = {"user": "user", "group": "group", "model": "GPU model", "kind": "slice kind", "offer": "offer",
-            "holder_kind": "holder", "day": "day (UTC)"}
+            "holder_kind": "holder", "day": "day (UTC)", "reservation": "reservation"}
 
 
 def _moment(t: float) -> str:

@@ -43,6 +43,7 @@ from .checkpoint import WalCheckpointer
 from .cluster import ClusterReconciler
 from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
+from .reservations import RESERVATION_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
 from .deadlines import ExtendHandler
@@ -72,6 +73,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/leases/{lease_id}/extend", ExtendHandler, "extend"),
     ("/usage/efficiency", EfficiencyHandler, "usage_efficiency"),
     ("/leases/{lease_id}/utilization", UtilizationHandler, "utilization"),
+    *RESERVATION_ROUTES,
 ]
 
 

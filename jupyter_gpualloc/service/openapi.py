@@ -503,7 +503,7 @@ SCHEMAS.update({
         "type": "object", "required": ["since", "until", "by", "user", "rows", "total", "quotas"],
         "properties": {
             "since": {"type": "number"}, "until": {"type": "number"},
-            "by": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"]},
+            "by": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation"]},
             "user": {"type": ["string", "null"], "description": "Whose usage; null: everyone's (admins)."},
             "rows": {"type": "array", "items": {
                 "type": "object", "required": ["gpu_hours", "gib_hours", "leases"],
@@ -535,7 +535,7 @@ OPERATIONS["/usage"] = {
                 {"name": "until", "in": "query", "required": False, "schema": USAGE_TIME,
                  "description": "ISO-8601 time or epoch seconds (UTC); default now."},
                 {"name": "by", "in": "query", "required": False,
-                 "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day"],
+                 "schema": {"enum": ["user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation"],
                             "default": "user"}},
                 {"name": "user", "in": "query", "required": False, "schema": NAME,
                  "description": "Admins: one user's usage only."},
@@ -633,6 +633,79 @@ OPERATIONS["/leases/{lease_id}/extend"] = {
                            "409": _error("Not extended: no deadline, no extensions left, others wait, "
                                          "or not granted (`reason`).")}},
 }
+SCHEMAS["Lease"]["properties"]["reservation"] = {
+    "type": ["string", "null"], "description": "The reservation it was granted from (it ends with its window); null if none."}
+_WHEN = {"type": ["number", "string"], "maxLength": 64,
+         "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset)."}
+_NAMES = {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}
+SCHEMAS.update({
+    "ReservationRequest": {
+        "type": "object", "required": ["name", "spec", "start", "end"], "additionalProperties": False,
+        "properties": {
+            "name": {**NAME, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                     "x-rule": "must be letters, digits, '.', '_' or '-'"},
+            "users": _NAMES, "groups": _NAMES, "spec": _ref("SliceSpec"),
+            "count": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 1,
+                      "description": "How many slices of `spec` it holds."},
+            "start": _WHEN, "end": _WHEN,
+            "weekly": {"type": "boolean", "default": False, "description": "The window repeats every week."},
+            "lead_seconds": {"type": "number", "minimum": 0, "maximum": 604800, "default": 600,
+                             "description": "Seconds before the start at which preemptible work on its "
+                                            "capacity is preempted (and interactive work warned, with "
+                                            "preempt_interactive)."},
+            "preempt_interactive": {"type": "boolean", "default": False,
+                                    "description": "End interactive work on its capacity at the start "
+                                                   "(warned at start - lead) instead of keeping other capacity."},
+        },
+    },
+    "Reservation": {
+        "type": "object",
+        "required": ["name", "owner", "users", "groups", "spec", "count", "start", "end", "weekly", "lead_seconds",
+                     "preempt_interactive", "state", "next_start", "next_end", "held", "in_use", "free",
+                     "gpu_hours", "summary"],
+        "properties": {
+            "name": {"type": "string"}, "owner": {"type": "string"},
+            "users": {"type": "array", "items": {"type": "string"}},
+            "groups": {"type": "array", "items": {"type": "string"}}, "spec": _ref("SliceSpec"),
+            "count": {"type": "integer"}, "start": {"type": "number"}, "end": {"type": "number"},
+            "weekly": {"type": "boolean"}, "lead_seconds": {"type": "number"}, "preempt_interactive": {"type": "boolean"},
+            "state": {"enum": ["upcoming", "active", "ended"]},
+            "next_start": NULLABLE_NUMBER, "next_end": NULLABLE_NUMBER,
+            "held": {"type": "array", "items": {"type": "string"}, "description": "UUIDs of the GPUs it holds now."},
+            "in_use": {"type": "integer", "description": "Its slices granted to members now."},
+            "free": {"type": "integer", "description": "Its slices members can still get now (0 outside the window)."},
+            "leases": {"type": "array", "items": {"type": "string"}},
+            "gpu_hours": {"type": "number", "description": "GPU-hours used inside it since it was created."},
+            "summary": {"type": "string", "description": "'ml101 reservation: 22 of 30 free until 12:00 UTC'."},
+            "warnings": {"type": "array", "items": {"type": "string"},
+                         "description": "At creation: what it cannot promise without preempt_interactive."},
+        },
+    },
+    "ReservationList": {"type": "object", "required": ["reservations"],
+                        "properties": {"reservations": {"type": "array", "items": _ref("Reservation")}}},
+})
+_RESERVATION_404 = _error("No such reservation (or the caller is not a member).")
+OPERATIONS["/reservations"] = {
+    "get": {"summary": "Reservations: every one for admins, those the caller is a member of for others.",
+            "responses": {"200": _json(_ref("ReservationList"), "Reservations, by start.")}},
+    "post": {"summary": "Hold a count of slices for users and groups in a window, once or weekly (admins).",
+             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ReservationRequest")}}},
+             "responses": {"201": _json(_ref("Reservation"), "Created; `warnings` says what it cannot promise."),
+                           "403": _error("Needs the allocator's admin permission."),
+                           "409": _error("The fleet cannot hold it (`field`: count, and `fits`: how many fit "
+                                         "beside overlapping reservations) or the name exists (`field`: name).")}},
+}
+OPERATIONS["/reservations/{name}"] = {
+    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+    "get": {"summary": "One reservation.",
+            "responses": {"200": _json(_ref("Reservation"), "The reservation."), "404": _RESERVATION_404}},
+    "delete": {"summary": "Delete a reservation: its capacity is free again (admins); its leases keep their deadlines.",
+               "responses": {"200": _json(_ref("Reservation"), "The deleted reservation."),
+                             "403": _error("Needs the allocator's admin permission."), "404": _RESERVATION_404}},
+}
+STORE_OPERATIONS |= {("/reservations", "post"), ("/reservations/{name}", "delete")}
+
+
 
 def openapi_document(api_prefix: str, cookie_name: str = "gpualloc") -> dict[str, Any]:
     """The document for the API served under `api_prefix` (e.g. /services/gpualloc/api/v1)."""

@@ -76,7 +76,8 @@ class UsageHandler(_UsageQuery):
         if by not in REPORT_DIMENSIONS:
             raise ApiError(400, f"by must be one of {', '.join(REPORT_DIMENSIONS)}", field="by")
         usage = self.ctx.usage
-        rows = usage.report(since, until, by, now, user=user)
+        names = self.scheduler.reservations.lease_names() if by == "reservation" else None
+        rows = usage.report(since, until, by, now, user=user, reservation_of=names)
         if "text/csv" in self.request.headers.get("Accept", ""):
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.finish(to_csv(rows, by))

@@ -88,10 +88,11 @@ def check_invariants(s: Scheduler, backend: SimulatedBackend) -> None:
             assert len(mine) <= limits["slices"]
         if "memory_gib" in limits:
             assert sum(l.slice.memory_mib for l in mine) <= limits["memory_gib"] * 1024
-    # Work conservation: no queued request could be granted now (no reservations in force here).
+    # Work conservation: no queued request could be granted now (no reservations, of either kind, in
+    # force here, so the time given to the search does not matter).
     for lease in s.queue():
         plans = s._book.plans[lease.id]
-        assert s._quota_block(lease, plans) is not None or s._find_fit(lease, plans, set()) is None, lease
+        assert s._quota_block(lease, plans) is not None or s._find_fit(lease, plans, set(), 0.0) is None, lease
 
 
 def free_capacity(s: Scheduler) -> list:

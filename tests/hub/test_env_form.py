@@ -140,3 +140,8 @@ def test_moments_and_durations_read_plainly():
     assert form.clock_text(monday_noon + 14 * 3600, monday_noon) == "Tue 02:00 UTC"
     assert form.clock_text(monday_noon + 30 * 86400, monday_noon) == "2027-01-06 12:00 UTC"
     assert [form.hours_text(s) for s in (14400, 5400, 600)] == ["4 h", "1 h 30 min", "10 min"]
+
+
+def test_form_says_how_much_of_the_users_reservation_is_free():
+    html = form.render_form(OFFERS, reservations=["ml101 reservation: 22 of 30 free until 12:00 UTC"])
+    assert '<p class="gpualloc-reservation small">ml101 reservation: 22 of 30 free until 12:00 UTC</p>' in html
