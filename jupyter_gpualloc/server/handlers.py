@@ -179,6 +179,14 @@ class OffersHandler(SidebarHandler):
         self.finish(json.dumps({"offers": await self.service(self.ext.client.offers())}))
 
 
+class ReservationsHandler(SidebarHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        """The reservations the caller may use (every one for an admin), each with its one-line summary."""
+        self.finish(json.dumps({"reservations": await self.service(self.ext.client.reservations())}))
+
+
 class RequestHandler(SidebarHandler):
     """POST {"offer": name} or {"spec": {...}}, optional "kernel_id" (else the server holds it), "wait"."""
 
@@ -410,6 +418,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/gpualloc/api/kernels", KernelsHandler),
         (r"/gpualloc/api/inventory", InventoryHandler),
         (r"/gpualloc/api/offers", OffersHandler),
+        (r"/gpualloc/api/reservations", ReservationsHandler),
         (r"/gpualloc/api/request", RequestHandler),
         (r"/gpualloc/api/release", ReleaseHandler),
         (r"/gpualloc/api/extend", ExtendHandler),

@@ -11,7 +11,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { streamQuery } from './model/stream';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
 
 /** The sidebar API's path below the server's base URL. */
 const ROOT = 'gpualloc/api';
@@ -54,6 +54,10 @@ export class GpuApi {
 
   async offers(): Promise<Offer[]> {
     return (await this.call<{ offers: Offer[] }>(`${ROOT}/offers`)).offers;
+  }
+
+  async reservations(): Promise<Reservation[]> {
+    return (await this.call<{ reservations: Reservation[] }>(`${ROOT}/reservations`)).reservations;
   }
 
   async slices(): Promise<LeaseEntry[]> {

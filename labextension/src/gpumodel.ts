@@ -14,7 +14,7 @@ import { namedAfterNotebook } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
 import { reconnectDelay } from './model/stream';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer, UsageReport } from './model/types';
+import { GpuEvent, Inventory, Job, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
 
 /** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
 export const POLL_SECONDS = 10;
@@ -34,6 +34,8 @@ export class GpuModel {
 
   inventory: Inventory | null = null;
   offers: Offer[] = [];
+  /** The reservations I may use that have not ended (empty when the allocator has none). */
+  reservations: Reservation[] = [];
   /** My GPU-hours and usage quotas; null until fetched, or when the allocator gives none. */
   usage: UsageReport | null = null;
   stream: StreamState = INITIAL_STATE;
@@ -90,9 +92,18 @@ export class GpuModel {
     }
   }
 
-  /** Fetch the fleet, offers and my slices, and my usage; each is shown as soon as it arrives. */
+  /** Fetch the fleet, offers and my slices, my usage and my reservations; each is shown as soon as it arrives. */
   async refresh(): Promise<void> {
-    await Promise.all([this.refreshLeases(), this.refreshUsage()]);
+    await Promise.all([this.refreshLeases(), this.refreshUsage(), this.refreshReservations()]);
+  }
+
+  private async refreshReservations(): Promise<void> {
+    try {
+      this.reservations = (await this.api.reservations()).filter(r => r.state !== 'ended');
+    } catch {
+      this.reservations = [];
+    }
+    this._changed.emit();
   }
 
   private async refreshUsage(): Promise<void> {

@@ -59,6 +59,11 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
         <Usage usage={model.usage} />
       </Section>
       <Section id="request" title="Request">
+        {model.reservations.map(r => (
+          <p key={r.name} className="jp-gpualloc-reservation" data-reservation={r.name}>
+            {r.summary}
+          </p>
+        ))}
         <Request
           offers={model.offers}
           notebook={notebook}

@@ -31,6 +31,9 @@ async def test_the_owner_reserves_and_is_served_from_the_reservation(gpualloc, j
     assert lease["deadline"]["at"] == made["next_end"]
     [listed] = (await call(jp_fetch, "GET", "reservations"))["reservations"]
     assert listed["in_use"] == 1 and listed["free"] == 1
+    sidebar = json.loads((await jp_fetch("gpualloc", "api", "reservations")).body)["reservations"]
+    assert [r["summary"] for r in sidebar] == [listed["summary"]]  # the sidebar's line, above its offers
+    assert listed["summary"].startswith("lab reservation: 1 of 2 free until ")
     await call(jp_fetch, "DELETE", "leases", lease["id"])
     await call(jp_fetch, "DELETE", "reservations", "lab")
     assert (await call(jp_fetch, "GET", "reservations"))["reservations"] == []

@@ -123,6 +123,17 @@ export interface Offer {
   over_usage_quota?: string | null;
 }
 
+/** A reservation the caller may use (REST API v1's Reservation), with its one-line summary. */
+export interface Reservation {
+  name: string;
+  state: 'upcoming' | 'active' | 'ended';
+  /** e.g. "ml101 reservation: 22 of 30 free until 12:00 UTC". */
+  summary: string;
+  count: number;
+  in_use: number;
+  next_start: number | null;
+}
+
 /** Where the caller stands against one usage quota (REST API v1's UsageQuota). */
 export interface UsageQuota {
   scope: 'user' | 'group';
