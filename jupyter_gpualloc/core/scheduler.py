@@ -30,6 +30,7 @@ from .devices.base import DeviceBackend
 from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
 from .fleet_state import FleetState, GpuState
+from .holders import is_server
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, unreadable
@@ -48,6 +49,8 @@ from .store import Store, StoreError
 from .usage import UsageLedger
 
 DRAINED = "drained"  # how the reason of a request refused as its GPUs are drained begins
+NOT_IN_A_POD = ("on Kubernetes only a server holds a GPU slice: a running pod cannot gain a device, so a kernel or "
+                "a job cannot have one of its own (GPU kernels and jobs in pods of their own are not available yet)")
 
 
 class Scheduler:
@@ -165,6 +168,8 @@ class Scheduler:
         write; a request that waits adds O(queue) for its position and a scheduling pass (`_schedule`)."""
         check_holder(holder)
         check_name(user, "user")
+        if not (self.backend.serves_running_processes or is_server(holder)):
+            raise SpecError("holder", NOT_IN_A_POD)
         for active in self._book.active.of_user(user):
             if active.holder == holder:
                 raise HolderBusy(active.id)

@@ -113,7 +113,7 @@ def test_a_foreign_pod_holding_the_node_makes_a_request_queue_until_it_is_delete
         namespace, gpu_pod("train", {"nvidia.com/gpu": "4"}, node="gpu-a100-1")))
     wait_for(lambda: outside_on(service, "gpu-a100-1") == [f"pod:{namespace}/train"] * 4,
              what="the foreign pod's GPUs outside the allocator")
-    lease = request(service, {"kind": "whole", "count": 4, "node": "gpu-a100-1"}, "job:foreign")
+    lease = request(service, {"kind": "whole", "count": 4, "node": "gpu-a100-1"}, "server:foreign")
     assert lease["state"] == "queued"
     users = service.call("GET", "inventory", token="alice-token-0001").json()
     assert {h["outside"] for n in users["nodes"] for g in n["gpus"] for h in g.get("shares", []) if h.get("outside")} \
@@ -146,7 +146,7 @@ def test_a_cordoned_node_drains_and_comes_back_when_uncordoned(service, k8s_clus
     k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-l4-1", {"spec": {"unschedulable": True}}))
     try:
         wait_for(lambda: node_of(service, "gpu-l4-1")["unschedulable"] == "cordoned", what="the cordon")
-        lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "job:cordon")
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:cordon")
         assert lease["state"] == "queued"
     finally:
         k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-l4-1", {"spec": {"unschedulable": False}}))
@@ -171,7 +171,7 @@ def test_a_node_added_serves_without_a_restart_and_its_deletion_ends_its_leases(
     try:
         wait_for(lambda: (node_of(service, "gpu-l4-new") or {"unschedulable": "absent"})["unschedulable"] is None,
                  what="the new node, Ready, in the inventory")
-        lease = request(service, {"kind": "whole", "node": "gpu-l4-new"}, "job:new-node")
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-new"}, "server:new-node")
         assert lease["state"] == "granted"
     finally:
         k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_node("gpu-l4-new"))
@@ -260,3 +260,10 @@ def views(service) -> dict:
     """What the service holds of the cluster: each node's schedulability and outside holds."""
     nodes = service.call("GET", "inventory", token=ROOT).json()["nodes"]
     return {n["name"]: (n["unschedulable"], outside_on(service, n["name"])) for n in nodes}
+
+
+def test_a_kernel_or_a_job_gets_no_slice_it_could_never_see(service):
+    for holder in ("kernel:k1", "job:j1"):
+        reply = service.call("POST", "leases", {"spec": {"kind": "whole"}, "holder": holder}, ROOT)
+        assert reply.status == 400 and reply.json()["field"] == "holder", reply
+        assert "on Kubernetes only a server holds a GPU slice" in reply.json()["error"], reply

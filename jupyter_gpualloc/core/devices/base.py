@@ -116,6 +116,13 @@ class DeviceBackend(ABC):
         return []
 
     @property
+    def serves_running_processes(self) -> bool:
+        """Whether a process already running can use a slice granted to it (its CUDA_VISIBLE_DEVICES
+        set before CUDA starts). False on Kubernetes: the device plugin gives a pod its devices
+        when the pod is created, so there only a server, whose pod is made for its slice, holds one."""
+        return True
+
+    @property
     def can_change_mig(self) -> bool:
         """Whether this backend may create and destroy MIG instances (dynamic MIG)."""
         return True

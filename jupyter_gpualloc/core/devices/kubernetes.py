@@ -133,6 +133,10 @@ class KubernetesBackend(DeviceBackend):
     def can_change_mig(self) -> bool:
         return False
 
+    @property
+    def serves_running_processes(self) -> bool:
+        return False
+
     def discover(self) -> list[Node]:
         """Every usable GPU node; a node is read again only when what is read from it changed."""
         return self.read_nodes(self._list_nodes())
