@@ -55,7 +55,8 @@ class ClusterWatch:
                  retry_seconds: float = 1.0, watch_seconds: int = 300):
         self.backend, self.listener = backend, listener
         self._kubeconfig, self._retry, self._watch_seconds = kubeconfig, retry_seconds, watch_seconds
-        self._node_keys: dict[str, Any] = {}
+        self._node_keys: dict[str, Any] = {}  # node name -> what was read from it (reading_key)
+        self._dirty_nodes: set[str] = set()  # named by node events since the last flush
         self._outside: dict[str, OutsideUse] = {}
         self._own: dict[str, OwnPod] = {}
         self._stale_since: float | None = None
@@ -182,19 +183,32 @@ class ClusterWatch:
             resource.objects[key] = obj
         if resource.kind == "pods":
             self._pod_changed(key, None if kind == "DELETED" else obj)
+        else:
+            self._dirty_nodes.add(key)
 
     def _flush(self, resource: _Resource) -> None:
-        """After a batch of node events: the nodes, if what is read from any of them changed."""
-        if resource.kind != "nodes":
+        """After a batch of node events: the nodes, if what is read from any of them changed (only
+        the nodes named by the batch are read again), then the pods on those nodes, whose devices
+        are read by their node's labels."""
+        if resource.kind != "nodes" or not self._dirty_nodes:
             return
-        keys = {name: reading_key(raw) for name, raw in resource.objects.items()}
-        if keys == self._node_keys:
+        changed = set()
+        for name in self._dirty_nodes:
+            raw = resource.objects.get(name)
+            key = reading_key(raw) if raw is not None else None
+            if self._node_keys.get(name) != key:
+                changed.add(name)
+                if key is None:
+                    self._node_keys.pop(name, None)
+                else:
+                    self._node_keys[name] = key
+        self._dirty_nodes.clear()
+        if not changed:
             return
-        self._node_keys = keys
-        nodes = self.backend.read_nodes(resource.objects.values())
-        self.listener.nodes_changed(nodes)
-        for key, raw in self._resources[1].objects.items():  # a pod's devices are read by its node's labels
-            self._pod_changed(key, raw)
+        self.listener.nodes_changed(self.backend.read_nodes(resource.objects.values()))
+        for key, raw in self._resources[1].objects.items():
+            if (raw.get("spec") or {}).get("nodeName") in changed:
+                self._pod_changed(key, raw)
 
     def _pod_changed(self, key: str, pod: Mapping[str, Any] | None) -> None:
         mine = own_pod(pod) if pod is not None else None

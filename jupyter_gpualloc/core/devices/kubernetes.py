@@ -154,7 +154,8 @@ class KubernetesBackend(DeviceBackend):
             if reading.problem is not None:
                 unusable.append(UnusableNode(name or "(unnamed)", reading.problem))
             elif reading.node is not None:
-                fleet.append(copy.deepcopy(reading.node))
+                node = reading.node  # a copy down to its GPUs, which the scheduler adjusts (MIG mode)
+                fleet.append(dataclasses.replace(node, gpus=[dataclasses.replace(g) for g in node.gpus]))
                 profiles.update(reading.profiles)
         self._readings, self._profiles, self._unusable = readings, profiles, unusable
         return fleet
