@@ -11,8 +11,7 @@ import yaml
 
 from tests.service.conftest import ROOT
 
-from .test_cluster import until
-from .test_service_on_cluster import ClusterService, lease_pod, request
+from .test_service_on_cluster import ClusterService, lease_pod, request, wait_until_deleted
 
 client = pytest.importorskip("kubernetes_asyncio.client")
 
@@ -82,14 +81,7 @@ def test_the_service_works_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
         k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
             NAMESPACE, lease_pod(lease, "jupyter-rbac", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
         assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
-
-        async def deleted(api):
-            async def check():
-                pods = await client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
-                return not [p for p in pods.items if p.metadata.name == "jupyter-rbac"]
-            await until(check, what="the lease's pod deleted by the service")
-
-        k8s_cluster.run(deleted)
+        wait_until_deleted(k8s_cluster, NAMESPACE, "jupyter-rbac")
         assert "Forbidden" not in service.log_tail()
     finally:
         service.kill()

@@ -208,12 +208,16 @@ def test_a_lease_ended_by_the_core_has_its_pod_deleted(service, k8s_cluster, nam
     k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
         namespace, lease_pod(lease, "orphan", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
     assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
+    wait_until_deleted(k8s_cluster, namespace, "orphan")
 
+
+def wait_until_deleted(k8s_cluster, namespace: str, name: str) -> None:
+    """Until the pod `name` is gone from `namespace` (deleted by the service)."""
     async def gone(api):
         async def check():
             pods = await client.CoreV1Api(api).list_namespaced_pod(namespace)
-            return not [p for p in pods.items if p.metadata.name == "orphan"]
-        await until(check, what="the pod deleted")
+            return not [p for p in pods.items if p.metadata.name == name]
+        await until(check, what=f"pod {namespace}/{name} deleted")
 
     k8s_cluster.run(gone)
 
