@@ -284,6 +284,12 @@ class Reservations:
         """The reservation a granted lease was served from, if any."""
         return next((r for r in self._by_name.values() if lease_id in r.leases), None)
 
+    def end_reason(self, lease: Lease, deadline: float) -> str | None:
+        """Why a lease ends at `deadline` when that is the end of its reservation's window, else None."""
+        r = self.of_lease(lease.id)
+        window = r.window(deadline - 1) if r is not None else None
+        return f"the window of reservation {r.name} ended" if window and window[1] == deadline else None
+
     def _live(self, r: Reservation) -> dict[str, list[float]]:
         return {i: v for i, v in r.leases.items() if i in self._book.by_id}
 

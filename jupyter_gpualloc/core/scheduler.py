@@ -394,7 +394,8 @@ class Scheduler:
                               f"usage quota used up: {action.status.sentence()}")
             for action in self.deadlines.check([l for l in granted if l.state is LeaseState.GRANTED], now):
                 if action.release:
-                    self._end(action.lease, LeaseState.EXPIRED, now, action.reason)
+                    self._end(action.lease, LeaseState.EXPIRED, now,
+                              self.reservations.end_reason(action.lease, action.record.deadline) or action.reason)
                 else:
                     self._emit("lease.deadline_warning", now, action.lease,
                                **action.warning(self.deadlines.extensions_left(action.lease.id)))

@@ -187,6 +187,7 @@ def test_leases_from_a_reservation_end_with_its_window(mig_fleet):
     assert [e.lease_id for e in h.events if e.type == "lease.deadline_warning"] == [member.id]
     s.tick(END)
     assert state(s, member) is LeaseState.EXPIRED and state(s, outside) is LeaseState.GRANTED
+    assert s.lease(member.id).reason == "the window of reservation ml101 ended"
     assert [e.type for e in h.events if e.type.startswith("reservation.")] == [
         "reservation.created", "reservation.started", "reservation.ended"]
     [row] = s.reservations.report(END)
