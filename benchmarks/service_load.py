@@ -60,7 +60,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CONNECTIONS = 64
 USERS = 64
 HELD = 16  # the alloc mix releases once this many leases are held
-TOUCHED = 48  # granted leases the touch mix works on
 HOLDERS = itertools.count()  # the alloc mix's holder names
 KNEE_P99_MS = 50.0
 RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
@@ -68,14 +67,30 @@ RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
 QUICK_RATES = {"alloc": [250, 500], "touch": [1000, 2000, 3000]}
 QUICK_SECONDS = 2.0
 QUICK_TITLE = "# Service under load: a quick open-loop run"
-FLEET = """nodes:
-  - name: bench
-    cpu_milli: 256000
-    memory_mib: 2097152
-    gpus:
-      - {model: A100-SXM4-80GB, count: 16, mig: dynamic}
-"""
-SPEC = {"kind": "mig", "profile": "1g.10gb"}
+FLEETS = [16, 100, 1000]  # GPUs; 40 % A100-80GB (dynamic MIG), 40 % H100 (shared), 20 % L4
+KINDS = [("A100-SXM4-80GB", "dynamic", 0.4, 8), ("H100 80GB HBM3", "off", 0.4, 8), ("L4", "off", 0.2, 4)]
+# The alloc mix's request shapes, in turn: MIG profiles, shared sizes, whole GPUs.
+SHAPES = [{"kind": "mig", "profile": "1g.10gb"},
+          {"kind": "shared", "memory_gib": 4, "model": "H100-80GB"},
+          {"kind": "mig", "profile": "2g.20gb"},
+          {"kind": "shared", "memory_gib": 8, "model": "H100-80GB"},
+          {"kind": "mig", "profile": "3g.40gb"},
+          {"kind": "shared", "memory_gib": 16, "model": "H100-80GB"},
+          {"kind": "whole", "model": "L4"}]
+
+
+def fleet_yaml(gpus: int) -> str:
+    """`gpus` GPUs of the three kinds (40/40/20 %), in nodes of 8, 8 and 4 (the last of a kind smaller)."""
+    lines = ["nodes:"]
+    for n, (model, mig, share, per_node) in enumerate(KINDS):
+        count = round(gpus * share) if n < len(KINDS) - 1 else gpus - sum(round(gpus * k[2]) for k in KINDS[:-1])
+        for node, first in enumerate(range(0, count, per_node)):
+            lines += [f"  - name: {model.split()[0].split('-')[0].lower()}-{node}", "    cpu_milli: 256000",
+                      "    memory_mib: 2097152", "    gpus:",
+                      f"      - {{model: {model}, count: {min(per_node, count - first)}, mig: \"{mig}\"}}"]
+    return "\n".join(lines) + "\n"
+
+
 HELLO = textwrap.dedent("""
     import asyncio, sys
     from tornado import web
@@ -134,7 +149,7 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int, core: int, cwd: Path, tokens: list[str]):
         self.name, self.port, self.tokens = name, port, tokens
         self.proc = subprocess.Popen(["taskset", "-c", str(core), *argv], cwd=cwd, stdout=subprocess.DEVNULL,
-                                     stderr=open(cwd / f"{name.split()[0]}.log", "ab"), start_new_session=True)
+                                     stderr=open(cwd / "server.log", "ab"), start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -163,9 +178,9 @@ def start_hello(workdir: Path, core: int) -> Server:
     return Server("hello", [sys.executable, str(script), str(port)], port, core, workdir, ["none"] * USERS)
 
 
-def start_service(name: str, workdir: Path, core: int, db_url: str) -> Server:
+def start_service(name: str, workdir: Path, core: int, db_url: str, gpus: int) -> Server:
     tokens = {secrets.token_hex(16): {"user": f"user{n}"} for n in range(USERS)}
-    (workdir / "fleet.yaml").write_text(FLEET)
+    (workdir / "fleet.yaml").write_text(fleet_yaml(gpus))
     (workdir / "gpualloc_config.py").write_text(
         f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\nc.SchedulerPolicy.wait_for_holders = False\n")
     port = free_port()
@@ -317,8 +332,9 @@ class AllocMix:
             return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
         token = self.tokens[self.count % len(self.tokens)]
         self.asked += 1
-        holder = f"kernel:b{next(HOLDERS)}"  # never one a lease left over from an earlier rate still has
-        return "POST", "/api/v1/leases", token, {"spec": SPEC, "holder": holder, "wait": 0}, token
+        n = next(HOLDERS)  # never a holder a lease left over from an earlier rate still has
+        spec = SHAPES[n % len(SHAPES)]
+        return "POST", "/api/v1/leases", token, {"spec": spec, "holder": f"kernel:b{n}", "wait": 0}, token
 
     def answered(self, status: int, body: bytes, token: object) -> None:
         if token is not None:
@@ -354,7 +370,8 @@ async def grant_leases(port: int, tokens: list[str], count: int) -> list[tuple[s
     for n in range(count):
         token = tokens[n % len(tokens)]
         status, body = await conn.request("POST", "/api/v1/leases", token,
-                                          {"spec": SPEC, "holder": f"kernel:touched{n}", "wait": 0})
+                                          {"spec": SHAPES[n % len(SHAPES)], "holder": f"kernel:touched{n}",
+                                           "wait": 0})
         if status != 201:
             raise RuntimeError(f"setup lease {n}: {status} {body[:200]!r}")
         leases.append((token, json.loads(body)["id"]))
@@ -463,6 +480,30 @@ def table(steps: list[Step], before: list[Step]) -> str:
     return "\n".join(lines)
 
 
+def fleet_table(steps: list[Step], before: list[Step]) -> str:
+    """Allocate+release per fleet: the knee and the p99 at 500 req/s, beside hello's and before's."""
+    lines = ["| server | knee | p99 at 500 req/s | CPU/req at 500 req/s | before: knee, p99 at 500 |",
+             "|---|---:|---:|---:|---|"]
+    hello = step_at(steps, "hello", "alloc", 500)
+    if hello:
+        lines.append(f"| tornado hello | {knee(steps, 'hello', 'alloc'):,.0f} req/s | {hello.p99_ms:.1f} ms "
+                     f"| {cpu_per_request(hello):.2f} ms | |")
+    servers = sorted({s.server for s in steps + before if s.server.startswith("service")},
+                     key=lambda name: (name.split()[1], int(name.split(", ")[-1].split()[0])) if "GPUs" in name
+                     else (name, 0))
+    for server in servers:
+        now, old = step_at(steps, server, "alloc", 500), step_at(before, server, "alloc", 500)
+        was = f"{knee(before, server, 'alloc'):,.0f} req/s, {brief(old)}" if old else "—"
+        lines.append(f"| {server} | {knee(steps, server, 'alloc'):,.0f} req/s | {brief(now)} "
+                     f"| {cpu_per_request(now):.2f} ms | {was} |" if now else f"| {server} | — | — | — | {was} |")
+    return "\n".join(lines) + "\n"
+
+
+def brief(step: Step) -> str:
+    p99 = f"{step.p99_ms / 1000:.1f} s" if step.p99_ms >= 1000 else f"{step.p99_ms:.1f} ms"
+    return p99 if step.meets_knee else f"{p99} ({step.done:,.0f} req/s done)"
+
+
 def cost_at_knee(steps: list[Step], before: list[Step], server: str, mix: str) -> str:
     """The CPU per request at the highest rate met, beside hello's at the same rate. Not the lowest
     of the sweep: past the knee a saturated server batches more per turn, and its cost per request
@@ -489,6 +530,7 @@ def main() -> None:
     parser.add_argument("--pg-url", default=os.environ.get("GPUALLOC_TEST_PG_URL", ""),
                         help="PostgreSQL server (postgresql+psycopg://...) to measure the service on as well")
     parser.add_argument("--mixes", default="alloc,touch")
+    parser.add_argument("--fleets", default=",".join(map(str, FLEETS)), help="fleet sizes, in GPUs")
     parser.add_argument("--servers", default="hello,sqlite,postgresql")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
@@ -522,8 +564,20 @@ def main() -> None:
     if args.quick and "--seconds" not in sys.argv:
         args.seconds = QUICK_SECONDS
     os.sched_setaffinity(0, {args.client_core})
-    mixes = args.mixes.split(",")
-    wanted = args.servers.split(",")
+    steps = run_servers(args, rates)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(s) for s in steps], indent=1))
+    before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
+    print()
+    print(fleet_table(steps, before))
+    print(table(steps, before))
+    if args.markdown:
+        write_markdown(args.markdown, table(steps, before), args)
+
+
+def run_servers(args, rates: dict[str, list[int]]) -> list[Step]:
+    """Sweep hello, then the service on each database and fleet size, one after the other."""
+    mixes, wanted = args.mixes.split(","), args.servers.split(",")
     steps: list[Step] = []
     with tempfile.TemporaryDirectory(prefix="gpualloc-load-") as tmp:
         work = Path(tmp)
@@ -531,36 +585,40 @@ def main() -> None:
             server = start_hello(work, args.server_core)
             try:
                 for mix in mixes:
-                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")] * TOUCHED}, rates[mix])
+                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")]}, rates[mix])
             finally:
                 server.stop()
-        databases = []
-        if "sqlite" in wanted:
-            databases.append(("service (sqlite)", f"sqlite:///{work / 'service.sqlite'}", None))
-        if "postgresql" in wanted and args.pg_url:
-            databases.append(("service (postgresql)", *fresh_pg_database(args.pg_url)))
-        for name, url, drop in databases:
-            folder = work / name.split("(")[1].rstrip(")")
-            folder.mkdir()
-            server = start_service(name, folder, args.server_core, url)
-            try:
-                setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, TOUCHED))}
-                for mix in mixes:
-                    if args.profile:
-                        profile(server, mix, int(args.profile), args.seconds, setup)
-                    else:
-                        steps += sweep(server, mix, args.seconds, setup, rates[mix])
-            finally:
-                server.stop()
-                if drop:
-                    drop()
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(s) for s in steps], indent=1))
-    before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
-    print()
-    print(table(steps, before))
-    if args.markdown:
-        write_markdown(args.markdown, table(steps, before), args)
+        for gpus in (int(n) for n in args.fleets.split(",")):
+            databases = []
+            if "sqlite" in wanted:
+                databases.append(("sqlite", lambda folder: (f"sqlite:///{folder / 'service.sqlite'}", None)))
+            if "postgresql" in wanted and args.pg_url:
+                databases.append(("postgresql", lambda folder: fresh_pg_database(args.pg_url)))
+            for database, make in databases:
+                folder = work / f"{database}-{gpus}"
+                folder.mkdir()
+                steps += run_service(f"service ({database}, {gpus} GPUs)", folder, gpus, make(folder), args,
+                                     mixes, rates)
+    return steps
+
+
+def run_service(name: str, folder: Path, gpus: int, db, args, mixes: list[str], rates) -> list[Step]:
+    """One service's sweeps, over `gpus` GPUs of which half hold a lease throughout (many holders)."""
+    url, drop = db
+    server = start_service(name, folder, args.server_core, url, gpus)
+    steps: list[Step] = []
+    try:
+        setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, gpus // 2))}
+        for mix in mixes:
+            if args.profile:
+                profile(server, mix, int(args.profile), args.seconds, setup)
+            else:
+                steps += sweep(server, mix, args.seconds, setup, rates[mix])
+    finally:
+        server.stop()
+        if drop:
+            drop()
+    return steps
 
 
 def write_markdown(path: str, body: str, args) -> None:
