@@ -74,9 +74,9 @@ SHAPES = [{"kind": "mig", "profile": "1g.10gb"},
           {"kind": "shared", "memory_gib": 4, "model": "H100-80GB"},
           {"kind": "mig", "profile": "2g.20gb"},
           {"kind": "shared", "memory_gib": 8, "model": "H100-80GB"},
-          {"kind": "mig", "profile": "3g.40gb"},
+          {"kind": "mig", "profile": "1g.20gb"},
           {"kind": "shared", "memory_gib": 16, "model": "H100-80GB"},
-          {"kind": "whole", "model": "L4"}]
+          {"kind": "whole"}]
 
 
 def fleet_yaml(gpus: int) -> str:
@@ -314,21 +314,24 @@ class OpenLoop:
 
 
 class AllocMix:
-    """Allocate while fewer than HELD leases are held or asked for, else release the oldest held.
+    """Allocate while fewer than HELD leases are held, asked for or being released, else release
+    the oldest held.
 
-    Allocations still unanswered count: a server that falls behind is not sent more of them than
-    the mix holds (which would run the fleet out of room and answer "no capacity")."""
+    Allocations and releases still unanswered count: a server that falls behind is not sent more
+    allocations than the mix holds (which would run the fleet out of room and answer "no capacity")."""
 
     def __init__(self, tokens: list[str]):
         self.tokens = tokens
         self.held: collections.deque[tuple[str, str]] = collections.deque()
         self.asked = 0  # allocations sent and not yet answered
+        self.releasing = 0  # releases sent and not yet answered
         self.count = 0
 
     def next(self) -> tuple[str, str, str, dict | None, object]:
         self.count += 1
-        if self.held and len(self.held) + self.asked >= HELD:
+        if self.held and len(self.held) + self.asked + self.releasing >= HELD:
             token, lease_id = self.held.popleft()
+            self.releasing += 1
             return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
         token = self.tokens[self.count % len(self.tokens)]
         self.asked += 1
@@ -337,7 +340,9 @@ class AllocMix:
         return "POST", "/api/v1/leases", token, {"spec": spec, "holder": f"kernel:b{n}", "wait": 0}, token
 
     def answered(self, status: int, body: bytes, token: object) -> None:
-        if token is not None:
+        if token is None:
+            self.releasing -= 1
+        else:
             self.asked -= 1
             if status == 201:
                 self.held.append((token, json.loads(body)["id"]))
