@@ -246,6 +246,7 @@ class Store:
         self.engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {},
                                     pool_pre_ping=not is_sqlite)
         self._insert = sqlite_insert if is_sqlite else pg_insert
+        self._intent_setting = "" if is_sqlite else "SET LOCAL synchronous_commit TO OFF"  # see record_intent
         if is_sqlite:
             event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous, sqlite_autocheckpoint))
         metadata.create_all(self.engine)  # connects first, so the dialect knows its server when compiling
@@ -404,9 +405,18 @@ class Store:
         self._apply(write, rows, seq)
 
     def record_intent(self, intent: MigIntent) -> None:
-        """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
+        """Write, in its own transaction (never in a group), that the core is about to create a MIG
+        instance. On PostgreSQL without waiting for the WAL's flush (`synchronous_commit` off for this
+        transaction only): the intent survives the service's crash at once, and a crash of the
+        database server only once the next durable commit (the group's, which records the instance)
+        has flushed it, as SQLite's NORMAL keeps every commit (docs/reliability.md)."""
         row = {"id": intent.id, "gpu_uuid": intent.gpu_uuid, "profile_id": intent.profile_id, "start": intent.start}
-        self._in_transaction(partial(self._insert_intent.run, row=row))
+
+        def write(conn: Connection) -> None:
+            if self._intent_setting:
+                conn.exec_driver_sql(self._intent_setting)
+            self._insert_intent.run(conn, row)
+        self._in_transaction(write)
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
         """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
