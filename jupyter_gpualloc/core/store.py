@@ -329,11 +329,11 @@ class Store:
             self._group.refused.append(undo)
 
     def _apply(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict] = (),
-               seq: int | None = None, usage_rows: Sequence[dict] = ()) -> None:
+               seq: int | None = None, usage_rows: Sequence[dict] = (), records: "_Records | None" = None) -> None:
         """One write: into the group while held, else now, in one transaction with the waiting group
         (which stays waiting, without this write, if that transaction fails)."""
         group = self._group if self._held else self._group.copy()
-        group.add(write, lease_rows, seq, usage_rows)
+        group.add(write, lease_rows, seq, usage_rows, records)
         if not self._held:
             self._in_transaction(partial(group.write, store=self))
             self._group = _Group()
@@ -376,33 +376,30 @@ class Store:
         """One transaction: upsert leases, add/remove MIG instance records, set GPUs' drain marks,
         mark or unmark ended leases whose slices are still held (`returning`), drop fulfilled MIG
         intents, remember the sequence. StoreError, and nothing written, if any part fails.
-        The rows are taken now; in a group, a lease written twice is written once, as it was last."""
-        rows = [_lease_row(l) for l in changed]
-        instances = [(mig_uuid, inst and {
+        The rows are taken now; in a group, a lease, an instance, a drain mark or a returning mark
+        written twice is written once, as it was last (see _Group)."""
+        records = _Records()
+        records.instances.update((mig_uuid, inst and {
             "uuid": inst.uuid, "gpu_uuid": gpu_uuid, "profile_id": inst.profile_id, "start": inst.start,
             "size": inst.size, "gi_id": inst.gi_id, "ci_id": inst.ci_id, "created_by_core": created})
-            for gpu_uuid, mig_uuid, inst, created in instance_changes]
-        drains = dict(drains or {})
-        returning = dict(returning or {})
-        intents_done = list(intents_done)
+            for gpu_uuid, mig_uuid, inst, created in instance_changes)
+        records.drains.update(drains or {})
+        records.returning.update(returning or {})
+        records.intents_done.update(dict.fromkeys(intents_done))
+        self._apply(None, [_lease_row(l) for l in changed], seq, records=records)
 
-        def write(conn: Connection) -> None:
-            for lease_id, held in returning.items():
-                self._delete_returning.run(conn, {"lease_id": lease_id})
-                if held:
-                    self._insert_returning.run(conn, {"lease_id": lease_id})
-            for mig_uuid, row in instances:
-                if row is None:
-                    self._delete_instance.run(conn, {"uuid": mig_uuid})
-                else:
-                    self._upsert_instance.run(conn, row)
-            for gpu_uuid, drained in drains.items():
-                self._delete_drain.run(conn, {"gpu_uuid": gpu_uuid})
-                if drained:
-                    self._insert_drain.run(conn, {"gpu_uuid": gpu_uuid})
-            if intents_done:
-                self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in intents_done])
-        self._apply(write, rows, seq)
+    def _write_records(self, conn: Connection, records: "_Records") -> None:
+        """The records `save` keeps by key, one executemany per statement: returning and drain marks
+        deleted then inserted where set, instances deleted or upserted, fulfilled intents deleted."""
+        for marks, delete, insert, key in ((records.returning, self._delete_returning, self._insert_returning,
+                                            "lease_id"),
+                                           (records.drains, self._delete_drain, self._insert_drain, "gpu_uuid")):
+            delete.run_many(conn, [{key: name} for name in marks])
+            insert.run_many(conn, [{key: name} for name, on in marks.items() if on])
+        self._delete_instance.run_many(conn, [{"uuid": uuid} for uuid, row in records.instances.items()
+                                              if row is None])
+        self._upsert_instance.run_many(conn, [row for row in records.instances.values() if row is not None])
+        self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in records.intents_done])
 
     def record_intent(self, intent: MigIntent) -> None:
         """Write, in its own transaction (never in a group), that the core is about to create a MIG
@@ -539,30 +536,56 @@ class Store:
         return [DeadlineRecord(r["lease_id"], r["deadline"], r["extensions"], r["warned_at"]) for r in rows]
 
 
+class _Records:
+    """What `Store.save` writes besides leases, by key, the last of each: MIG instance rows (None:
+    removed), drain marks and returning marks (True: set), fulfilled intents. Each key's write sets
+    its whole state, so the last write of a key in a group is what the group's writes would leave."""
+
+    def __init__(self) -> None:
+        self.instances: dict[str, dict | None] = {}
+        self.drains: dict[str, bool] = {}
+        self.returning: dict[str, bool] = {}
+        self.intents_done: dict[str, None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.instances or self.drains or self.returning or self.intents_done)
+
+    def update(self, other: "_Records") -> None:
+        self.instances.update(other.instances)
+        self.drains.update(other.drains)
+        self.returning.update(other.returning)
+        self.intents_done.update(other.intents_done)
+
+
 class _Group:
-    """Writes waiting for one transaction: leases by id (the last row of each), the others in order,
-    then usage segments by (lease, start) (the last row of each: an accrual's end only moves on)."""
+    """Writes waiting for one transaction: leases by id (the last row of each), `save`'s other
+    records by key (_Records), the others in order, then usage segments by (lease, start) (the last
+    row of each: an accrual's end only moves on). Keyed rows go in one executemany per statement."""
 
     def __init__(self) -> None:
         self.leases: dict[str, dict] = {}
+        self.records = _Records()
         self.writes: list[Callable[[Connection], None]] = []
         self.usage: dict[tuple[str, float], dict] = {}
         self.seq: int | None = None
         self.refused: list[Callable[[], None]] = []  # see Store.if_refused
 
     def __bool__(self) -> bool:
-        return bool(self.leases or self.writes or self.usage or self.seq is not None)
+        return bool(self.leases or self.records or self.writes or self.usage or self.seq is not None)
 
     def copy(self) -> "_Group":
         other = _Group()
         other.leases, other.writes, other.seq = dict(self.leases), list(self.writes), self.seq
         other.usage, other.refused = dict(self.usage), list(self.refused)
+        other.records.update(self.records)
         return other
 
     def add(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict], seq: int | None,
-            usage_rows: Sequence[dict] = ()) -> None:
+            usage_rows: Sequence[dict] = (), records: _Records | None = None) -> None:
         self.leases.update((row["id"], row) for row in lease_rows)
         self.usage.update(((row["lease_id"], row["start"]), row) for row in usage_rows)
+        if records is not None:
+            self.records.update(records)
         if write is not None:
             self.writes.append(write)
         if seq is not None:
@@ -571,6 +594,8 @@ class _Group:
     def write(self, conn: Connection, store: Store) -> None:
         if self.leases:
             store._upsert_leases.run_many(conn, self.leases.values())
+        if self.records:
+            store._write_records(conn, self.records)
         for write in self.writes:
             write(conn)
         if self.usage:
