@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from functools import partial
+from functools import lru_cache, partial
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -391,9 +391,9 @@ class Store:
     def _write_records(self, conn: Connection, records: "_Records") -> None:
         """The records `save` keeps by key, one executemany per statement: returning and drain marks
         deleted then inserted where set, instances deleted or upserted, fulfilled intents deleted."""
-        for marks, delete, insert, key in ((records.returning, self._delete_returning, self._insert_returning,
-                                            "lease_id"),
-                                           (records.drains, self._delete_drain, self._insert_drain, "gpu_uuid")):
+        marked = ((records.returning, self._delete_returning, self._insert_returning, "lease_id"),
+                  (records.drains, self._delete_drain, self._insert_drain, "gpu_uuid"))
+        for marks, delete, insert, key in marked:
             delete.run_many(conn, [{key: name} for name in marks])
             insert.run_many(conn, [{key: name} for name, on in marks.items() if on])
         self._delete_instance.run_many(conn, [{"uuid": uuid} for uuid, row in records.instances.items()
@@ -537,9 +537,8 @@ class Store:
 
 
 class _Records:
-    """What `Store.save` writes besides leases, by key, the last of each: MIG instance rows (None:
-    removed), drain marks and returning marks (True: set), fulfilled intents. Each key's write sets
-    its whole state, so the last write of a key in a group is what the group's writes would leave."""
+    """What `Store.save` writes besides leases, by key: instance rows (None: removed), drain and
+    returning marks (True: set), fulfilled intents. A key's write sets its whole state: the last wins."""
 
     def __init__(self) -> None:
         self.instances: dict[str, dict | None] = {}
@@ -658,10 +657,16 @@ def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record)
     cur.close()
 
 
+@lru_cache(maxsize=4096)
+def _json_text(value: SliceSpec | tuple[str, ...]) -> str:
+    """A spec's or a groups tuple's JSON as a lease row keeps it, worked out once (few distinct ones)."""
+    return json.dumps(value.to_json() if isinstance(value, SliceSpec) else list(value))
+
+
 def _lease_row(lease: Lease) -> dict:
     return {
         "id": lease.id, "user": lease.user, "holder": lease.holder,
-        "groups": json.dumps(list(lease.groups)), "spec": json.dumps(lease.spec.to_json()),
+        "groups": _json_text(lease.groups), "spec": _json_text(lease.spec),
         "priority": lease.priority.value, "preemptible": lease.preemptible, "state": lease.state.value,
         "slice": json.dumps(lease.slice.to_json()) if lease.slice else None,
         "created_at": lease.created_at, "seq": lease.seq, "granted_at": lease.granted_at,
