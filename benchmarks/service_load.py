@@ -9,17 +9,22 @@ runs in a subprocess pinned (taskset) to another.
 Servers, measured one after the other in the same run:
 
 * `hello`: a tornado app answering every request with a small JSON body (the floor);
-* `service (sqlite)`: `jupyter-gpualloc serve` on a temporary SQLite file over a fleet of 16
-  A100-80GB with dynamic MIG (the simulated backend), bearer tokens of 64 users;
-* `service (postgresql)`: the same on a fresh database of the server named by `--pg-url` or
-  `GPUALLOC_TEST_PG_URL`, when one is named.
+* `service (sqlite, N GPUs)`: `jupyter-gpualloc serve` on a temporary SQLite file over a
+  simulated fleet of N GPUs (`--fleets`, default 16, 100 and 1,000): 40 % A100-80GB with dynamic
+  MIG in nodes of 8, 40 % H100 shared by memory in nodes of 8, 20 % L4 in nodes of 4 (the last
+  node of a kind takes the rest); bearer tokens of 64 users; half as many leases as GPUs granted
+  before the sweeps, each to a holder of its own, and held throughout;
+* `service (postgresql, N GPUs)`: the same on a fresh database of the server named by `--pg-url`
+  or `GPUALLOC_TEST_PG_URL`, when one is named.
 
 Mixes:
 
-* `alloc`: allocate+release: `POST /leases` (a MIG 1g.10gb slice, `wait: 0`) while fewer than 16
-  leases are held or asked for, else `DELETE /leases/{id}` of the oldest;
-* `touch`: over 48 granted leases, in turn `POST /leases/{id}/touch`, `POST /heartbeat` and
-  `GET /leases`.
+* `alloc`: allocate+release: `POST /leases` (`wait: 0`, a new `kernel:<n>` holder each, shapes in
+  turn: MIG 1g.10gb, shared 4 GiB on H100, MIG 2g.20gb, shared 8 GiB, MIG 1g.20gb, shared 16 GiB,
+  a whole GPU of any kind) while fewer than 16 leases are held, asked for or being released, else
+  `DELETE /leases/{id}` of the oldest;
+* `touch`: over the leases granted before the sweeps, in turn `POST /leases/{id}/touch`,
+  `POST /heartbeat` and `GET /leases`.
 
 Each rate runs `--seconds` seconds; the knee is the highest offered rate whose requests all
 completed with p99 under 50 ms. A mix's sweep stops after two rates past the knee.
@@ -28,8 +33,9 @@ completed with p99 under 50 ms. A mix's sweep stops after two rates past the kne
 
 prints a markdown table (the issue's figures beside this run's, ratios against hello) and, with
 `--json`, writes the raw figures (pass them as `--before` to a later run to show both).
+The summary table gives, per fleet, the allocate+release knee and p99 at 500 req/s beside hello's.
 `--rates touch=1000,2000` measures only those rates of a mix; `--quick` (what run_all.py runs)
-takes 2 s per rate at a few rates of each mix, on PostgreSQL only when a URL is given, and with
+takes 2 s per rate at a few rates of each mix on the 100-GPU fleet, on PostgreSQL only when a URL is given, and with
 `--markdown FILE` writes its table there. Without `taskset` (util-linux) the run is skipped with
 one line, as the servers could not be pinned to a core.
 """
@@ -535,7 +541,7 @@ def main() -> None:
     parser.add_argument("--pg-url", default=os.environ.get("GPUALLOC_TEST_PG_URL", ""),
                         help="PostgreSQL server (postgresql+psycopg://...) to measure the service on as well")
     parser.add_argument("--mixes", default="alloc,touch")
-    parser.add_argument("--fleets", default=",".join(map(str, FLEETS)), help="fleet sizes, in GPUs")
+    parser.add_argument("--fleets", help=f"fleet sizes in GPUs (default {FLEETS}; --quick: 100)")
     parser.add_argument("--servers", default="hello,sqlite,postgresql")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
@@ -568,6 +574,7 @@ def main() -> None:
         parser.error(f"--rates: give MIX=RATE,... with MIX one of {', '.join(RATES)}")
     if args.quick and "--seconds" not in sys.argv:
         args.seconds = QUICK_SECONDS
+    args.fleets = args.fleets or ("100" if args.quick else ",".join(map(str, FLEETS)))
     os.sched_setaffinity(0, {args.client_core})
     steps = run_servers(args, rates)
     if args.json:
