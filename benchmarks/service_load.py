@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONNECTIONS = 64
 USERS = 64
 HELD = 16  # the alloc mix releases once this many leases are held
+OUTSTANDING = 32  # ... and allocates only while fewer are held, asked for or being released
 HOLDERS = itertools.count()  # the alloc mix's holder names
 KNEE_P99_MS = 50.0
 RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
@@ -246,8 +247,8 @@ class LoadProtocol(asyncio.Protocol):
         self.transport = transport
         self.run.idle.append(self)
 
-    def send(self, intended: float) -> None:
-        method, path, token, body, self.note = self.run.mix.next()
+    def send(self, intended: float, request: tuple) -> None:
+        method, path, token, body, self.note = request
         self.intended = intended
         self.run.queued.append(self.run.loop.time() - intended)
         self.transport.write(encode(method, path, token, body))
@@ -287,19 +288,29 @@ class OpenLoop:
         self.statuses[status] += 1
         self.mix.answered(status, body, conn.note)
         if self.waiting:
-            conn.send(self.waiting.popleft())
+            self.dispatch(conn, self.waiting.popleft())
         else:
             self.idle.append(conn)
         if len(self.latencies) == self.total and not self.finished.done():
             self.finished.set_result(None)
+
+    def dispatch(self, conn: LoadProtocol, intended: float) -> None:
+        """Send the mix's next request on `conn`; if the mix has none to send yet, the request due
+        at `intended` waits first in line (its latency still counting) for the next answer."""
+        request = self.mix.next()
+        if request is None:
+            self.waiting.appendleft(intended)
+            self.idle.append(conn)
+        else:
+            conn.send(intended, request)
 
     def release_due(self) -> None:
         due = min(self.total, int((self.loop.time() - self.start) * self.rate) + 1)
         while self.sent < due:
             intended = self.start + self.sent / self.rate
             self.sent += 1
-            if self.idle:
-                self.idle.pop().send(intended)
+            if self.idle and not self.waiting:
+                self.dispatch(self.idle.pop(), intended)
             else:
                 self.waiting.append(intended)
         if self.sent < self.total:
@@ -320,11 +331,12 @@ class OpenLoop:
 
 
 class AllocMix:
-    """Allocate while fewer than HELD leases are held, asked for or being released, else release
-    the oldest held.
+    """Allocate while fewer than HELD leases are held or asked for, else release the oldest held.
 
-    Allocations and releases still unanswered count: a server that falls behind is not sent more
-    allocations than the mix holds (which would run the fleet out of room and answer "no capacity")."""
+    A server that falls behind is not sent more allocations than it can hold: while OUTSTANDING
+    leases are held, asked for or being released, the next allocation waits in line (its latency
+    counting from when it was due) for an answer; more would run a small fleet out of room and be
+    answered "no capacity"."""
 
     def __init__(self, tokens: list[str]):
         self.tokens = tokens
@@ -333,12 +345,14 @@ class AllocMix:
         self.releasing = 0  # releases sent and not yet answered
         self.count = 0
 
-    def next(self) -> tuple[str, str, str, dict | None, object]:
-        self.count += 1
-        if self.held and len(self.held) + self.asked + self.releasing >= HELD:
+    def next(self) -> tuple[str, str, str, dict | None, object] | None:
+        if self.held and len(self.held) + self.asked >= HELD:
             token, lease_id = self.held.popleft()
             self.releasing += 1
             return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
+        if len(self.held) + self.asked + self.releasing >= OUTSTANDING:
+            return None
+        self.count += 1
         token = self.tokens[self.count % len(self.tokens)]
         self.asked += 1
         n = next(HOLDERS)  # never a holder a lease left over from an earlier rate still has
