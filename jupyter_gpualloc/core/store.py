@@ -689,7 +689,7 @@ def _lease_from_row(row) -> Lease:
 
 def _usage_row(seg: UsageSegment) -> dict:
     return {"lease_id": seg.lease_id, "start": seg.start, "end": seg.end, "day": seg.day, "user": seg.user,
-            "groups": json.dumps(list(seg.groups)), "model": seg.model, "kind": seg.kind, "offer": seg.offer,
+            "groups": _json_text(seg.groups), "model": seg.model, "kind": seg.kind, "offer": seg.offer,
             "holder_kind": seg.holder_kind, "gpus": seg.gpus, "gib": seg.gib}
 
 
