@@ -509,10 +509,11 @@ def fleet_table(steps: list[Step], before: list[Step]) -> str:
     """Allocate+release per fleet: the knee and the p99 at 500 req/s, beside hello's and before's."""
     lines = ["| server | knee | p99 at 500 req/s | CPU/req at 500 req/s | before: knee, p99 at 500 |",
              "|---|---:|---:|---:|---|"]
-    hello = step_at(steps, "hello", "alloc", 500)
+    hello, old = step_at(steps, "hello", "alloc", 500), step_at(before, "hello", "alloc", 500)
     if hello:
+        was = f"{knee(before, 'hello', 'alloc'):,.0f} req/s, {brief(old)}" if old else ""
         lines.append(f"| tornado hello | {knee(steps, 'hello', 'alloc'):,.0f} req/s | {hello.p99_ms:.1f} ms "
-                     f"| {cpu_per_request(hello):.2f} ms | |")
+                     f"| {cpu_per_request(hello):.2f} ms | {was} |")
     servers = sorted({s.server for s in steps + before if s.server.startswith("service")},
                      key=lambda name: (name.split()[1], int(name.split(", ")[-1].split()[0])) if "GPUs" in name
                      else (name, 0))
@@ -571,7 +572,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         load = lambda path: [Step(**s) for s in json.loads(Path(path).read_text())] if path else []  # noqa: E731
-        print(table(load(args.json), load(args.before)))
+        print(fleet_table(load(args.json), load(args.before)) + "\n" + table(load(args.json), load(args.before)))
         return
     if shutil.which("taskset") is None:
         skipped = "service_load.py: skipped: `taskset` (util-linux) is not installed, so the servers cannot be pinned"
