@@ -106,6 +106,9 @@ class EventStream:
         return item
 
 
+_AUDIT_JSON = json.JSONEncoder(separators=(",", ":"), default=str)  # json.dumps makes one per call with these
+
+
 class AuditLog:
     """A JSON-lines file, one event per line, appended as events happen and flushed once per IOLoop
     turn (a group commit announces several events in one turn; at once outside a running loop)."""
@@ -117,7 +120,7 @@ class AuditLog:
         self._flush_due = False
 
     def write(self, event: Event) -> None:
-        self._file.write(json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n")
+        self._file.write(_AUDIT_JSON.encode(event.to_json()) + "\n")
         if self._flush_due:
             return
         try:
