@@ -9,17 +9,22 @@ runs in a subprocess pinned (taskset) to another.
 Servers, measured one after the other in the same run:
 
 * `hello`: a tornado app answering every request with a small JSON body (the floor);
-* `service (sqlite)`: `jupyter-gpualloc serve` on a temporary SQLite file over a fleet of 16
-  A100-80GB with dynamic MIG (the simulated backend), bearer tokens of 64 users;
-* `service (postgresql)`: the same on a fresh database of the server named by `--pg-url` or
-  `GPUALLOC_TEST_PG_URL`, when one is named.
+* `service (sqlite, N GPUs)`: `jupyter-gpualloc serve` on a temporary SQLite file over a
+  simulated fleet of N GPUs (`--fleets`, default 16, 100 and 1,000): 40 % A100-80GB with dynamic
+  MIG in nodes of 8, 40 % H100 shared by memory in nodes of 8, 20 % L4 in nodes of 4 (the last
+  node of a kind takes the rest); bearer tokens of 64 users; half as many leases as GPUs granted
+  before the sweeps, each to a holder of its own, and held throughout;
+* `service (postgresql, N GPUs)`: the same on a fresh database of the server named by `--pg-url`
+  or `GPUALLOC_TEST_PG_URL`, when one is named.
 
 Mixes:
 
-* `alloc`: allocate+release: `POST /leases` (a MIG 1g.10gb slice, `wait: 0`) while fewer than 16
-  leases are held or asked for, else `DELETE /leases/{id}` of the oldest;
-* `touch`: over 48 granted leases, in turn `POST /leases/{id}/touch`, `POST /heartbeat` and
-  `GET /leases`.
+* `alloc`: allocate+release: `POST /leases` (`wait: 0`, a new `kernel:<n>` holder each, shapes in
+  turn: MIG 1g.10gb, shared 4 GiB on H100, MIG 2g.20gb, shared 8 GiB, MIG 1g.20gb, shared 16 GiB,
+  a whole GPU of any kind) while fewer than 16 leases are held, asked for or being released, else
+  `DELETE /leases/{id}` of the oldest;
+* `touch`: over the leases granted before the sweeps, in turn `POST /leases/{id}/touch`,
+  `POST /heartbeat` and `GET /leases`.
 
 Each rate runs `--seconds` seconds; the knee is the highest offered rate whose requests all
 completed with p99 under 50 ms. A mix's sweep stops after two rates past the knee.
@@ -28,8 +33,9 @@ completed with p99 under 50 ms. A mix's sweep stops after two rates past the kne
 
 prints a markdown table (the issue's figures beside this run's, ratios against hello) and, with
 `--json`, writes the raw figures (pass them as `--before` to a later run to show both).
+The summary table gives, per fleet, the allocate+release knee and p99 at 500 req/s beside hello's.
 `--rates touch=1000,2000` measures only those rates of a mix; `--quick` (what run_all.py runs)
-takes 2 s per rate at a few rates of each mix, on PostgreSQL only when a URL is given, and with
+takes 2 s per rate at a few rates of each mix on the 100-GPU fleet, on PostgreSQL only when a URL is given, and with
 `--markdown FILE` writes its table there. Without `taskset` (util-linux) the run is skipped with
 one line, as the servers could not be pinned to a core.
 """
@@ -60,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONNECTIONS = 64
 USERS = 64
 HELD = 16  # the alloc mix releases once this many leases are held
-TOUCHED = 48  # granted leases the touch mix works on
+OUTSTANDING = 32  # ... and allocates only while fewer are held, asked for or being released
 HOLDERS = itertools.count()  # the alloc mix's holder names
 KNEE_P99_MS = 50.0
 RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
@@ -68,14 +74,30 @@ RATES = {"alloc": [250, 500, 750, 1000, 1500, 2000, 3000, 4000],
 QUICK_RATES = {"alloc": [250, 500], "touch": [1000, 2000, 3000]}
 QUICK_SECONDS = 2.0
 QUICK_TITLE = "# Service under load: a quick open-loop run"
-FLEET = """nodes:
-  - name: bench
-    cpu_milli: 256000
-    memory_mib: 2097152
-    gpus:
-      - {model: A100-SXM4-80GB, count: 16, mig: dynamic}
-"""
-SPEC = {"kind": "mig", "profile": "1g.10gb"}
+FLEETS = [16, 100, 1000]  # GPUs; 40 % A100-80GB (dynamic MIG), 40 % H100 (shared), 20 % L4
+KINDS = [("A100-SXM4-80GB", "dynamic", 0.4, 8), ("H100 80GB HBM3", "off", 0.4, 8), ("L4", "off", 0.2, 4)]
+# The alloc mix's request shapes, in turn: MIG profiles, shared sizes, whole GPUs.
+SHAPES = [{"kind": "mig", "profile": "1g.10gb"},
+          {"kind": "shared", "memory_gib": 4, "model": "H100-80GB"},
+          {"kind": "mig", "profile": "2g.20gb"},
+          {"kind": "shared", "memory_gib": 8, "model": "H100-80GB"},
+          {"kind": "mig", "profile": "1g.20gb"},
+          {"kind": "shared", "memory_gib": 16, "model": "H100-80GB"},
+          {"kind": "whole"}]
+
+
+def fleet_yaml(gpus: int) -> str:
+    """`gpus` GPUs of the three kinds (40/40/20 %), in nodes of 8, 8 and 4 (the last of a kind smaller)."""
+    lines = ["nodes:"]
+    for n, (model, mig, share, per_node) in enumerate(KINDS):
+        count = round(gpus * share) if n < len(KINDS) - 1 else gpus - sum(round(gpus * k[2]) for k in KINDS[:-1])
+        for node, first in enumerate(range(0, count, per_node)):
+            lines += [f"  - name: {model.split()[0].split('-')[0].lower()}-{node}", "    cpu_milli: 256000",
+                      "    memory_mib: 2097152", "    gpus:",
+                      f"      - {{model: {model}, count: {min(per_node, count - first)}, mig: \"{mig}\"}}"]
+    return "\n".join(lines) + "\n"
+
+
 HELLO = textwrap.dedent("""
     import asyncio, sys
     from tornado import web
@@ -134,7 +156,7 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int, core: int, cwd: Path, tokens: list[str]):
         self.name, self.port, self.tokens = name, port, tokens
         self.proc = subprocess.Popen(["taskset", "-c", str(core), *argv], cwd=cwd, stdout=subprocess.DEVNULL,
-                                     stderr=open(cwd / f"{name.split()[0]}.log", "ab"), start_new_session=True)
+                                     stderr=open(cwd / "server.log", "ab"), start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -163,9 +185,9 @@ def start_hello(workdir: Path, core: int) -> Server:
     return Server("hello", [sys.executable, str(script), str(port)], port, core, workdir, ["none"] * USERS)
 
 
-def start_service(name: str, workdir: Path, core: int, db_url: str) -> Server:
+def start_service(name: str, workdir: Path, core: int, db_url: str, gpus: int) -> Server:
     tokens = {secrets.token_hex(16): {"user": f"user{n}"} for n in range(USERS)}
-    (workdir / "fleet.yaml").write_text(FLEET)
+    (workdir / "fleet.yaml").write_text(fleet_yaml(gpus))
     (workdir / "gpualloc_config.py").write_text(
         f"c.GpuAllocService.api_tokens = {tokens!r}\nc.SchedulerPolicy.heartbeat_ttl = 0\nc.SchedulerPolicy.wait_for_holders = False\n")
     port = free_port()
@@ -225,8 +247,8 @@ class LoadProtocol(asyncio.Protocol):
         self.transport = transport
         self.run.idle.append(self)
 
-    def send(self, intended: float) -> None:
-        method, path, token, body, self.note = self.run.mix.next()
+    def send(self, intended: float, request: tuple) -> None:
+        method, path, token, body, self.note = request
         self.intended = intended
         self.run.queued.append(self.run.loop.time() - intended)
         self.transport.write(encode(method, path, token, body))
@@ -266,19 +288,29 @@ class OpenLoop:
         self.statuses[status] += 1
         self.mix.answered(status, body, conn.note)
         if self.waiting:
-            conn.send(self.waiting.popleft())
+            self.dispatch(conn, self.waiting.popleft())
         else:
             self.idle.append(conn)
         if len(self.latencies) == self.total and not self.finished.done():
             self.finished.set_result(None)
+
+    def dispatch(self, conn: LoadProtocol, intended: float) -> None:
+        """Send the mix's next request on `conn`; if the mix has none to send yet, the request due
+        at `intended` waits first in line (its latency still counting) for the next answer."""
+        request = self.mix.next()
+        if request is None:
+            self.waiting.appendleft(intended)
+            self.idle.append(conn)
+        else:
+            conn.send(intended, request)
 
     def release_due(self) -> None:
         due = min(self.total, int((self.loop.time() - self.start) * self.rate) + 1)
         while self.sent < due:
             intended = self.start + self.sent / self.rate
             self.sent += 1
-            if self.idle:
-                self.idle.pop().send(intended)
+            if self.idle and not self.waiting:
+                self.dispatch(self.idle.pop(), intended)
             else:
                 self.waiting.append(intended)
         if self.sent < self.total:
@@ -301,27 +333,36 @@ class OpenLoop:
 class AllocMix:
     """Allocate while fewer than HELD leases are held or asked for, else release the oldest held.
 
-    Allocations still unanswered count: a server that falls behind is not sent more of them than
-    the mix holds (which would run the fleet out of room and answer "no capacity")."""
+    A server that falls behind is not sent more allocations than it can hold: while OUTSTANDING
+    leases are held, asked for or being released, the next allocation waits in line (its latency
+    counting from when it was due) for an answer; more would run a small fleet out of room and be
+    answered "no capacity"."""
 
     def __init__(self, tokens: list[str]):
         self.tokens = tokens
         self.held: collections.deque[tuple[str, str]] = collections.deque()
         self.asked = 0  # allocations sent and not yet answered
+        self.releasing = 0  # releases sent and not yet answered
         self.count = 0
 
-    def next(self) -> tuple[str, str, str, dict | None, object]:
-        self.count += 1
+    def next(self) -> tuple[str, str, str, dict | None, object] | None:
         if self.held and len(self.held) + self.asked >= HELD:
             token, lease_id = self.held.popleft()
+            self.releasing += 1
             return "DELETE", f"/api/v1/leases/{lease_id}", token, None, None
+        if len(self.held) + self.asked + self.releasing >= OUTSTANDING:
+            return None
+        self.count += 1
         token = self.tokens[self.count % len(self.tokens)]
         self.asked += 1
-        holder = f"kernel:b{next(HOLDERS)}"  # never one a lease left over from an earlier rate still has
-        return "POST", "/api/v1/leases", token, {"spec": SPEC, "holder": holder, "wait": 0}, token
+        n = next(HOLDERS)  # never a holder a lease left over from an earlier rate still has
+        spec = SHAPES[n % len(SHAPES)]
+        return "POST", "/api/v1/leases", token, {"spec": spec, "holder": f"kernel:b{n}", "wait": 0}, token
 
     def answered(self, status: int, body: bytes, token: object) -> None:
-        if token is not None:
+        if token is None:
+            self.releasing -= 1
+        else:
             self.asked -= 1
             if status == 201:
                 self.held.append((token, json.loads(body)["id"]))
@@ -354,7 +395,8 @@ async def grant_leases(port: int, tokens: list[str], count: int) -> list[tuple[s
     for n in range(count):
         token = tokens[n % len(tokens)]
         status, body = await conn.request("POST", "/api/v1/leases", token,
-                                          {"spec": SPEC, "holder": f"kernel:touched{n}", "wait": 0})
+                                          {"spec": SHAPES[n % len(SHAPES)], "holder": f"kernel:touched{n}",
+                                           "wait": 0})
         if status != 201:
             raise RuntimeError(f"setup lease {n}: {status} {body[:200]!r}")
         leases.append((token, json.loads(body)["id"]))
@@ -463,6 +505,31 @@ def table(steps: list[Step], before: list[Step]) -> str:
     return "\n".join(lines)
 
 
+def fleet_table(steps: list[Step], before: list[Step]) -> str:
+    """Allocate+release per fleet: the knee and the p99 at 500 req/s, beside hello's and before's."""
+    lines = ["| server | knee | p99 at 500 req/s | CPU/req at 500 req/s | before: knee, p99 at 500 |",
+             "|---|---:|---:|---:|---|"]
+    hello, old = step_at(steps, "hello", "alloc", 500), step_at(before, "hello", "alloc", 500)
+    if hello:
+        was = f"{knee(before, 'hello', 'alloc'):,.0f} req/s, {brief(old)}" if old else ""
+        lines.append(f"| tornado hello | {knee(steps, 'hello', 'alloc'):,.0f} req/s | {hello.p99_ms:.1f} ms "
+                     f"| {cpu_per_request(hello):.2f} ms | {was} |")
+    servers = sorted({s.server for s in steps + before if s.server.startswith("service")},
+                     key=lambda name: (name.split()[1], int(name.split(", ")[-1].split()[0])) if "GPUs" in name
+                     else (name, 0))
+    for server in servers:
+        now, old = step_at(steps, server, "alloc", 500), step_at(before, server, "alloc", 500)
+        was = f"{knee(before, server, 'alloc'):,.0f} req/s, {brief(old)}" if old else "—"
+        lines.append(f"| {server} | {knee(steps, server, 'alloc'):,.0f} req/s | {brief(now)} "
+                     f"| {cpu_per_request(now):.2f} ms | {was} |" if now else f"| {server} | — | — | — | {was} |")
+    return "\n".join(lines) + "\n"
+
+
+def brief(step: Step) -> str:
+    p99 = f"{step.p99_ms / 1000:.1f} s" if step.p99_ms >= 1000 else f"{step.p99_ms:.1f} ms"
+    return p99 if step.meets_knee else f"{p99} ({step.done:,.0f} req/s done)"
+
+
 def cost_at_knee(steps: list[Step], before: list[Step], server: str, mix: str) -> str:
     """The CPU per request at the highest rate met, beside hello's at the same rate. Not the lowest
     of the sweep: past the knee a saturated server batches more per turn, and its cost per request
@@ -489,6 +556,7 @@ def main() -> None:
     parser.add_argument("--pg-url", default=os.environ.get("GPUALLOC_TEST_PG_URL", ""),
                         help="PostgreSQL server (postgresql+psycopg://...) to measure the service on as well")
     parser.add_argument("--mixes", default="alloc,touch")
+    parser.add_argument("--fleets", help=f"fleet sizes in GPUs (default {FLEETS}; --quick: 100)")
     parser.add_argument("--servers", default="hello,sqlite,postgresql")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
@@ -504,7 +572,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         load = lambda path: [Step(**s) for s in json.loads(Path(path).read_text())] if path else []  # noqa: E731
-        print(table(load(args.json), load(args.before)))
+        print(fleet_table(load(args.json), load(args.before)) + "\n" + table(load(args.json), load(args.before)))
         return
     if shutil.which("taskset") is None:
         skipped = "service_load.py: skipped: `taskset` (util-linux) is not installed, so the servers cannot be pinned"
@@ -521,9 +589,22 @@ def main() -> None:
         parser.error(f"--rates: give MIX=RATE,... with MIX one of {', '.join(RATES)}")
     if args.quick and "--seconds" not in sys.argv:
         args.seconds = QUICK_SECONDS
+    args.fleets = args.fleets or ("100" if args.quick else ",".join(map(str, FLEETS)))
     os.sched_setaffinity(0, {args.client_core})
-    mixes = args.mixes.split(",")
-    wanted = args.servers.split(",")
+    steps = run_servers(args, rates)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(s) for s in steps], indent=1))
+    before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
+    print()
+    print(fleet_table(steps, before))
+    print(table(steps, before))
+    if args.markdown:
+        write_markdown(args.markdown, table(steps, before), args)
+
+
+def run_servers(args, rates: dict[str, list[int]]) -> list[Step]:
+    """Sweep hello, then the service on each database and fleet size, one after the other."""
+    mixes, wanted = args.mixes.split(","), args.servers.split(",")
     steps: list[Step] = []
     with tempfile.TemporaryDirectory(prefix="gpualloc-load-") as tmp:
         work = Path(tmp)
@@ -531,36 +612,40 @@ def main() -> None:
             server = start_hello(work, args.server_core)
             try:
                 for mix in mixes:
-                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")] * TOUCHED}, rates[mix])
+                    steps += sweep(server, mix, args.seconds, {"leases": [("none", "x")]}, rates[mix])
             finally:
                 server.stop()
-        databases = []
-        if "sqlite" in wanted:
-            databases.append(("service (sqlite)", f"sqlite:///{work / 'service.sqlite'}", None))
-        if "postgresql" in wanted and args.pg_url:
-            databases.append(("service (postgresql)", *fresh_pg_database(args.pg_url)))
-        for name, url, drop in databases:
-            folder = work / name.split("(")[1].rstrip(")")
-            folder.mkdir()
-            server = start_service(name, folder, args.server_core, url)
-            try:
-                setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, TOUCHED))}
-                for mix in mixes:
-                    if args.profile:
-                        profile(server, mix, int(args.profile), args.seconds, setup)
-                    else:
-                        steps += sweep(server, mix, args.seconds, setup, rates[mix])
-            finally:
-                server.stop()
-                if drop:
-                    drop()
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(s) for s in steps], indent=1))
-    before = [Step(**s) for s in json.loads(Path(args.before).read_text())] if args.before else []
-    print()
-    print(table(steps, before))
-    if args.markdown:
-        write_markdown(args.markdown, table(steps, before), args)
+        for gpus in (int(n) for n in args.fleets.split(",")):
+            databases = []
+            if "sqlite" in wanted:
+                databases.append(("sqlite", lambda folder: (f"sqlite:///{folder / 'service.sqlite'}", None)))
+            if "postgresql" in wanted and args.pg_url:
+                databases.append(("postgresql", lambda folder: fresh_pg_database(args.pg_url)))
+            for database, make in databases:
+                folder = work / f"{database}-{gpus}"
+                folder.mkdir()
+                steps += run_service(f"service ({database}, {gpus} GPUs)", folder, gpus, make(folder), args,
+                                     mixes, rates)
+    return steps
+
+
+def run_service(name: str, folder: Path, gpus: int, db, args, mixes: list[str], rates) -> list[Step]:
+    """One service's sweeps, over `gpus` GPUs of which half hold a lease throughout (many holders)."""
+    url, drop = db
+    server = start_service(name, folder, args.server_core, url, gpus)
+    steps: list[Step] = []
+    try:
+        setup = {"leases": asyncio.run(grant_leases(server.port, server.tokens, gpus // 2))}
+        for mix in mixes:
+            if args.profile:
+                profile(server, mix, int(args.profile), args.seconds, setup)
+            else:
+                steps += sweep(server, mix, args.seconds, setup, rates[mix])
+    finally:
+        server.stop()
+        if drop:
+            drop()
+    return steps
 
 
 def write_markdown(path: str, body: str, args) -> None:

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from functools import partial
+from functools import lru_cache, partial
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from sqlalchemy import (Boolean, Column, Float, Integer, MetaData, String, Table, Text, bindparam,
                         create_engine, delete, event, func, select)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.sql import Executable
 
 from .model import Job, JobState, Lease, LeaseState, MigInstance, PriorityClass, Slice, SliceSpec
+from .store_writes import DriverStatement, Group, Records
 
 metadata = MetaData()
 
@@ -221,21 +220,21 @@ class StoreError(Exception):
 
 
 def _upsert(insert_of: Callable[[Table], Any], dialect: Any, table: Table, key: list[str],
-            changes: Callable[[Any], dict] | None = None) -> _DriverStatement:
+            changes: Callable[[Any], dict] | None = None) -> DriverStatement:
     """INSERT, or on a row with the same `key` UPDATE its other columns (or `changes(excluded)`)."""
     insert = insert_of(table)
     set_ = (changes(insert.excluded) if changes else
             {c.name: insert.excluded[c.name] for c in table.c if c.name not in key})
-    return _DriverStatement(insert.on_conflict_do_update(index_elements=key, set_=set_), dialect,
+    return DriverStatement(insert.on_conflict_do_update(index_elements=key, set_=set_), dialect,
                             [c.key for c in table.c])
 
 
-def _delete_by(dialect: Any, table: Table, column: str) -> _DriverStatement:
-    return _DriverStatement(delete(table).where(table.c[column] == bindparam(column)), dialect, [column])
+def _delete_by(dialect: Any, table: Table, column: str) -> DriverStatement:
+    return DriverStatement(delete(table).where(table.c[column] == bindparam(column)), dialect, [column])
 
 
-def _insert_into(dialect: Any, table: Table) -> _DriverStatement:
-    return _DriverStatement(table.insert(), dialect, [c.key for c in table.c])
+def _insert_into(dialect: Any, table: Table) -> DriverStatement:
+    return DriverStatement(table.insert(), dialect, [c.key for c in table.c])
 
 
 class Store:
@@ -253,10 +252,11 @@ class Store:
         self.engine = create_engine(url, connect_args={"timeout": 30} if is_sqlite else {},
                                     pool_pre_ping=not is_sqlite)
         self._insert = sqlite_insert if is_sqlite else pg_insert
+        self._intent_setting = "" if is_sqlite else "SET LOCAL synchronous_commit TO OFF"  # see record_intent
         if is_sqlite:
             event.listen(self.engine, "connect", partial(_sqlite_pragmas, sqlite_synchronous, sqlite_autocheckpoint))
         metadata.create_all(self.engine)  # connects first, so the dialect knows its server when compiling
-        # Every write is compiled once, here, to this dialect's SQL (see _DriverStatement).
+        # Every write is compiled once, here, to this dialect's SQL (see DriverStatement).
         dialect = self.engine.dialect
         upsert = partial(_upsert, self._insert, dialect)
         delete_by = partial(_delete_by, dialect)
@@ -281,7 +281,7 @@ class Store:
         self._delete_intent = delete_by(mig_intents, "id")  # one id a row (executemany), not an expanding IN
         self._select_lease = select(leases).where(leases.c.id == bindparam("id"))
         self._held = 0
-        self._group = _Group()
+        self._group = Group()
         # Writes go through one connection kept open: a pool checkout per transaction cost about as much
         # CPU as the transaction's statements on SQLite, and a pre-ping round trip on a server.
         self._writer: Connection | None = None
@@ -322,7 +322,7 @@ class Store:
     def commit_group(self) -> None:
         """Write the waiting group in one transaction. StoreError, and nothing of it written, if that
         fails; the group is dropped either way (its changes are the caller's to undo)."""
-        group, self._group = self._group, _Group()
+        group, self._group = self._group, Group()
         if group:
             try:
                 self._in_transaction(partial(group.write, store=self))
@@ -337,14 +337,14 @@ class Store:
             self._group.refused.append(undo)
 
     def _apply(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict] = (),
-               seq: int | None = None, usage_rows: Sequence[dict] = ()) -> None:
+               seq: int | None = None, usage_rows: Sequence[dict] = (), records: Records | None = None) -> None:
         """One write: into the group while held, else now, in one transaction with the waiting group
         (which stays waiting, without this write, if that transaction fails)."""
         group = self._group if self._held else self._group.copy()
-        group.add(write, lease_rows, seq, usage_rows)
+        group.add(write, lease_rows, seq, usage_rows, records)
         if not self._held:
             self._in_transaction(partial(group.write, store=self))
-            self._group = _Group()
+            self._group = Group()
 
     def _in_transaction(self, write: Callable[[Connection], None]) -> None:
         """Call `write` in one transaction on the kept writer connection, committed when it returns;
@@ -387,45 +387,51 @@ class Store:
         mark or unmark ended leases whose slices are still held (`returning`), drop fulfilled MIG
         intents, set or (None) delete leases' deadlines, add or move usage segments, remember the
         sequence. StoreError, and nothing written, if any part fails.
-        The rows are taken now; in a group, a lease written twice is written once, as it was last."""
-        rows = [_lease_row(l) for l in changed]
-        instances = [(mig_uuid, inst and {
+        The rows are taken now; in a group, a lease, an instance, a drain or returning mark or a
+        deadline written twice is written once, as it was last (see Group)."""
+        records = Records()
+        records.instances.update((mig_uuid, inst and {
             "uuid": inst.uuid, "gpu_uuid": gpu_uuid, "profile_id": inst.profile_id, "start": inst.start,
             "size": inst.size, "gi_id": inst.gi_id, "ci_id": inst.ci_id, "created_by_core": created})
-            for gpu_uuid, mig_uuid, inst, created in instance_changes]
-        drains = dict(drains or {})
-        returning = dict(returning or {})
-        intents_done = list(intents_done)
-        deadline_rows = [(lease_id, record and {
+            for gpu_uuid, mig_uuid, inst, created in instance_changes)
+        records.drains.update(drains or {})
+        records.returning.update(returning or {})
+        records.intents_done.update(dict.fromkeys(intents_done))
+        records.deadlines.update((lease_id, record and {
             "lease_id": record.lease_id, "deadline": record.deadline, "extensions": record.extensions,
-            "warned_at": record.warned_at}) for lease_id, record in deadlines.items()] if deadlines else []
+            "warned_at": record.warned_at}) for lease_id, record in (deadlines or {}).items())
+        self._apply(None, [_lease_row(l) for l in changed], seq, [_usage_row(seg) for seg in usage],
+                    records=records)
 
-        def write(conn: Connection) -> None:
-            for lease_id, held in returning.items():
-                self._delete_returning.run(conn, {"lease_id": lease_id})
-                if held:
-                    self._insert_returning.run(conn, {"lease_id": lease_id})
-            for mig_uuid, row in instances:
-                if row is None:
-                    self._delete_instance.run(conn, {"uuid": mig_uuid})
-                else:
-                    self._upsert_instance.run(conn, row)
-            for gpu_uuid, drained in drains.items():
-                self._delete_drain.run(conn, {"gpu_uuid": gpu_uuid})
-                if drained:
-                    self._insert_drain.run(conn, {"gpu_uuid": gpu_uuid})
-            if intents_done:
-                self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in intents_done])
-            for lease_id, row in deadline_rows:
-                self._delete_deadline.run(conn, {"lease_id": lease_id})
-                if row is not None:
-                    self._insert_deadline.run(conn, row)
-        self._apply(write, rows, seq, [_usage_row(seg) for seg in usage] if usage else ())
+    def _write_records(self, conn: Connection, records: Records) -> None:
+        """The records `save` keeps by key, one executemany per statement: returning and drain marks
+        deleted then inserted where set, instances deleted or upserted, fulfilled intents deleted,
+        deadlines deleted then inserted where set."""
+        marked = ((records.returning, self._delete_returning, self._insert_returning, "lease_id"),
+                  (records.drains, self._delete_drain, self._insert_drain, "gpu_uuid"))
+        for marks, unmark, mark, key in marked:
+            unmark.run_many(conn, [{key: name} for name in marks])
+            mark.run_many(conn, [{key: name} for name, on in marks.items() if on])
+        self._delete_instance.run_many(conn, [{"uuid": uuid} for uuid, row in records.instances.items()
+                                              if row is None])
+        self._upsert_instance.run_many(conn, [row for row in records.instances.values() if row is not None])
+        self._delete_intent.run_many(conn, [{"id": intent_id} for intent_id in records.intents_done])
+        self._delete_deadline.run_many(conn, [{"lease_id": lease_id} for lease_id in records.deadlines])
+        self._insert_deadline.run_many(conn, [row for row in records.deadlines.values() if row is not None])
 
     def record_intent(self, intent: MigIntent) -> None:
-        """Write, in its own transaction (never in a group), that the core is about to create a MIG instance."""
+        """Write, in its own transaction (never in a group), that the core is about to create a MIG
+        instance. On PostgreSQL without waiting for the WAL's flush (`synchronous_commit` off for this
+        transaction only): the intent survives the service's crash at once, and a crash of the
+        database server only once the next durable commit (the group's, which records the instance)
+        has flushed it, as SQLite's NORMAL keeps every commit (docs/reliability.md)."""
         row = {"id": intent.id, "gpu_uuid": intent.gpu_uuid, "profile_id": intent.profile_id, "start": intent.start}
-        self._in_transaction(partial(self._insert_intent.run, row=row))
+
+        def write(conn: Connection) -> None:
+            if self._intent_setting:
+                conn.exec_driver_sql(self._intent_setting)
+            self._insert_intent.run(conn, row)
+        self._in_transaction(write)
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
         """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
@@ -553,86 +559,6 @@ class Store:
         return [DeadlineRecord(r["lease_id"], r["deadline"], r["extensions"], r["warned_at"]) for r in rows]
 
 
-class _Group:
-    """Writes waiting for one transaction: leases by id (the last row of each), the others in order,
-    then usage segments by (lease, start) (the last row of each: an accrual's end only moves on)."""
-
-    def __init__(self) -> None:
-        self.leases: dict[str, dict] = {}
-        self.writes: list[Callable[[Connection], None]] = []
-        self.usage: dict[tuple[str, float], dict] = {}
-        self.seq: int | None = None
-        self.refused: list[Callable[[], None]] = []  # see Store.if_refused
-
-    def __bool__(self) -> bool:
-        return bool(self.leases or self.writes or self.usage or self.seq is not None)
-
-    def copy(self) -> "_Group":
-        other = _Group()
-        other.leases, other.writes, other.seq = dict(self.leases), list(self.writes), self.seq
-        other.usage, other.refused = dict(self.usage), list(self.refused)
-        return other
-
-    def add(self, write: Callable[[Connection], None] | None, lease_rows: Sequence[dict], seq: int | None,
-            usage_rows: Sequence[dict] = ()) -> None:
-        self.leases.update((row["id"], row) for row in lease_rows)
-        self.usage.update(((row["lease_id"], row["start"]), row) for row in usage_rows)
-        if write is not None:
-            self.writes.append(write)
-        if seq is not None:
-            self.seq = seq
-
-    def write(self, conn: Connection, store: Store) -> None:
-        if self.leases:
-            store._upsert_leases.run_many(conn, self.leases.values())
-        for write in self.writes:
-            write(conn)
-        if self.usage:
-            store._upsert_usage.run_many(conn, self.usage.values())
-        if self.seq is not None:
-            store._upsert_meta_row.run(conn, {"key": "seq", "value": str(self.seq)})
-
-
-class _DriverStatement:
-    """A write compiled once, to one dialect's SQL, and run through the driver with
-    `Connection.exec_driver_sql`: no compile-cache lookup, parameter processing or post-compile
-    step per execution, while the transaction, the engine's events and the wrapping of the
-    driver's errors stay SQLAlchemy's. A row maps every name in `keys` to a value the driver
-    binds as it is (str, int, float, bool or None: no column of the store needs a type's processing;
-    a column's Python-side default is not applied, so every row names every column)."""
-
-    def __init__(self, statement: Executable, dialect: Dialect, keys: list[str]):
-        compiled = statement.compile(dialect=dialect, column_keys=keys)
-        names = list(compiled.positiontup or ()) if compiled.positional else list(compiled.bind_names.values())
-        if sorted(names) != sorted(keys) or compiled.post_compile_params or compiled.literal_execute_params:
-            raise ValueError(f"{compiled.string!r} does not take exactly {keys} as plain parameters")
-        self.sql = compiled.string
-        # Positional paramstyles (SQLite's qmark) take a tuple in the statement's order; named ones the row.
-        self._params: Callable[[Mapping[str, Any]], Any] = (_in_order(names) if compiled.positional
-                                                             else _as_is)
-
-    def run(self, conn: Connection, row: Mapping[str, Any]) -> None:
-        conn.exec_driver_sql(self.sql, self._params(row))
-
-    def run_many(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
-        """One executemany of `rows` (one execute when there is one, none when there are none)."""
-        params = [self._params(row) for row in rows]
-        if params:
-            conn.exec_driver_sql(self.sql, params)
-
-
-def _in_order(names: list[str]) -> Callable[[Mapping[str, Any]], tuple]:
-    """A row's values as a tuple in the order of `names`."""
-    if len(names) == 1:
-        name = names[0]
-        return lambda row: (row[name],)
-    return itemgetter(*names)
-
-
-def _as_is(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    return row
-
-
 def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record) -> None:
     """WAL; synchronous NORMAL: a commit survives the process's death (SIGKILL) and the file stays
     consistent, but a power loss can take the commits since the last checkpoint; FULL: each commit
@@ -647,10 +573,16 @@ def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record)
     cur.close()
 
 
+@lru_cache(maxsize=4096)
+def _json_text(value: SliceSpec | tuple[str, ...]) -> str:
+    """A spec's or a groups tuple's JSON as a lease row keeps it, worked out once (few distinct ones)."""
+    return json.dumps(value.to_json() if isinstance(value, SliceSpec) else list(value))
+
+
 def _lease_row(lease: Lease) -> dict:
     return {
         "id": lease.id, "user": lease.user, "holder": lease.holder,
-        "groups": json.dumps(list(lease.groups)), "spec": json.dumps(lease.spec.to_json()),
+        "groups": _json_text(lease.groups), "spec": _json_text(lease.spec),
         "priority": lease.priority.value, "preemptible": lease.preemptible, "state": lease.state.value,
         "slice": json.dumps(lease.slice.to_json()) if lease.slice else None,
         "created_at": lease.created_at, "seq": lease.seq, "granted_at": lease.granted_at,
@@ -673,7 +605,7 @@ def _lease_from_row(row) -> Lease:
 
 def _usage_row(seg: UsageSegment) -> dict:
     return {"lease_id": seg.lease_id, "start": seg.start, "end": seg.end, "day": seg.day, "user": seg.user,
-            "groups": json.dumps(list(seg.groups)), "model": seg.model, "kind": seg.kind, "offer": seg.offer,
+            "groups": _json_text(seg.groups), "model": seg.model, "kind": seg.kind, "offer": seg.offer,
             "holder_kind": seg.holder_kind, "gpus": seg.gpus, "gib": seg.gib}
 
 

@@ -27,7 +27,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from functools import partial
+from functools import lru_cache, partial
 from typing import Iterable, Mapping, Sequence
 
 from . import mig
@@ -99,7 +99,17 @@ class OfferNames:
 
 # --------------------------------------------------------------------- time
 def utc_day(t: float) -> str:
+    """The UTC date of POSIX time `t`, e.g. '2026-12-05': by day number (a POSIX day is 86,400 s),
+    except within a millisecond of midnight, where datetime's rounding to microseconds decides."""
+    day, into = divmod(t, 86400)
+    if 0.001 < into < 86399.999:
+        return _day_name(int(day))
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
+
+
+@lru_cache(maxsize=64)
+def _day_name(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, timezone.utc).strftime("%Y-%m-%d")
 
 
 def next_midnight(t: float) -> float:

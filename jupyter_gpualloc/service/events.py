@@ -106,17 +106,38 @@ class EventStream:
         return item
 
 
+_AUDIT_JSON = json.JSONEncoder(separators=(",", ":"), default=str)  # json.dumps makes one per call with these
+
+
 class AuditLog:
-    """A JSON-lines file, one event per line, appended and flushed as events happen."""
+    """A JSON-lines file, one event per line, appended as events happen and flushed once per IOLoop
+    turn (a group commit announces several events in one turn; at once outside a running loop)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
+        self._flush_due = False
 
     def write(self, event: Event) -> None:
-        self._file.write(json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n")
-        self._file.flush()
+        self._file.write(_AUDIT_JSON.encode(event.to_json()) + "\n")
+        if self._flush_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._file.flush()
+            return
+        self._flush_due = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_due = False
+        try:
+            if not self._file.closed:
+                self._file.flush()
+        except OSError as err:
+            logging.getLogger(__name__).error("cannot write the audit log %s: %s", self.path, err)
 
     def close(self) -> None:
         self._file.close()

@@ -53,15 +53,32 @@ class _SpelledOut:
 
 
 def parse_json(raw: bytes) -> Any:
-    """A JSON text -> Python values; InputError on bad UTF-8, bad JSON, deep nesting, NaN, lone surrogates."""
+    """A JSON text -> Python values; InputError on bad UTF-8, bad JSON, deep nesting, NaN, lone surrogates.
+
+    The values are walked only when the text could hold one of the last three: a NaN or Infinity
+    was parsed, a \\u escape (the only way to a lone surrogate in valid UTF-8) is there, or there
+    are more brackets than MAX_DEPTH."""
+    spelled: list[str] = []
+
+    def constant(token: str) -> _SpelledOut:
+        spelled.append(token)
+        return _SpelledOut(token)
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_SpelledOut)
+        text = raw.decode("utf-8")
+        data = json.loads(text, parse_constant=constant)
     except UnicodeDecodeError:
         raise InputError("body", "is not UTF-8") from None
     except RecursionError:
         raise InputError("body", f"is nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as err:
         raise InputError("body", f"is not valid JSON ({str(err).split(':')[0]})") from None
+    if spelled or "\\u" in text or text.count("{") + text.count("[") > MAX_DEPTH:
+        _check_values(data)
+    return data
+
+
+def _check_values(data: Any) -> None:
+    """InputError at the first value nested too deep, spelled out (NaN, Infinity) or holding a lone surrogate."""
     for path, value, depth in _walk(data):
         if depth > MAX_DEPTH:
             raise InputError(path or "body", f"is nested deeper than {MAX_DEPTH} levels")
@@ -69,7 +86,6 @@ def parse_json(raw: bytes) -> Any:
             raise InputError(path or "body", f"must be a finite number, not {value.token}")
         if isinstance(value, str) and _SURROGATE.search(value):
             raise InputError(path or "body", "holds a lone UTF-16 surrogate")
-    return data
 
 
 def _walk(data: Any) -> Iterator[tuple[str, Any, int]]:
