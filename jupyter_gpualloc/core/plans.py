@@ -42,13 +42,18 @@ class Plan:
 
 @dataclass
 class ModelGroup:
-    """The fleet's GPUs of one model and MIG-ness: how many sit on each node."""
+    """The fleet's GPUs of one model and MIG-ness: how many sit on each node, and what plain slices
+    any of them may carry (Gpu.sharing: "any", "whole", "shared")."""
 
     model: str
     is_mig: bool
     memory_mib: int
     profiles: dict[int, MigProfile]
     per_node: dict[str, int] = field(default_factory=dict)
+    sharing: set[str] = field(default_factory=set)
+
+    def takes(self, kind: SliceKind) -> bool:
+        return "any" in self.sharing or kind.value in self.sharing
 
 
 class Plans:
@@ -64,6 +69,7 @@ class Plans:
             if key not in groups:
                 groups[key] = ModelGroup(gpu.model, key[1], gpu.memory_mib, profiles.get(gpu.uuid, {}))
             groups[key].per_node[gpu.node] = groups[key].per_node.get(gpu.node, 0) + 1
+            groups[key].sharing.add(gpu.sharing)
         self.groups = list(groups.values())
         self._known: dict[SliceSpec, tuple[Plan, ...]] = {}
         self._hosts_known: dict[tuple, frozenset[int]] = {}
@@ -90,12 +96,14 @@ class Plans:
         plain = [g for g in groups if not g.is_mig and spec.memory_mib <= g.memory_mib]
         if spec.kind in (SliceKind.SHARED, SliceKind.ANY) and spec.count == 1 and spec.memory_mib \
                 and not spec.profile:
-            for g in plain:
+            for g in (g for g in plain if g.takes(SliceKind.SHARED)):
                 milli = math.ceil(spec.memory_mib * MILLI_PER_GPU / g.memory_mib)
                 plans.append(Plan(SliceKind.SHARED, g.model, spec.memory_mib, milli=milli))
-        if spec.kind is SliceKind.WHOLE or (spec.kind is SliceKind.ANY and not spec.memory_mib
-                                             and not spec.profile):
-            for g in plain:
+        if spec.kind is SliceKind.WHOLE or (spec.kind is SliceKind.ANY and not spec.profile):
+            # "any" with a memory size is a share where the GPU can share, else the GPU whole
+            whole = [g for g in plain if g.takes(SliceKind.WHOLE) and (
+                spec.kind is SliceKind.WHOLE or not spec.memory_mib or not g.takes(SliceKind.SHARED))]
+            for g in whole:
                 counts = [g.per_node[spec.node]] if spec.node else g.per_node.values()
                 if max(counts) >= spec.count:
                     plans.append(Plan(SliceKind.WHOLE, g.model, g.memory_mib * spec.count, count=spec.count))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from jupyter_gpualloc.core.model import LeaseState, SliceKind, SliceSpec
+import pytest
+
+from jupyter_gpualloc.core.model import LeaseState, SliceKind, SliceSpec, SpecError
 from jupyter_gpualloc.core.model import OutsideUse
 
 from .conftest import A100_40, fleet
@@ -119,3 +121,15 @@ def test_a_time_sliced_gpu_takes_only_shares_and_a_plain_kubernetes_gpu_only_who
     assert s.submit("c", "kernel:3", SliceSpec(kind=SliceKind.WHOLE, model=A100_40), now=5).state is LeaseState.QUEUED
     offers = {o["spec"]["kind"]: o["available"] for o in s.offers()}
     assert offers["whole"] == 0 and offers["shared"] > 0
+
+
+def test_a_share_of_a_model_no_gpu_of_which_shares_is_refused_at_once(harness):
+    h = harness(fleet({"model": A100_40, "count": 2}))
+    nodes = nodes_of(h)
+    for gpu in nodes[0].gpus:
+        gpu.sharing = "whole"
+    s = h.scheduler
+    s.nodes_changed(nodes, now=1)
+    with pytest.raises(SpecError, match="no GPU in this fleet can provide"):
+        s.submit("a", "kernel:1", SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, model=A100_40), now=2)
+    assert s.submit("a", "kernel:2", SliceSpec(memory_mib=4096, model=A100_40), now=3).slice.kind is SliceKind.WHOLE
