@@ -635,12 +635,17 @@ OPERATIONS["/leases/{lease_id}/extend"] = {
 }
 SCHEMAS["Lease"]["properties"]["reservation"] = {
     "type": ["string", "null"], "description": "The reservation it was granted from (it ends with its window); null if none."}
-_WHEN = {"type": ["number", "string"], "maxLength": 64,
+_WHEN = {"anyOf": [{"type": "number"}, {"type": "string", "pattern": (
+             r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?"
+             r"(Z|[+-]([01]\d|2[0-3]):?[0-5]\d)?$")}],
          "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset)."}
 _NAMES = {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}
 SCHEMAS.update({
     "ReservationRequest": {
         "type": "object", "required": ["name", "spec", "start", "end"], "additionalProperties": False,
+        "anyOf": [{"required": ["users"], "properties": {"users": {"minItems": 1}}},
+                  {"required": ["groups"], "properties": {"groups": {"minItems": 1}}}],
+        "description": "Names at least one user or group.",
         "properties": {
             "name": {**NAME, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$",
                      "x-rule": "must be letters, digits, '.', '_' or '-'"},

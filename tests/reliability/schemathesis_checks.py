@@ -38,6 +38,8 @@ STATE_DEPENDENT = {
     "spec.": "this fleet has no GPU (model, node, profile, size) for it",
     "until": "a usage report's until must be later than its since (a rule across two query parameters)",
     "priority": "the admin's policy decides whether jobs may run in the interactive class",
+    "end": "a reservation's end must be later than its start (a rule across two fields)",
+    "start": "a date the document's pattern allows may not exist (February 30)",
 }
 
 

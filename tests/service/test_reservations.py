@@ -26,7 +26,7 @@ def test_reservations_over_rest_survive_a_restart(fresh_service):
     too_many = svc.call("POST", "reservations", body(count=15), ROOT)
     assert too_many.status == 409 and too_many.json()["field"] == "count" and too_many.json()["fits"] == 14
     assert "only 14 of 15" in too_many.json()["error"]
-    for fields, field in [({"groups": []}, "users"), ({"start": "next tuesday"}, "start"), ({"color": 1}, "color")]:
+    for fields, field in [({"groups": []}, "groups"), ({"start": "next tuesday"}, "start"), ({"color": 1}, "color")]:
         bad = svc.call("POST", "reservations", body(**fields), ROOT)
         assert bad.status == 400 and bad.json()["field"] == field, bad
     created = svc.call("POST", "reservations", body(), ROOT)
