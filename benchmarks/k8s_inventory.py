@@ -117,11 +117,11 @@ async def create_pods(core_api, count: int, nodes: int) -> None:
 
 
 def decisions(scheduler, ops: int, now: float) -> tuple[list[float], list[float]]:
-    spec = SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, model="A100-SXM4-80GB")
+    spec = SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, model="L4")  # the time-sliced L4s share
     submits, releases = [], []
     for i in range(ops):
         t = time.perf_counter()
-        lease = scheduler.submit(f"user{i % 50}", f"kernel:bench-{i}", spec, now=now + i)
+        lease = scheduler.submit(f"user{i % 50}", f"server:bench-{i}", spec, now=now + i)
         submits.append(time.perf_counter() - t)
         t = time.perf_counter()
         scheduler.release(lease.id, now=now + i, holder_gone=True)
