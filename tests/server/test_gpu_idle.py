@@ -35,7 +35,7 @@ print(child.pid)
 
 @pytest.fixture
 def jp_server_config(tmp_path):
-    return extension_config(tmp_path, SchedulerPolicy={"idle_signal": "gpu", "idle_timeout": 4.0, "idle_grace": 1.0})
+    return extension_config(tmp_path, SchedulerPolicy={"idle_signal": "gpu", "idle_timeout": 8.0, "idle_grace": 1.0})
 
 
 async def start_busy_kernel(gpualloc, km, sm: float):
@@ -58,7 +58,8 @@ async def test_a_kernel_busy_on_cpu_but_idle_on_its_gpu_loses_its_slice(gpualloc
     idle, idle_lease, idle_client = await start_busy_kernel(gpualloc, km, sm=0)
     busy, busy_lease, busy_client = await start_busy_kernel(gpualloc, km, sm=85)
     try:
-        await wait_for(lambda: idle not in km, timeout=30)
+        await wait_for(lambda: idle not in km, timeout=40)
+        await wait_for(lambda: any(t == "kernel.gpu_shutdown" for t, _ in events))  # sent once the shutdown ends
         ended = scheduler.lease(idle_lease)
         assert ended.state.value == "expired" and "idle" in ended.reason
         types = [(t, d.get("lease_id")) for t, d in events]

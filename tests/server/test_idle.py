@@ -28,6 +28,8 @@ async def test_idle_kernel_is_warned_then_shut_down_while_a_busy_one_is_left_alo
         await wait_for(lambda: gpualloc.embedded.scheduler.lease(busy_lease).busy)
         busy_since = len(events)  # (both kernels may be warned while they start: they are idle then)
         await wait_for(lambda: idle not in km, timeout=15)
+        # the event follows the shutdown's end: the kernel leaves the manager a turn of the loop before it
+        await wait_for(lambda: any(t == "kernel.gpu_shutdown" for t, _ in events))
         types = [(t, d.get("lease_id")) for t, d in events]
         assert ("lease.idle_warning", idle_lease) in types
         assert ("lease.expired", idle_lease) in types

@@ -56,6 +56,7 @@ async def test_over_cap_process_under_a_kernel_is_warned_then_its_kernel_shut_do
     assert owners[km.get_kernel(kernel_id).provisioner.pid] == kernel_id
 
     await wait_for(lambda: kernel_id not in km, timeout=20)
+    await wait_for(lambda: any(t == "watchdog.action" for t, _ in events))  # sent once the shutdown ends
     kinds = [t for t, d in events if t.startswith("watchdog.")]
     assert kinds[:2] == ["watchdog.over_cap", "watchdog.action"]
     warning = next(d for t, d in events if t == "watchdog.over_cap")

@@ -13,7 +13,7 @@ from tests.hubfixture import REPO_ROOT
 from .conftest import FLEET
 
 
-def serve(*args: str, cwd=None, timeout: float = 30) -> subprocess.CompletedProcess:
+def serve(*args: str, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jupyter_gpualloc.cli", "serve", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
