@@ -302,6 +302,11 @@ class GpuAllocService(Application):
         300.0, help="""With the kubernetes backend: seconds a lease's pod may stay unschedulable (the
         kube-scheduler cannot place it) before the lease ends with the kube-scheduler's message.""",
     ).tag(config=True)
+    pod_missing_timeout = Float(
+        120.0, help="""With the kubernetes backend: seconds after its grant a lease may have no pod in the
+        cluster (its spawner has not made it yet) before it is released: its server never started, or its
+        pod was deleted while the service was not watching.""",
+    ).tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
         True, help="Whether /metrics needs admin credentials (turn off for a scraper inside a trusted network).",
@@ -405,7 +410,8 @@ class GpuAllocService(Application):
         self.cluster = None
         if isinstance(self.device_backend, KubernetesBackend):
             self.cluster = ClusterReconciler(self.scheduler, self.device_backend,
-                                             pod_unschedulable_timeout=self.pod_unschedulable_timeout)
+                                             pod_unschedulable_timeout=self.pod_unschedulable_timeout,
+                                             pod_missing_timeout=self.pod_missing_timeout)
             self.metrics.cluster_stale.set_function(
                 lambda: 0.0 if self.cluster.stale_since is None else time.time() - self.cluster.stale_since)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))

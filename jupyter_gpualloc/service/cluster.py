@@ -8,6 +8,8 @@ calls, and every lease is tied to the pod made for it.
   did it first; this is the backstop, logged.
 - A pod the kube-scheduler cannot place for `pod_unschedulable_timeout` seconds ends its lease
   with the kube-scheduler's message, and is deleted.
+- A granted lease with no pod in the cluster `pod_missing_timeout` seconds after its grant is
+  released: its spawner never made the pod, or the pod went while the service was not watching.
 - While the API server cannot be reached the core goes on deciding from its last view, and
   `stale_since` says since when (/health, the gpualloc_cluster_stale metric).
 """
@@ -35,9 +37,11 @@ class ClusterReconciler:
     """Listens to a ClusterWatch and the scheduler's events; acts for the leases' pods."""
 
     def __init__(self, scheduler: Scheduler, backend: KubernetesBackend, *, kubeconfig: str | None = None,
-                 pod_unschedulable_timeout: float = 300.0, clock: Callable[[], float] = time.time):
+                 pod_unschedulable_timeout: float = 300.0, pod_missing_timeout: float = 120.0,
+                 clock: Callable[[], float] = time.time):
         self.scheduler, self.clock = scheduler, clock
         self.pod_unschedulable_timeout = pod_unschedulable_timeout
+        self.pod_missing_timeout = pod_missing_timeout
         self.watch = ClusterWatch(backend, self, kubeconfig=kubeconfig)
         self.stale_since: float | None = None
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
@@ -87,7 +91,8 @@ class ClusterReconciler:
 
     # ---------------------------------------------------------------- leases
     def tick(self) -> None:
-        """End the leases whose pods the kube-scheduler could not place for too long."""
+        """End the leases whose pods the kube-scheduler could not place for too long, and those
+        granted long enough ago that have no pod (judged only on a current view)."""
         now = self.clock()
         for pod in list(self._pods.values()):
             since = pod.unschedulable_since
@@ -95,6 +100,14 @@ class ClusterReconciler:
                 continue
             self._end(pod.lease_id, f"its pod could not be scheduled for {now - since:.0f} s: {pod.unschedulable}")
             self._delete(pod, "it could not be scheduled")
+        if not self.watch.is_synced or self.stale_since is not None:
+            return
+        with_pods = {pod.lease_id for pod in self._pods.values()}
+        for lease in self.scheduler.leases():
+            granted = lease.granted_at
+            if (lease.state is LeaseState.GRANTED and not lease.returning and lease.id not in with_pods
+                    and granted is not None and now - granted >= self.pod_missing_timeout):
+                self._end(lease.id, f"it has no pod in the cluster {now - granted:.0f} s after its grant")
 
     def _on_event(self, event: Event) -> None:
         if event.type not in ENDED or event.lease_id is None:

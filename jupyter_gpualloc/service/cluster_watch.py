@@ -83,6 +83,11 @@ class ClusterWatch:
         await asyncio.wait_for(self._synced.wait(), timeout)
 
     @property
+    def is_synced(self) -> bool:
+        """Whether both kinds were listed once and reported."""
+        return self._synced.is_set()
+
+    @property
     def stale_since(self) -> float | None:
         return self._stale_since
 

@@ -29,6 +29,7 @@ c.SchedulerPolicy.heartbeat_ttl = 3600
 c.SchedulerPolicy.wait_for_holders = False
 c.GpuAllocService.tick_interval = 0.5
 c.GpuAllocService.pod_unschedulable_timeout = 3
+c.GpuAllocService.pod_missing_timeout = 8
 """
 
 
@@ -229,6 +230,15 @@ def test_an_unschedulable_pod_ends_its_lease_with_the_schedulers_message(service
     ended = wait_for(lambda: (l := lease_state(service, lease["id"]))["state"] != "granted" and l,
                      timeout=60, what="the lease's end")
     assert re.match(r"its pod could not be scheduled for \d+ s: .*Insufficient nvidia\.com/gpu", ended["reason"]), ended
+
+
+def test_a_lease_whose_pod_never_appears_is_released(service):
+    lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:never-started")
+    assert lease["state"] == "granted"
+    ended = wait_for(lambda: (l := lease_state(service, lease["id"]))["state"] != "granted" and l,
+                     timeout=40, what="the lease's end")
+    assert ended["state"] == "released", ended
+    assert re.fullmatch(r"it has no pod in the cluster \d+ s after its grant", ended["reason"]), ended
 
 
 def test_an_outage_leaves_the_view_equal_to_a_fresh_list(service, k8s_cluster, proxy, namespace, tmp_path):
