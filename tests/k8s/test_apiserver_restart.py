@@ -64,14 +64,15 @@ def test_the_service_rides_out_an_apiserver_restart(plane, tmp_path):
             await core.create_namespace({"metadata": {"name": "restart"}})
             await until(lambda: _has_default_account(core), what="the namespace's service account")
             for lease, name in ((kept, "kept"), (doomed, "doomed")):
-                await core.create_namespaced_pod("restart", lease_pod(lease, name, {"nvidia.com/gpu": "1"}, "gpu-l4-a"))
+                pod = lease_pod(lease, name, {"nvidia.com/gpu": "1"}, "gpu-l4-a")
+                await core.create_namespaced_pod("restart", pod)
             await until(lambda: _all_running(core), what="both pods Running")
 
         cluster.run(pods)
 
         plane.stop_apiserver()
-        health = wait_for(lambda: (h := service.call("GET", "health").json())["cluster"].startswith("stale since") and h,
-                          what="the view marked stale")
+        health = wait_for(lambda: (h := service.call("GET", "health").json())["cluster"].startswith("stale since")
+                          and h, what="the view marked stale")
         assert health["backend"] == "kubernetes"
         # It answers from what it knows: the nodes, the leases, and a new grant.
         assert sorted(n["name"] for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]) == NODES
