@@ -7,6 +7,7 @@
 //	controlplane up   --dir .k8s [--fleet FILE]   start in the background, wait until ready, return
 //	controlplane down --dir .k8s                  stop what `up` started
 //	controlplane run  --dir DIR  [--fleet FILE]   the same in the foreground, until SIGTERM/SIGINT
+//	                                              (SIGUSR1 stops kube-apiserver alone, SIGUSR2 starts it again)
 //
 // The components themselves (used by `run`; the upstream commands and flags):
 //

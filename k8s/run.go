@@ -80,6 +80,10 @@ func run(args []string) int {
 	runtime.LockOSThread()
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	// SIGUSR1 stops kube-apiserver alone, SIGUSR2 starts it again (restartAPIServer); registered
+	// now so that neither kills the process before it is ready.
+	apiSignals := make(chan os.Signal, 4)
+	signal.Notify(apiSignals, syscall.SIGUSR1, syscall.SIGUSR2)
 
 	if err := os.MkdirAll(o.dir, 0o755); err != nil {
 		return fail(err)
@@ -150,20 +154,21 @@ func run(args []string) int {
 	}
 
 	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	api, err := start("kube-apiserver",
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
-		"--etcd-servers="+fmt.Sprintf("http://127.0.0.1:%d", etcdPort),
-		"--tls-cert-file="+pki.serverCert, "--tls-private-key-file="+pki.serverKey,
-		"--client-ca-file="+pki.caCert,
-		"--token-auth-file="+pki.tokens,
+	apiArgs := []string{
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(apiPort),
+		"--etcd-servers=" + fmt.Sprintf("http://127.0.0.1:%d", etcdPort),
+		"--tls-cert-file=" + pki.serverCert, "--tls-private-key-file=" + pki.serverKey,
+		"--client-ca-file=" + pki.caCert,
+		"--token-auth-file=" + pki.tokens,
 		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+pki.saKey, "--service-account-signing-key-file="+pki.saKey,
+		"--service-account-key-file=" + pki.saKey, "--service-account-signing-key-file=" + pki.saKey,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
 		"--profiling=false",
-	)
+	}
+	api, err := start("kube-apiserver", apiArgs...)
 	if err != nil {
 		return fail(err)
 	}
@@ -176,13 +181,16 @@ func run(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	if err := waitFor(ctx, "kube-apiserver /readyz", []*child{api}, func() error {
-		body, err := clients.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, body)
-		}
-		return nil
-	}); err != nil {
+	apiReady := func(ctx context.Context, api *child) error {
+		return waitFor(ctx, "kube-apiserver /readyz", []*child{api}, func() error {
+			body, err := clients.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, body)
+			}
+			return nil
+		})
+	}
+	if err := apiReady(ctx, api); err != nil {
 		return fail(err)
 	}
 
@@ -262,23 +270,75 @@ func run(args []string) int {
 	}
 	fmt.Printf("ready %s\n", kubeconfig)
 
-	// Until asked to stop, or until a component ends on its own (which is a failure).
-	exited := make(chan string, len(all))
-	for _, c := range all {
-		go func(c *child) {
+	// Until asked to stop, or until a component ends on its own (which is a failure); meanwhile
+	// SIGUSR1 and SIGUSR2 stop and start kube-apiserver.
+	exited := make(chan *child, 2*len(all))
+	follow := func(c *child) {
+		go func() {
 			<-c.done
-			exited <- c.name
-		}(c)
+			exited <- c
+		}()
 	}
-	select {
-	case <-stopped.Done():
-		fmt.Println("stopping")
-		return 0
-	case name := <-exited:
-		return fail(fmt.Errorf("%s ended on its own; see %s", name, filepath.Join(o.dir, "logs", name+".log")))
-	case err := <-etcd.Err():
-		return fail(fmt.Errorf("etcd: %w", err))
+	for _, c := range all {
+		follow(c)
 	}
+	apiDown := false
+	onPurpose := map[*child]bool{} // the apiservers stopped by SIGUSR1
+	for {
+		select {
+		case <-stopped.Done():
+			fmt.Println("stopping")
+			return 0
+		case c := <-exited:
+			if !onPurpose[c] {
+				return fail(fmt.Errorf("%s ended on its own; see %s", c.name, filepath.Join(o.dir, "logs", c.name+".log")))
+			}
+		case err := <-etcd.Err():
+			return fail(fmt.Errorf("etcd: %w", err))
+		case sig := <-apiSignals:
+			switch {
+			case sig == syscall.SIGUSR1 && !apiDown:
+				apiDown, onPurpose[api] = true, true
+				// It stops listening at once, then can wait a minute for its watches to drain:
+				// killed after 5 s, as an outage would end it.
+				api.stop(5 * time.Second)
+				fmt.Println("kube-apiserver stopped")
+			case sig == syscall.SIGUSR2 && apiDown:
+				restarted, err := restartAPIServer(stopped, o, self, apiArgs, apiReady)
+				if err != nil {
+					return fail(err)
+				}
+				for i := range children {
+					if children[i] == api {
+						children[i] = restarted
+					}
+				}
+				api, apiDown = restarted, false
+				follow(api)
+				fmt.Println("kube-apiserver ready")
+			default:
+				fmt.Printf("kube-apiserver is %s already\n", map[bool]string{true: "stopped", false: "running"}[apiDown])
+			}
+		}
+	}
+}
+
+// restartAPIServer starts kube-apiserver again with the same flags (the same port, certificates
+// and etcd, whose data it finds as it was) and waits until it is ready; its log goes on in the
+// same file. The other components reconnect by themselves.
+func restartAPIServer(stopped context.Context, o runOptions, self string, args []string,
+	ready func(context.Context, *child) error) (*child, error) {
+	ctx, cancel := context.WithTimeout(stopped, o.timeout)
+	defer cancel()
+	api, err := startChild(o.dir, self, "kube-apiserver", args)
+	if err != nil {
+		return nil, err
+	}
+	if err := ready(ctx, api); err != nil {
+		api.stop(15 * time.Second)
+		return nil, fmt.Errorf("restarting: %w", err)
+	}
+	return api, nil
 }
 
 func fail(err error) int {
@@ -288,7 +348,8 @@ func fail(err error) int {
 
 // startChild runs this binary as one component, its output in DIR/logs/NAME.log.
 func startChild(dir, self, name string, args []string) (*child, error) {
-	log, err := os.Create(filepath.Join(dir, "logs", name+".log"))
+	// Appended to: a component started again (kube-apiserver) keeps its earlier log.
+	log, err := os.OpenFile(filepath.Join(dir, "logs", name+".log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}

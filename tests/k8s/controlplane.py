@@ -31,6 +31,7 @@ class ControlPlane:
         self.kubeconfig = self.directory / "kubeconfig"
         self.process: subprocess.Popen | None = None
         self._output: list[str] = []
+        self._said = threading.Condition()  # notified at each line of its output
 
     def start(self, timeout: float = 240.0) -> "ControlPlane":
         """Start it and return once its nodes are Ready ("ready" on its output)."""
@@ -41,19 +42,43 @@ class ControlPlane:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
             start_new_session=True)
         ready = threading.Event()
+        process = self.process
 
         def read() -> None:
-            for line in self.process.stdout:
-                self._output.append(line)
+            for line in process.stdout:
+                with self._said:
+                    self._output.append(line)
+                    self._said.notify_all()
                 if line.startswith("ready "):
                     ready.set()
             ready.set()  # ended
+            with self._said:
+                self._said.notify_all()
 
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(timeout + 30) or self.process.poll() is not None:
             self.stop()
             raise ControlPlaneError(f"the control plane did not start:\n{self.output()}\n{self.logs()}")
         return self
+
+    def stop_apiserver(self, timeout: float = 90.0) -> None:
+        """Stop kube-apiserver alone (SIGUSR1); etcd, the other components and kwok keep running."""
+        self._signal_and_wait(signal.SIGUSR1, "kube-apiserver stopped", timeout)
+
+    def start_apiserver(self, timeout: float = 240.0) -> None:
+        """Start kube-apiserver again (SIGUSR2) on the same port, certificates and etcd; returns once
+        it is ready."""
+        self._signal_and_wait(signal.SIGUSR2, "kube-apiserver ready", timeout)
+
+    def _signal_and_wait(self, signum: int, line: str, timeout: float) -> None:
+        if self.process is None or self.process.poll() is not None:
+            raise ControlPlaneError("the control plane is not running")
+        with self._said:
+            seen = len(self._output)
+            self.process.send_signal(signum)
+            ended = lambda: self.process.poll() is not None  # noqa: E731
+            if not self._said.wait_for(lambda: line + "\n" in self._output[seen:] or ended(), timeout) or ended():
+                raise ControlPlaneError(f"no {line!r} after {timeout} s:\n{self.output()}\n{self.logs()}")
 
     def output(self) -> str:
         return "".join(self._output)

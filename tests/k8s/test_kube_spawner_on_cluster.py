@@ -35,8 +35,12 @@ PROFILES = [
 
 @pytest.fixture(scope="module")
 def hub(k8s_cluster, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("hub-k8s")
+    yield from hub_on(k8s_cluster, tmp_path_factory.mktemp("hub-k8s"))
 
+
+def hub_on(k8s_cluster, workdir, extra_config: tuple[str, ...] = ()):
+    """A JupyterHub with GPUKubeSpawner and the gpualloc service on the cluster (a generator for a
+    fixture: the hub, then stopped)."""
     async def namespace(api):
         core = client.CoreV1Api(api)
         await core.create_namespace({"metadata": {"name": NAMESPACE}})
@@ -64,6 +68,7 @@ def hub(k8s_cluster, tmp_path_factory):
         "c.KubeSpawner.http_timeout = 5",
         f"c.KubeSpawner.profile_list = {PROFILES!r}",
         "c.GPUSpawnerMixin.gpu_heartbeat_interval = 1",
+        *extra_config,
     ])
     hub = Hub(workdir, services=[service], roles=gpualloc_roles(["root"]), custom_scopes=GPUALLOC_CUSTOM_SCOPES,
               extra_config=extra)
