@@ -337,6 +337,35 @@ class ShareCopiesFragmentation(Fragmentation):
         super().__init__(typical)
         self.restricted_models = frozenset().union(
             *(t.model_ids for t in self.typical if t.num_gpu and t.model_ids is not None))
+        self.reserved_models = self.restricted_models  # until reserve_for sees the fleet
+        self._capacity: dict[int, int] | None = None
+
+    def reserve_for(self, capacity: dict[int, int]) -> bool:
+        """Which models the restricted typical demands need more than their share of (the models
+        `FragmentationAwarePolicy` keeps for them); `capacity` is the fleet's GPUs per model id.
+
+        Each restricted typical demand's GPU milli is split over the fleet's GPUs of its models in
+        proportion to their count; a model is reserved when the restricted demand falling on it is a
+        larger share of all restricted demand than its GPUs are of the fleet's. On the openb gpuspec
+        lists that is T4, P100 and V100 (2-4x their share), not G2 (0.3x): the union of restricted
+        models held every model, so no node was preferred. Returns whether the set changed."""
+        if capacity == self._capacity:
+            return False
+        self._capacity = dict(capacity)
+        load: dict[int, float] = {}
+        for t in self.typical:
+            if not t.num_gpu or t.model_ids is None:
+                continue
+            present = {m: capacity[m] for m in t.model_ids if capacity.get(m)}
+            total = sum(present.values())
+            for m, n in present.items():
+                load[m] = load.get(m, 0.0) + t.weight * t.total * n / total
+        restricted, fleet = sum(load.values()), sum(capacity.values())
+        reserved = frozenset(m for m, x in load.items() if x * fleet > restricted * capacity[m])
+        if reserved == self.reserved_models:
+            return False
+        self.reserved_models = reserved
+        return True
 
     def _rule(self, gpus):
         if any(m in self.restricted_models for m, _ in gpus):
@@ -614,8 +643,10 @@ class FragmentationAwarePolicy(_StateScored):
        `ShareCopiesFragmentation`); coarse on purpose, so placements whose fragmentation differs
        little are decided by the packing keys below instead of by noise in the measure;
     2. not a fully idle node (idle nodes are what whole-GPU and multi-GPU demands need);
-    3. a node whose GPU models no model-restricted typical demand asks for, before one whose
-       models some do (those GPUs are the only place such demands can go);
+    3. for a GPU demand, a node with no reserved GPU model before one with some: a model is reserved
+       when the model-restricted typical demands need more of it than its share of the fleet
+       (`ShareCopiesFragmentation.reserve_for`; those GPUs are the only place such demands can go).
+       A CPU-only demand takes no reserved GPU, so for it no node is reserved;
     4. among the former, fewer GPUs on the node (small nodes absorb small demands, 8-GPU nodes
        stay whole); among the latter no size preference, since a small node of a model that
        restricted demands need is exactly what must not be filled first;
@@ -626,16 +657,39 @@ class FragmentationAwarePolicy(_StateScored):
     measure = ShareCopiesFragmentation
     levels = 100
 
-    def size_keys(self, key: tuple) -> tuple[int, int]:
-        """Keys 3 and 4 for a node state: (not needed by restricted demands, -GPUs if not)."""
-        needed = any(m in self.frag.restricted_models for m, _ in key[1])
-        return (0, 0) if needed else (1, -len(key[1]))
+    def __init__(self, typical: Sequence[tuple[Demand, float]] | None):
+        super().__init__(typical)
+        self._fleet: list[NodeCapacity] | None = None
+
+    def pick_node(self, view, demand, candidates):
+        if view.nodes is not self._fleet:  # a new fleet: which models do restricted demands need?
+            self._fleet = view.nodes
+            capacity: dict[int, int] = {}
+            for nd in view.nodes:
+                for model in nd.gpu_models:
+                    mid = _INTERN.model(model)
+                    capacity[mid] = capacity.get(mid, 0) + 1
+            if self.frag.reserve_for(capacity):
+                for table in self._scores.values():
+                    table.clear()
+                self._cached = 0
+        return super().pick_node(view, demand, candidates)
+
+    def size_keys(self, key: tuple, demand: Demand) -> tuple[int, int]:
+        """Keys 3 and 4 for a node state: (not reserved for restricted demands, -GPUs if not).
+
+        A demand without GPUs takes no reserved GPU, so for it no node is reserved: it goes by size,
+        to the small nodes, which have the most CPU per GPU (openb's 2-GPU T4 nodes: 52 cores a GPU,
+        the 8-GPU G2 nodes: 12). Sending it past them to the G2 nodes strands G2 GPUs without CPU."""
+        if demand.num_gpu and any(m in self.frag.reserved_models for m, _ in key[1]):
+            return (0, 0)
+        return (1, -len(key[1]))
 
     def evaluate(self, key, demand):
         before = self.frag.of_state(key)
         options = _entry_options(key, demand, self._allowed_ids(demand))
         idle_node = int(bool(key[1]) and all(f == MILLI for _, f in key[1]))
-        size = self.size_keys(key)
+        size = self.size_keys(key, demand)
         if demand.is_share:
             placements = [[entry] for entry in options]
         else:

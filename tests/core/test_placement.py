@@ -214,3 +214,31 @@ def test_default_fills_small_nodes_first_unless_restricted_demands_need_their_mo
     # and among the nodes nobody is restricted to, the smaller one is filled first
     restricted = [(share(500), 0.99), (Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"T4"})), 0.01)]
     assert get_policy("default", typical=restricted).choose(cluster(), whole)[0] == 2
+
+
+def test_default_reserves_only_models_restricted_demands_need_beyond_their_share():
+    def cluster():
+        view = ClusterView([node("t4", 2, "T4"), node("g2a", 8, "G2"), node("g2b", 8, "G2"), node("g2c", 8, "G2")])
+        for i in range(4):
+            view.allocate(i, (0,), Demand(num_gpu=1, gpu_milli=1000))  # no node is idle
+        return view
+
+    whole = Demand(cpu_milli=1000, num_gpu=1, gpu_milli=1000)
+    # as much restricted demand on T4 (2 GPUs) as on G2 (24): T4 is needed 6.5x its share, G2 half its
+    # share, so only T4 is kept for them and the whole GPU goes to a G2 node (before, both were kept,
+    # no node was preferred, and the lowest index, the T4 node, took it)
+    typical = [(share(500), 0.9), (Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"T4"})), 0.05),
+               (Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"G2"})), 0.05)]
+    assert get_policy("default", typical=typical).choose(cluster(), whole)[0] == 1
+
+
+def test_default_sends_cpu_only_demands_to_small_nodes_even_of_reserved_models():
+    view = ClusterView([node("a100", 8), node("t4", 2, "T4")])
+    for i in range(2):
+        view.allocate(i, (0,), Demand(num_gpu=1, gpu_milli=1000))  # no node is idle
+    typical = [(share(500), 0.9), (Demand(num_gpu=1, gpu_milli=1000, models=frozenset({"T4"})), 0.1)]
+    policy = get_policy("default", typical=typical)
+    # a whole GPU stays off the T4 node the restricted demands need; a CPU-only pod takes no GPU
+    # from it, and the small node is where the CPU per GPU is
+    assert policy.choose(view, Demand(cpu_milli=1000, num_gpu=1, gpu_milli=1000))[0] == 0
+    assert policy.choose(view, Demand(cpu_milli=1000))[0] == 1
