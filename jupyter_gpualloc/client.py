@@ -268,7 +268,11 @@ class GpuAllocClient:
         return await self.call("GET", "inventory")
 
     async def offers(self) -> list[dict]:
-        return (await self.call("GET", "offers"))["offers"]
+        return (await self.offer_sheet())["offers"]
+
+    async def offer_sheet(self) -> dict:
+        """The offers and, under `refused_holders`, each kind of holder that gets no slice here, with why."""
+        return await self.call("GET", "offers")
 
     async def leases(self, all_users: bool = False) -> list[dict]:
         return (await self.call("GET", "leases?all=1" if all_users else "leases"))["leases"]
@@ -512,6 +516,9 @@ class SyncGpuAllocClient:
 
     def offers(self) -> list[dict]:
         return self._run(self._client.offers())
+
+    def offer_sheet(self) -> dict:
+        return self._run(self._client.offer_sheet())
 
     def leases(self, all_users: bool = False) -> list[dict]:
         return self._run(self._client.leases(all_users))

@@ -30,7 +30,7 @@ from .devices.base import DeviceBackend
 from .errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from .fit import Fit, FitSearch, PassMemo, shape
 from .fleet_state import FleetState, GpuState
-from .holders import is_server
+from .holders import JOB, KERNEL, parse_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
 from .journal import Listeners, SchedulerJournal, unreadable
@@ -49,8 +49,13 @@ from .store import Store, StoreError
 from .usage import UsageLedger
 
 DRAINED = "drained"  # how the reason of a request refused as its GPUs are drained begins
-NOT_IN_A_POD = ("on Kubernetes only a server holds a GPU slice: a running pod cannot gain a device, so a kernel or "
-                "a job cannot have one of its own (GPU kernels and jobs in pods of their own are not available yet)")
+# Why a holder of each kind gets no slice on a backend where a running process cannot gain a device.
+NOT_IN_A_POD = {
+    KERNEL: "on Kubernetes a kernel cannot get a GPU slice: a running pod cannot gain a device, and GPU kernels "
+            "need kernel pods of their own, which are not available yet; start your server with a GPU instead",
+    JOB: "on Kubernetes a background job cannot get a GPU slice: it would run in your server's pod, which cannot "
+         "gain a device, and jobs in Kubernetes Jobs of their own are not available yet",
+}
 
 
 class Scheduler:
@@ -168,8 +173,9 @@ class Scheduler:
         write; a request that waits adds O(queue) for its position and a scheduling pass (`_schedule`)."""
         check_holder(holder)
         check_name(user, "user")
-        if not (self.backend.serves_running_processes or is_server(holder)):
-            raise SpecError("holder", NOT_IN_A_POD)
+        refused = self.refused_holders().get(parse_holder(holder).kind)
+        if refused:
+            raise SpecError("holder", refused)
         for active in self._book.active.of_user(user):
             if active.holder == holder:
                 raise HolderBusy(active.id)
@@ -456,6 +462,10 @@ class Scheduler:
         used_up = self.usage.refusal(user, groups, now) if user and now is not None else None
         return offers(self._plans.offer_plans(self._offers()), self._fleet, self.policy, self._book.active,
                       self.deadlines, user, groups, used_up)
+
+    def refused_holders(self) -> dict[str, str]:
+        """Each kind of holder that can get no slice on this backend, with why (empty where every kind can)."""
+        return {} if self.backend.serves_running_processes else dict(NOT_IN_A_POD)
 
     def _offers(self) -> list[dict]:
         """The configured offers, or without any, those derived from the fleet."""

@@ -20,6 +20,7 @@ from typing import Any, Callable, MutableMapping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from ..core.holders import KERNEL
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
@@ -411,14 +412,18 @@ class KernelGpu:
             return []
 
     def offers(self) -> list[str]:
-        offers = self.client.offers()
+        """The offers and how to ask for each; where a kernel can get no slice (Kubernetes without
+        kernel pods), that first, with why, instead of commands that would be refused."""
+        sheet = self.client.offer_sheet()
+        offers, refused = sheet["offers"], sheet["refused_holders"]
         if not offers:
             return ["gpu: no slices are offered"] + self.reservations()
+        lines = [f"gpu: {refused[KERNEL]}"] if KERNEL in refused else []
         width = max(len(offer["label"]) for offer in offers)
-        lines = ["gpu: offers (available now, and how to ask)"]
+        lines.append("gpu: offers (available now" + (")" if KERNEL in refused else ", and how to ask)"))
         for offer in offers:
-            lines.append(f"  {offer['label']:<{width}} {offer['available']:>3} available   "
-                         f"%gpu request {request_arguments(offer['spec'])}")
+            how = "" if KERNEL in refused else f"   %gpu request {request_arguments(offer['spec'])}"
+            lines.append(f"  {offer['label']:<{width}} {offer['available']:>3} available{how}")
         return lines + self.reservations()
 
     def list(self) -> list[str]:

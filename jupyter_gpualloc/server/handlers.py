@@ -176,7 +176,8 @@ class OffersHandler(SidebarHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(json.dumps({"offers": await self.service(self.ext.client.offers())}))
+        """The service's offers, and the kinds of holder that get no slice here (`refused_holders`), with why."""
+        self.finish(json.dumps(await self.service(self.ext.client.offer_sheet())))
 
 
 class ReservationsHandler(SidebarHandler):

@@ -292,9 +292,9 @@ class InventoryHandler(ApiHandler):
 class OffersHandler(ApiHandler):
     def get(self) -> None:
         """The caller's offers, each with how often a time-boxed lease on it may be extended and the
-        usage quota (if any) that would refuse it now."""
+        usage quota (if any) that would refuse it now; and the kinds of holder that get no slice here, with why."""
         offers = self.scheduler.offers(self.identity.user, self.identity.groups, now=self.ctx.clock())
-        self.write_json({"offers": offers})
+        self.write_json({"offers": offers, "refused_holders": self.scheduler.refused_holders()})
 
 
 class LeasesHandler(ApiHandler):

@@ -202,7 +202,12 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"name": {"type": "string"}, "label": {"type": "string"}, "spec": _ref("SliceSpec"),
                        "idle_timeout": NULLABLE_NUMBER, "available": {"type": "integer"},
                        "over_quota": {"type": ["string", "null"],
-                                      "description": "The caller's quota never allows this offer: 'at most 20 GiB'."}}}}}},
+                                      "description": "The caller's quota never allows this offer: 'at most 20 GiB'."}}}},
+        "refused_holders": {"type": "object", "propertyNames": {"enum": ["kernel", "job"]},
+                            "additionalProperties": {"type": "string"},
+                            "description": ("Each kind of holder that gets no slice on this backend, with why and "
+                                            "what would enable it (on Kubernetes: kernels, and jobs unless the "
+                                            "service runs them in Kubernetes Jobs); empty where every kind can.")}}},
     "Health": {"type": "object", "required": ["status"],
                "properties": {"status": {"const": "ok"}, "version": {"type": "string"},
                               "backend": {"type": "string"}, "gpus": {"type": "integer"},

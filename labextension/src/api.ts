@@ -11,7 +11,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { streamQuery } from './model/stream';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
+import { GpuEvent, Inventory, Job, LeaseEntry, OfferSheet, Reservation, UsageReport } from './model/types';
 
 /** The sidebar API's path below the server's base URL. */
 const ROOT = 'gpualloc/api';
@@ -52,8 +52,8 @@ export class GpuApi {
     return this.call<Inventory>(`${ROOT}/inventory`);
   }
 
-  async offers(): Promise<Offer[]> {
-    return (await this.call<{ offers: Offer[] }>(`${ROOT}/offers`)).offers;
+  offers(): Promise<OfferSheet> {
+    return this.call<OfferSheet>(`${ROOT}/offers`);
   }
 
   async reservations(): Promise<Reservation[]> {

@@ -34,6 +34,8 @@ export class GpuModel {
 
   inventory: Inventory | null = null;
   offers: Offer[] = [];
+  /** Each kind of holder ('kernel', 'job') that gets no slice here, with why (Kubernetes without kernel pods). */
+  refusedHolders: Record<string, string> = {};
   /** The reservations I may use that have not ended (empty when the allocator has none). */
   reservations: Reservation[] = [];
   /** My GPU-hours and usage quotas; null until fetched, or when the allocator gives none. */
@@ -117,13 +119,14 @@ export class GpuModel {
 
   private async refreshLeases(): Promise<void> {
     try {
-      const [inventory, offers, slices] = await Promise.all([
+      const [inventory, sheet, slices] = await Promise.all([
         this.api.inventory(),
         this.api.offers(),
         this.api.slices()
       ]);
       this.inventory = inventory;
-      this.offers = offers;
+      this.offers = sheet.offers;
+      this.refusedHolders = sheet.refused_holders;
       this.stream = withSlices(this.stream, slices);
       this.dismissClearedWarnings();
       this.unreachable = null;

@@ -153,6 +153,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
         const path = item.value.path;
         await model.refresh();
+        if (model.refusedHolders.job) {
+          await showDialog({
+            title: `Run ${path} as a GPU job`,
+            body: model.refusedHolders.job,
+            buttons: [Dialog.okButton()]
+          });
+          return;
+        }
         const labels = model.offers.map(o => `${o.label} (${o.available > 0 ? `${o.available} free` : 'queue'})`);
         const choice = await InputDialog.getItem({
           title: `Run ${path} as a GPU job`,

@@ -68,6 +68,7 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
           offers={model.offers}
           notebook={notebook}
           held={held}
+          refusedHolders={model.refusedHolders}
           request={(offer, kernelId) => void model.request(offer, kernelId)}
         />
       </Section>

@@ -11,13 +11,15 @@ import os
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests.cuttable_proxy import CuttableProxy
+from tests.kernel.conftest import Kernel, assert_one_line_error, kernel_env
 from tests.processes import start_logged, wait_until_ready
-from tests.service.conftest import ROOT, ServiceProcess
+from tests.service.conftest import ALICE, ROOT, ServiceProcess
 
 from .test_cluster import KWOK_ANNOTATION, PHASE, gpu_pod, until
 
@@ -276,8 +278,26 @@ def views(service) -> dict:
     return {n["name"]: (n["unschedulable"], outside_on(service, n["name"])) for n in nodes}
 
 
-def test_a_kernel_or_a_job_gets_no_slice_it_could_never_see(service):
+def test_a_kernel_or_a_job_gets_no_slice_it_could_never_see_and_the_offers_say_so(service):
+    refused = service.call("GET", "offers", token=ROOT).json()["refused_holders"]
+    assert set(refused) == {"kernel", "job"}
     for holder in ("kernel:k1", "job:j1"):
         reply = service.call("POST", "leases", {"spec": {"kind": "whole"}, "holder": holder}, ROOT)
         assert reply.status == 400 and reply.json()["field"] == "holder", reply
-        assert "on Kubernetes only a server holds a GPU slice" in reply.json()["error"], reply
+        assert reply.json()["error"] == f"holder: {refused[holder.split(':')[0]]}", reply
+    assert "GPU kernels need kernel pods" in refused["kernel"]
+
+
+def test_a_kernel_hears_it_gets_no_slice_here_in_one_line(service, tmp_path):
+    """A real ipykernel with the magics, against the service on the cluster: `%gpu offers` says why
+    first and suggests no request that would be refused; `%gpu request` answers in one line."""
+    kernel = Kernel(kernel_env(SimpleNamespace(url=service.url.removesuffix("api/v1/")), ALICE), tmp_path)
+    try:
+        offers = kernel.run("%gpu offers")
+        assert offers.status == "ok" and not offers.stderr, offers
+        lines = offers.stdout.splitlines()
+        assert lines[0].startswith("gpu: on Kubernetes a kernel cannot get a GPU slice"), lines
+        assert lines[1] == "gpu: offers (available now)" and "%gpu request" not in offers.stdout, lines
+        assert_one_line_error(kernel.run("%gpu request 4GB"), "a kernel cannot get a GPU slice")
+    finally:
+        kernel.shutdown()

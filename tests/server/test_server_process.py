@@ -110,6 +110,8 @@ def test_embedded_mode_serves_rest_api_v1_and_is_listed(tmp_path, servers):
     assert server.call("GET", "gpualloc/api/v1/offers", token="wrong-token")[0] == 401
     status, offers = server.call("GET", "gpualloc/api/v1/offers")
     assert status == 200 and [o["name"] for o in offers["offers"]] == [o["name"] for o in OFFERS]
+    assert offers["refused_holders"] == {}  # every kind of holder can get a slice on one machine
+    assert server.call("GET", "gpualloc/api/offers")[1] == offers  # the sidebar's, as the service says it
     status, lease = server.call("POST", "gpualloc/api/v1/leases", {"spec": {"profile": "1g.5gb"}, "holder": "server"})
     assert status == 201 and lease["state"] == "granted" and lease["slice"]["mig_uuid"]
     assert [l["id"] for l in server.call("GET", "gpualloc/api/v1/leases")[1]["leases"]] == [lease["id"]]

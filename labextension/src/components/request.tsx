@@ -1,5 +1,6 @@
 import React, { useState } from 'react';
 
+import { requestHint } from '../model/request';
 import { Offer } from '../model/types';
 import { Action } from './common';
 
@@ -12,6 +13,8 @@ export function Request(props: {
   offers: Offer[];
   notebook: ICurrentNotebook | null;
   held: boolean;
+  /** Each kind of holder that gets no slice here, with why: a refused 'kernel' disables the button and says why. */
+  refusedHolders: Record<string, string>;
   request: (offer: string, kernelId: string) => void;
 }): JSX.Element {
   const [choice, setChoice] = useState('');
@@ -21,14 +24,7 @@ export function Request(props: {
   }
   const selected = offers.find(o => o.name === choice) ?? offers[0];
   const kernelId = props.notebook?.kernelId ?? null;
-  let hint = '';
-  if (!props.notebook) {
-    hint = 'Open a notebook to request a slice for its kernel.';
-  } else if (!kernelId) {
-    hint = `${props.notebook.path} has no running kernel.`;
-  } else if (props.held) {
-    hint = `The kernel of ${props.notebook.path} already has a slice or a request.`;
-  }
+  const hint = requestHint(props.notebook?.path ?? null, kernelId, props.held, props.refusedHolders);
   return (
     <div className="jp-gpualloc-request">
       <ul className="jp-gpualloc-offers" aria-label="offers">
@@ -64,12 +60,16 @@ export function Request(props: {
       </label>
       <Action
         label={props.notebook ? `Request ${selected.label} for ${props.notebook.path}` : 'Request a slice'}
-        disabled={!kernelId || props.held}
+        disabled={!kernelId || hint !== ''}
         onClick={() => kernelId && props.request(selected.name, kernelId)}
       >
         Request for this notebook
       </Action>
-      {hint && <p className="jp-gpualloc-muted">{hint}</p>}
+      {hint && (
+        <p className="jp-gpualloc-muted" data-refused={props.refusedHolders.kernel ? 'kernel' : undefined}>
+          {hint}
+        </p>
+      )}
     </div>
   );
 }

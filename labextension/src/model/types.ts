@@ -123,6 +123,12 @@ export interface Offer {
   over_usage_quota?: string | null;
 }
 
+/** The offers payload: the offers, and each kind of holder ('kernel', 'job') that gets no slice here, with why. */
+export interface OfferSheet {
+  offers: Offer[];
+  refused_holders: Record<string, string>;
+}
+
 /** A reservation the caller may use (REST API v1's Reservation), with its one-line summary. */
 export interface Reservation {
   name: string;
