@@ -41,11 +41,15 @@ class KernelActivityMonitor:
         self.shutdowns: dict[str, asyncio.Task] = {}  # kernel id -> its shutdown in progress
         self.person = PersonActivity(kernel_manager, log=self.log)
         self.unreported: set[str] = set()  # holders of kernels found gone, not yet reported gone
+        # Kernels with a lease seen in the kernel manager: one still starting (its provisioner
+        # holds the lease before the manager lists it) is not gone.
+        self.seen: set[str] = set()
 
     def attach(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
         self.leases[kernel_id] = dict(lease)
 
     def detach(self, kernel_id: str) -> dict | None:
+        self.seen.discard(kernel_id)
         return self.leases.pop(kernel_id, None)
 
     def lease_of(self, kernel_id: str) -> dict | None:
@@ -64,9 +68,10 @@ class KernelActivityMonitor:
             self.person.watch(kernel_id)
         for kernel_id in self.person.watched() - running:
             self.person.forget(kernel_id)
-        for kernel_id in set(self.leases) - running:
+        for kernel_id in (set(self.leases) & self.seen) - running:
             self.detach(kernel_id)
             self.unreported.add(kernel_holder(kernel_id))
+        self.seen |= running & set(self.leases)
         await self.report_gone()
         holders = [kernel_holder(k) for k in sorted(running)] + sorted(self.extra_holders)
         if holders:
@@ -75,6 +80,8 @@ class KernelActivityMonitor:
                 if kernel_id in running and kernel_id not in self.leases and lease["state"] == "granted":
                     self.attach(kernel_id, lease)  # e.g. obtained by the %gpu magic inside the kernel
         for kernel_id, lease in list(self.leases.items()):
+            if kernel_id not in running:  # still starting: the manager does not list it yet
+                continue
             try:
                 self.leases[kernel_id] = await self.client.touch(lease["id"], **self.activity(kernel_id))
             except NotFound:
