@@ -281,6 +281,30 @@ def job_list(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def job_run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one attempt of a job here: the command of a job's Kubernetes Job pod."""
+    import asyncio
+    import logging
+
+    from .client import GpuAllocClient, GpuAllocError
+    from .jobs.runner import run_in_pod
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    async def run() -> int:
+        client = GpuAllocClient(args.url, args.token)
+        try:
+            return await run_in_pod(client, args.job_id)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(run())
+    except GpuAllocError as err:
+        print(f"error: job {args.job_id}: {err}", file=sys.stderr)
+        return 1
+
+
 # ---------------------------------------------------------------------------- reservations
 
 
@@ -448,7 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
     sj.set_defaults(func=job_submit)
     lj = job_sub.add_parser("list", help="your jobs: id, name, state, queue position, slice, runtime, reason")
     lj.set_defaults(func=job_list)
-    for command in (sj, lj):
+    rj = job_sub.add_parser("run", help="run one attempt of a job here (the command of its Kubernetes Job's pod)")
+    rj.add_argument("job_id", help="the job's id")
+    rj.set_defaults(func=job_run)
+    for command in (sj, lj, rj):
         command.add_argument("--url", help="the gpualloc API's root URL (default: $GPUALLOC_URL or JupyterHub's)")
         command.add_argument("--token", help="API token (default: $GPUALLOC_TOKEN or $JUPYTERHUB_API_TOKEN)")
     add_reservation_parser(sub)

@@ -371,9 +371,9 @@ class GpuAllocClient:
     async def rerun_job(self, job_id: str) -> dict:
         return await self.call("POST", f"jobs/{quote(job_id, safe='')}/rerun")
 
-    async def start_job(self, job_id: str) -> dict:
-        """The runner's claim on a queued job of this server whose slice is granted."""
-        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start", {"runner": self.server})
+    async def start_job(self, job_id: str, runner: str | None = None) -> dict:
+        """The runner's claim on a queued job of this server (or of `runner`: 'pod') whose slice is granted."""
+        return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start", {"runner": runner or self.server})
 
     async def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str = "") -> dict:
         """The runner's report of how an attempt ended."""

@@ -26,6 +26,7 @@ from .scheduler import Scheduler
 from .store import StoreError
 
 OUTCOMES = ("succeeded", "failed", "timed_out", "interrupted")
+POD_RUNNER = "pod"  # the runner of a job run in Kubernetes Jobs of its own
 REQUEST_FIELDS = {"name", "spec", "priority", "preemptible", "source", "workdir", "kernel_name", "timeout", "retries",
                   "runner"}
 MAX_RETRIES = 100
@@ -210,6 +211,14 @@ class Jobs:
             raise unreadable(err) from err
         return [self._jobs.get(j.id, j) for j in stored]
 
+    def active(self) -> list[Job]:
+        """The queued and running jobs, from memory."""
+        return list(self._jobs.values())
+
+    def active_job(self, job_id: str) -> Job | None:
+        """A queued or running job, from memory; None for any other id."""
+        return self._jobs.get(job_id)
+
     def _lease(self, job: Job) -> Lease | None:
         """The job's active lease, if it has one."""
         if job.lease_id is None:
@@ -223,6 +232,7 @@ class Jobs:
     def view(self, job: Job, now: float) -> dict[str, Any]:
         """The job as the API shows it: its record, queue position (0: its slice is ready), lease and runtime."""
         data = job.to_json()
+        del data["pod"], data["token_sha256"]
         lease = self._lease(job) if job.state.active else None
         position = None
         if job.state is JobState.QUEUED and lease is not None:
@@ -237,8 +247,10 @@ class Jobs:
 
     # ------------------------------------------------------------------- API
     def submit(self, user: str, request: JobRequest, *, now: float, groups: Sequence[str] = (),
-               rerun_of: str | None = None) -> Job:
-        """Record a job and queue its lease; a request that can never be granted raises and records nothing."""
+               rerun_of: str | None = None, pod: dict[str, Any] | None = None) -> Job:
+        """Record a job and queue its lease; a request that can never be granted raises and records nothing.
+
+        With `pod` (the submitting server's pod template) the job runs in Kubernetes Jobs (runner 'pod')."""
         if request.priority is PriorityClass.INTERACTIVE and not self.policy.interactive_jobs:
             raise SpecError("priority", "jobs run in the batch class here (policy: interactive_jobs is off)")
         preemptible = request.preemptible
@@ -248,7 +260,7 @@ class Jobs:
                   priority=request.priority, preemptible=preemptible, source=request.source,
                   workdir=request.workdir, kernel_name=request.kernel_name, state=JobState.QUEUED,
                   created_at=now, groups=tuple(groups), timeout=request.timeout, retries=request.retries,
-                  rerun_of=rerun_of, runner=request.runner)
+                  rerun_of=rerun_of, runner=POD_RUNNER if pod is not None else request.runner, pod=pod)
         with self._atomic():
             self._record(job)
             job.lease_id = self._submit_lease(job, now).id
@@ -273,9 +285,18 @@ class Jobs:
             raise JobConflict(old, f"job {job_id} is still {old.state.value}")
         if old.source.get("inputs"):
             raise JobConflict(old, f"job {job_id}'s pickled inputs were deleted when it ended: run its cell again")
+        runner = SERVER if old.runner == POD_RUNNER else old.runner
         request = JobRequest(old.name, old.spec, old.priority, old.preemptible, old.source, old.workdir,
-                             old.kernel_name, old.timeout, old.retries, old.runner)
-        return self.submit(old.user, request, now=now, groups=old.groups, rerun_of=old.id)
+                             old.kernel_name, old.timeout, old.retries, runner)
+        return self.submit(old.user, request, now=now, groups=old.groups, rerun_of=old.id, pod=old.pod)
+
+    def set_token(self, job_id: str, token_sha256: str) -> Job:
+        """Store the SHA-256 of the token the job's pod runner calls with (a new one for each pod)."""
+        job = self.job(job_id)
+        with self._atomic():
+            self._record(job)
+            job.token_sha256 = token_sha256
+        return job
 
     def start(self, job_id: str, *, now: float, runner: str = "server") -> Job:
         """The runner of the job's server claims it, queued with its slice granted: running, one attempt more."""

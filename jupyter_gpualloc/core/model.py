@@ -358,7 +358,10 @@ class Job:
 
     `source` is {"kind": "cell", "code", "inputs", "outputs", "inputs_file"} or
     {"kind": "notebook", "path", "parameters"}; paths are relative to `workdir`. `runner` is the
-    owner's server that submitted it and alone runs it ('server', or 'server:<name>' for a named one).
+    owner's server that submitted it and alone runs it ('server', or 'server:<name>' for a named one),
+    or 'pod': each attempt is a Kubernetes Job the service makes from `pod` (the submitting server's
+    pod as it was at submit, so the job runs while that server is stopped), whose runner calls with
+    the token whose SHA-256 is `token_sha256`.
     """
 
     id: str
@@ -383,6 +386,8 @@ class Job:
     reason: str = ""
     rerun_of: str | None = None
     runner: str = "server"
+    pod: dict[str, Any] | None = None
+    token_sha256: str = ""
 
     @property
     def holder(self) -> str:
@@ -396,7 +401,8 @@ class Job:
             "created_at": self.created_at, "groups": list(self.groups), "timeout": self.timeout,
             "retries": self.retries, "attempts": self.attempts, "preemptions": self.preemptions,
             "lease_id": self.lease_id, "started_at": self.started_at, "ended_at": self.ended_at,
-            "reason": self.reason, "rerun_of": self.rerun_of, "runner": self.runner,
+            "reason": self.reason, "rerun_of": self.rerun_of, "runner": self.runner, "pod": self.pod,
+            "token_sha256": self.token_sha256,
         }
 
     @classmethod

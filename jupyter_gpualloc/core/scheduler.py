@@ -54,7 +54,8 @@ NOT_IN_A_POD = {
     KERNEL: "on Kubernetes a kernel cannot get a GPU slice: a running pod cannot gain a device, and GPU kernels "
             "need kernel pods of their own, which are not available yet; start your server with a GPU instead",
     JOB: "on Kubernetes a background job cannot get a GPU slice: it would run in your server's pod, which cannot "
-         "gain a device, and jobs in Kubernetes Jobs of their own are not available yet",
+         "gain a device; an administrator can run jobs in Kubernetes Jobs of their own "
+         "(c.GpuAllocService.job_pods = True)",
 }
 
 
@@ -68,6 +69,8 @@ class Scheduler:
         self.store = store
         self.policy = policy or SchedulerPolicy()
         self._listeners = Listeners(listeners)
+        # the holder kinds the service runs in pods of their own (KERNEL, JOB), set by the service
+        self.own_pod_holders: frozenset[str] = frozenset()
         self._pass_done: tuple[int, float] | None = None  # (fleet version, valid until) of the last idle pass
         self._memo: PassMemo | None = None  # what the current scheduling pass found no room for
         self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
@@ -464,8 +467,11 @@ class Scheduler:
                       self.deadlines, user, groups, used_up)
 
     def refused_holders(self) -> dict[str, str]:
-        """Each kind of holder that can get no slice on this backend, with why (empty where every kind can)."""
-        return {} if self.backend.serves_running_processes else dict(NOT_IN_A_POD)
+        """Each kind of holder that can get no slice on this backend, with why (empty where every kind can):
+        on a backend that cannot give a running process a device, those not run in pods of their own."""
+        if self.backend.serves_running_processes:
+            return {}
+        return {kind: why for kind, why in NOT_IN_A_POD.items() if kind not in self.own_pod_holders}
 
     def _offers(self) -> list[dict]:
         """The configured offers, or without any, those derived from the fleet."""

@@ -21,37 +21,8 @@ from typing import Any, Mapping
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
 
-from ..core.devices.kubernetes import LEASE_LABEL
+from ..core.devices.kubernetes import LEASE_LABEL, node_affinity, resource_limits
 from .mixin import GPUSpawnerMixin
-
-MIB_PER_GIB = 1024
-
-
-def resource_limits(slice_: Mapping[str, Any], *, mig_strategy: str = "mixed",
-                    shared_resources: Mapping[str, str] | None = None,
-                    gpu_resource: str = "nvidia.com/gpu") -> dict[str, str]:
-    """The extended resources a pod needs for a slice (values are strings, as Kubernetes wants).
-
-    `shared_resources` values are templates: `{memory_mib}`, `{memory_gib}`, `{percent}`
-    (of the GPU, rounded up) and `{milli}` are filled in from the slice.
-    """
-    kind = slice_["kind"]
-    if kind == "mig":
-        # The device plugin writes a profile's '+' as '.': 1g.10gb+me is nvidia.com/mig-1g.10gb.me.
-        profile = str(slice_["profile"]).replace("+", ".")
-        name = f"nvidia.com/mig-{profile}" if mig_strategy == "mixed" else gpu_resource
-        return {name: "1"}
-    if kind == "whole":
-        return {gpu_resource: str(len(slice_["gpu_uuids"]))}
-    milli = int(slice_.get("milli", 1000))
-    values = {"memory_mib": int(slice_["memory_mib"]), "memory_gib": int(slice_["memory_mib"]) // MIB_PER_GIB,
-              "percent": -(-milli // 10), "milli": milli}
-    return {name: str(template).format(**values) for name, template in (shared_resources or {}).items()}
-
-
-def node_affinity(node: str, label: str = "kubernetes.io/hostname") -> dict[str, Any]:
-    """A NodeSelectorTerm pinning the pod to the lease's node."""
-    return {"matchExpressions": [{"key": label, "operator": "In", "values": [node]}]}
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):

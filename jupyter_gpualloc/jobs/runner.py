@@ -9,6 +9,11 @@ is stopped at once. An attempt runs in `<workdir>` under the lease's
 env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
 `.gpualloc/jobs/<id>/job.log`, saves `executed.ipynb` and reports how it ended (`finish`), which
 ends the lease, whatever happened to the kernel.
+
+`run_in_pod` is the same runner for one attempt in a Kubernetes Job's pod (`jupyter-gpualloc job
+run ID`, service/job_pods.py): it claims the job as 'pod' with the job's token, runs it the same
+way (the device plugin chose the pod's devices), heartbeats its lease, and on SIGTERM (its pod
+deleted: cancelled or preempted) passes SIGTERM on to the kernel and stops without a report.
 """
 
 from __future__ import annotations
@@ -80,10 +85,11 @@ class JobRunner:
 
     def __init__(self, client: GpuAllocClient, *, service_url: str, mps: bool = False,
                  on_activity: Callable[[], None] | None = None, log: logging.Logger | None = None,
-                 availability: Availability | None = None):
+                 availability: Availability | None = None, visible_devices: bool = True):
         self.client = client
         self.service_url = service_url
         self.mps = mps
+        self.visible_devices = visible_devices  # False in a pod: the device plugin chose its devices
         self.on_activity = on_activity
         self.log = log or logging.getLogger(__name__)
         self.availability = availability or Availability(client.url, self.log)
@@ -169,12 +175,13 @@ class JobRunner:
     def env_for(self, job: dict) -> dict[str, str]:
         """The server's env, minus its own slice, plus the job lease's slice env."""
         env = {k: v for k, v in os.environ.items() if k not in SLICE_ENV_NAMES}
-        env.update(slice_env(job["lease"], service_url=self.service_url, mps=self.mps))
+        env.update(slice_env(job["lease"], service_url=self.service_url, mps=self.mps,
+                             visible_devices=self.visible_devices))
         env["GPUALLOC_JOB_ID"] = job["id"]
         return env
 
-    async def _run(self, job: dict, attempt: Attempt) -> None:
-        """One attempt, start to report; the report ends the lease."""
+    async def _run(self, job: dict, attempt: Attempt) -> str:
+        """One attempt, start to report; the report ends the lease. Its outcome ('stopped' if stopped)."""
         folder = JobFolder(job["workdir"], job["id"])
         folder.path.mkdir(parents=True, exist_ok=True)
         outcome, reason = "failed", ""
@@ -208,8 +215,10 @@ class JobRunner:
             nbformat.write(nb, folder.executed)
         if not attempt.stopping:
             await self._finish(job["id"], attempt.number, outcome, reason)
-        else:
+            return outcome
+        if self.visible_devices:  # in a pod, the pod's end returns the slice
             await self._return_slice(attempt.lease_id)
+        return "stopped"
 
     async def _return_slice(self, lease_id: str) -> None:
         """A stopped attempt's kernel is gone: its ended lease's slice may go to someone else now
@@ -311,3 +320,51 @@ class JobRunner:
         tasks = [a.task for a in self.attempts.values() if a.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT)
+
+
+async def run_in_pod(client: GpuAllocClient, job_id: str, *, heartbeat_interval: float = 15.0,
+                     log: logging.Logger | None = None) -> int:
+    """One attempt of job `job_id` in its Kubernetes Job's pod; the exit status (0: succeeded)."""
+    log = log or logging.getLogger(__name__)
+    runner = JobRunner(client, service_url=client.url, visible_devices=False, log=log)
+    job = await client.start_job(job_id, runner="pod")
+    attempt = Attempt(job["id"], job["attempts"], job["lease"]["id"])
+    runner.attempts[job["id"]] = attempt
+    attempt.task = asyncio.ensure_future(runner._run(job, attempt))
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: _terminate(runner, attempt))
+    try:
+        while not attempt.task.done():
+            await asyncio.wait([attempt.task], timeout=heartbeat_interval)
+            if not attempt.task.done():
+                try:
+                    await client.heartbeat()
+                except GpuAllocError as err:  # the lease's TTL is long; the next beat tries again
+                    log.warning("gpualloc jobs: heartbeat of job %s failed: %s", job_id, err)
+        outcome = attempt.task.result()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    log.info("gpualloc jobs: job %s attempt %d: %s", job_id, attempt.number, outcome)
+    return 0 if outcome == "succeeded" else 1
+
+
+def _terminate(runner: JobRunner, attempt: Attempt) -> None:
+    """The pod is being deleted (cancel, preemption): SIGTERM to the kernel; the kubelet kills the
+    rest after the pod's grace period."""
+    if attempt.stopping:
+        return
+    attempt.stopping = "its pod was stopped (cancelled or preempted)"
+    runner.log.info("gpualloc jobs: job %s attempt %d: SIGTERM, passing it on to the kernel",
+                    attempt.job_id, attempt.number)
+
+    async def signal_kernel() -> None:
+        if attempt.km is None or not attempt.km.has_kernel:  # no kernel yet: nothing of the job ran
+            if attempt.task is not None:
+                attempt.task.cancel()
+            return
+        try:
+            await attempt.km.signal_kernel(signal.SIGTERM)
+        except (RuntimeError, OSError, ProcessLookupError) as err:
+            runner.log.info("gpualloc jobs: SIGTERM to job %s: %s", attempt.job_id, err)
+
+    attempt.stopper = asyncio.ensure_future(signal_kernel())

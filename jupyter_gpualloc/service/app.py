@@ -34,13 +34,15 @@ from traitlets.config import Application
 from ..core.devices import BACKENDS
 from ..core.devices.base import DeviceError, DeviceUnavailable
 from ..core.devices.kubernetes import KubernetesBackend
+from ..core.holders import JOB
 from ..core.policy import SchedulerPolicy
 from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
 from . import handlers as h
-from .auth import ADMIN_SCOPE, HubAuthenticator, TokenAuthenticator, oauth_login_url
+from .auth import ADMIN_SCOPE, HubAuthenticator, JobTokenAuthenticator, TokenAuthenticator, oauth_login_url
 from .checkpoint import WalCheckpointer
 from .cluster import ClusterReconciler
+from .job_pods import JobPods
 from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .reservations import RESERVATION_ROUTES
@@ -227,7 +229,7 @@ class GpuAllocService(Application):
     jupyter-gpualloc serve --port 8765 --fleet fleet.yaml --db sqlite:///gpualloc.sqlite -f gpualloc_config.py
     jupyter-gpualloc serve --help-all
     """
-    classes = [SchedulerPolicy, HubOAuth]
+    classes = [SchedulerPolicy, JobPods, HubOAuth]
     aliases = {
         "f": "GpuAllocService.config_file", "config": "GpuAllocService.config_file",
         "ip": "GpuAllocService.ip", "port": "GpuAllocService.port",
@@ -306,6 +308,13 @@ class GpuAllocService(Application):
         120.0, help="""With the kubernetes backend: seconds after its grant a lease may have no pod in the
         cluster (its spawner has not made it yet) before it is released: its server never started, or its
         pod was deleted while the service was not watching.""",
+    ).tag(config=True)
+    job_pods = Bool(
+        False, help="""With the kubernetes backend: run each background job's attempt in a Kubernetes Job
+        of its own, made from the submitting server's pod with the lease's GPU resources (a server pod
+        cannot gain a device, so without this GPU jobs are refused there). Jobs then outlive their
+        owner's server. Configure the pods with c.JobPods (service_url, tolerations, resources); the
+        service's service account needs hub_config/gpualloc-rbac.yaml's Role.""",
     ).tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
@@ -414,6 +423,13 @@ class GpuAllocService(Application):
                                              pod_missing_timeout=self.pod_missing_timeout)
             self.metrics.cluster_stale.set_function(
                 lambda: 0.0 if self.cluster.stale_since is None else time.time() - self.cluster.stale_since)
+        self.job_runner_pods = None
+        if self.job_pods:
+            if self.cluster is None:
+                raise TraitError("GpuAllocService.job_pods needs the kubernetes backend")
+            self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, clock=time.time, parent=self)
+            self.cluster.job_pods = self.job_runner_pods
+            self.scheduler.own_pod_holders = frozenset({JOB})
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
         self.hub_auth = None
         if hub_mode:
@@ -423,11 +439,13 @@ class GpuAllocService(Application):
             if not self.api_tokens:
                 self.log.warning("no api_tokens configured: every API call will be refused (401)")
             authenticator = TokenAuthenticator(self.api_tokens)
+        if self.job_runner_pods is not None:
+            authenticator = JobTokenAuthenticator(self.jobs, authenticator)
         self.ctx = h.ServiceContext(
             scheduler=self.scheduler, jobs=self.jobs, usage=self.core.usage, broker=self.broker,
             metrics=self.metrics, authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
-            authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster,
+            authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster, job_pods=self.job_runner_pods,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
         self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret, self.trusted_proxies)
@@ -437,6 +455,8 @@ class GpuAllocService(Application):
             self.core.tick(time.time())
             if self.cluster is not None:
                 self.cluster.tick()
+            if self.job_runner_pods is not None:
+                self.job_runner_pods.tick()
 
     def write_activity(self) -> None:
         self.scheduler.write_activity(time.time())
@@ -468,6 +488,8 @@ class GpuAllocService(Application):
         activity.stop()
         self.write_activity()
         server.stop()
+        if self.job_runner_pods is not None:
+            await self.job_runner_pods.close()
         if self.cluster is not None:
             await self.cluster.close()
         self.broker.close()

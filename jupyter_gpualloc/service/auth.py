@@ -1,13 +1,16 @@
-"""Who is calling: JupyterHub tokens and OAuth cookies (hub mode) or a static token map (standalone).
+"""Who is calling: JupyterHub tokens and OAuth cookies (hub mode) or a static token map (standalone),
+and the tokens of jobs run in Kubernetes Jobs.
 
-Both authenticators turn a request into an `Identity` (user name, admin or not, groups) or None.
+Every authenticator turns a request into an `Identity` (user name, admin or not, groups) or None.
 In hub mode administrators are those holding a custom scope (`custom:gpualloc:admin` by default);
-in standalone mode they are the token map's entries marked `"admin": True`.
+in standalone mode they are the token map's entries marked `"admin": True`. A job's token
+(`JobTokenAuthenticator`) acts for the job's owner on that one job only (`Identity.job`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -27,6 +30,7 @@ class Identity:
     user: str
     admin: bool = False
     groups: tuple[str, ...] = ()
+    job: str | None = None  # a job's token: only that job's runner calls are allowed
 
     def to_json(self) -> dict[str, Any]:
         return {"user": self.user, "admin": self.admin, "groups": list(self.groups)}
@@ -62,6 +66,39 @@ class TokenAuthenticator:
 
     def check_xsrf(self, handler: web.RequestHandler) -> None:
         """Bearer tokens are never sent by a browser on its own: nothing to check."""
+
+
+JOB_TOKEN_PREFIX = "gpualloc-job."
+
+
+def job_token(job_id: str, secret: str) -> str:
+    """The token a job's pod runner calls with: names its job, so it is checked against that job alone."""
+    return f"{JOB_TOKEN_PREFIX}{job_id}.{secret}"
+
+
+class JobTokenAuthenticator:
+    """The tokens of jobs run in Kubernetes Jobs (service/job_pods.py), before `fallback` (the
+    service's own authenticator) for every other token. A job's token is valid while the job is
+    active and its SHA-256 is the one stored in the job's record (a new one for each attempt)."""
+
+    def __init__(self, jobs: Any, fallback: Any):
+        self.jobs, self.fallback = jobs, fallback
+
+    async def identify(self, handler: web.RequestHandler) -> Identity | None:
+        token = bearer_token(handler)
+        if not token or not token.startswith(JOB_TOKEN_PREFIX):
+            return await self.fallback.identify(handler)
+        job_id = token[len(JOB_TOKEN_PREFIX):].partition(".")[0]
+        job = self.jobs.active_job(job_id)
+        if job is None or not job.token_sha256:
+            return None
+        if not hmac.compare_digest(hashlib.sha256(token.encode()).hexdigest(), job.token_sha256):
+            return None
+        return Identity(job.user, False, job.groups, job=job.id)
+
+    def check_xsrf(self, handler: web.RequestHandler) -> None:
+        if bearer_token(handler) is None:
+            self.fallback.check_xsrf(handler)
 
 
 def token_digest(token: str) -> bytes:

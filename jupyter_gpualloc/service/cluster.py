@@ -4,6 +4,8 @@ calls, and every lease is tied to the pod made for it.
 - Nodes and pods the allocator did not place reach `Scheduler.nodes_changed` and
   `Scheduler.outside_use` (ClusterWatch reports them on the IOLoop; no decision reads the cluster).
 - A lease's pod deleted, `Failed` or `Succeeded` releases the lease (its holder is gone), saying so.
+- A job's pod (service/job_pods.py) that ends or goes before its runner reported is a failed
+  attempt of the job, with the kubelet's reason.
 - A lease that ended while its pod remains has the pod deleted: the spawner's own stop usually
   did it first; this is the backstop, logged.
 - A pod the kube-scheduler cannot place for `pod_unschedulable_timeout` seconds ends its lease
@@ -47,6 +49,7 @@ class ClusterReconciler:
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
         self._deleting: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self.job_pods = None  # service.job_pods.JobPods when jobs run in Kubernetes Jobs
         scheduler.subscribe(self._on_event)
 
     async def start(self, sync_timeout: float = 120.0) -> None:
@@ -77,10 +80,13 @@ class ClusterReconciler:
         if pod is None:
             self._deleting.discard(key)
             if known is not None:
+                self._job_pod_ended(known, f"its pod {known.namespace}/{known.name} was deleted")
                 self._end(known.lease_id, f"its pod {known.namespace}/{known.name} was deleted")
             return
         self._pods[key] = pod
         if pod.phase in ("Succeeded", "Failed"):
+            self._job_pod_ended(pod, f"its pod {pod.namespace}/{pod.name} ended without the runner's report: "
+                                     f"{pod.ended}")
             self._end(pod.lease_id, f"its pod {pod.namespace}/{pod.name} {pod.phase.lower()}")
             self._delete(pod, "it has ended")
         elif not self._lease_active(pod.lease_id):
@@ -98,7 +104,9 @@ class ClusterReconciler:
             since = pod.unschedulable_since
             if since is None or pod.node or now - since < self.pod_unschedulable_timeout:
                 continue
-            self._end(pod.lease_id, f"its pod could not be scheduled for {now - since:.0f} s: {pod.unschedulable}")
+            why = f"its pod could not be scheduled for {now - since:.0f} s: {pod.unschedulable}"
+            self._job_pod_ended(pod, why)
+            self._end(pod.lease_id, why)
             self._delete(pod, "it could not be scheduled")
         if not self.watch.is_synced or self.stale_since is not None:
             return
@@ -114,6 +122,10 @@ class ClusterReconciler:
             return
         for pod in [p for p in self._pods.values() if p.lease_id == event.lease_id]:
             self._delete(pod, f"its lease ended ({event.data.get('reason', event.type)})")
+
+    def _job_pod_ended(self, pod: OwnPod, why: str) -> None:
+        if pod.job_id is not None and self.job_pods is not None:
+            self.job_pods.pod_ended(pod, why)
 
     def _lease_active(self, lease_id: str) -> bool:
         try:

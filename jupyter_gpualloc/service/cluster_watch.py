@@ -65,6 +65,7 @@ class ClusterWatch:
         self._tasks: list[asyncio.Task] = []
         self._api: Any = None
         self._core: Any = None
+        self._resources: tuple[_Resource, ...] = ()
 
     async def start(self) -> None:
         """Open the client and start watching; returns at once (see synced())."""
@@ -90,6 +91,19 @@ class ClusterWatch:
     @property
     def stale_since(self) -> float | None:
         return self._stale_since
+
+    @property
+    def api_client(self) -> Any:
+        """The kubernetes_asyncio ApiClient the watch uses (for the service's own writes)."""
+        return self._api
+
+    def own_pods(self) -> list[OwnPod]:
+        """The pods made for leases, as last seen."""
+        return list(self._own.values())
+
+    def pods(self) -> list[Mapping[str, Any]]:
+        """Every pod of the cluster, as last seen (Pod objects as the API returns them)."""
+        return list(self._resources[1].objects.values()) if self._resources else []
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod made for a lease; False when it was gone already."""

@@ -23,6 +23,7 @@ from tornado.log import app_log
 
 from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
 from ..core.errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
+from ..core.holders import job_holder
 from ..core.scheduler import Scheduler
 from ..core.store import StoreError
 from .auth import Forbidden, Identity
@@ -33,6 +34,8 @@ from .openapi import MAX_EPOCH, openapi_document
 from .validation import InputError, RequestValidator, parse_json
 
 MAX_BODY_BYTES = 64 * 1024
+# what a job's token may call besides /heartbeat, on its own job only: the pod runner's calls
+JOB_TOKEN_CALLS = {("/jobs/{job_id}", "GET"), ("/jobs/{job_id}/start", "POST"), ("/jobs/{job_id}/finish", "POST")}
 REQUESTS = RequestValidator(openapi_document("/"))
 _RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}):([0-9]{2})(\.[0-9]+)?"
                       r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
@@ -57,6 +60,7 @@ class ServiceContext:
     usage: Any = None  # core.usage.UsageLedger: usage reports, windows and quotas over the same leases
     group: GroupCommit | None = None  # lease changes of one IOLoop turn in one transaction
     cluster: Any = None  # service.cluster.ClusterReconciler with the kubernetes backend: the cluster's view
+    job_pods: Any = None  # service.job_pods.JobPods when jobs run in Kubernetes Jobs of their own
 
     def __post_init__(self) -> None:
         if self.group is None:
@@ -115,8 +119,16 @@ class ApiHandler(web.RequestHandler):
             raise ApiError(401, "authentication required: send 'Authorization: Bearer <token>'",
                            headers={"WWW-Authenticate": 'Bearer realm="gpualloc"'})
         self.identity = identity
+        if identity.job is not None and not self._job_token_may_call(identity.job):
+            raise ApiError(403, f"the token of job {identity.job} is for that job's runner calls only")
         if self.request.method not in ("GET", "HEAD", "OPTIONS"):
             self.ctx.authenticator.check_xsrf(self)
+
+    def _job_token_may_call(self, job_id: str) -> bool:
+        """A job's token reads its job, claims and reports its attempt, and heartbeats its holder."""
+        if (self.route, self.request.method) == ("/heartbeat", "POST"):
+            return True
+        return (self.route, self.request.method) in JOB_TOKEN_CALLS and self.path_args[:1] == [job_id]
 
     def check_xsrf_cookie(self) -> None:
         """XSRF is checked in prepare(), by the authenticator, once the caller is known."""
@@ -396,6 +408,8 @@ class HeartbeatHandler(ApiHandler):
     async def post(self) -> None:
         """Alive in memory at once; the accrual joins the group commit, and waits in memory if the store refuses it."""
         holders, now = self.json_body().get("holders"), self.ctx.clock()
+        if self.identity.job is not None:  # a job's token keeps its own job's lease alive, nothing else
+            holders = [job_holder(self.identity.job)]
         leases = await self.ctx.group.change(lambda: self.scheduler.heartbeat(self.identity.user, holders, now=now),
                                              outlives_refusal=True)
         self.write_json({"leases": [self.lease_json(l) for l in leases]})

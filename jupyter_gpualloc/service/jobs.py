@@ -3,7 +3,8 @@
 A user sees and acts on their own jobs only (another user's job is answered as if it did not
 exist, 404); the admin scope sees and cancels every job. `start` and `finish` are the runner's
 calls: the runner of the job's server (`runner`) claims it once its slice is granted and reports
-how each attempt ended.
+how each attempt ended. With jobs in Kubernetes Jobs (service/job_pods.py) a submit copies the
+submitting server's pod into the job, and the runner is the one in the job's pod.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ class JobsHandler(JobApiHandler):
 
     def post(self) -> None:
         request = JobRequest.from_json(self.json_body())
+        job_pods = self.ctx.job_pods
+        pod = job_pods.pod_template(self.identity.user, request.runner) if job_pods is not None else None
         with self.ctx.metrics.timed("job_submit"):
-            job = self.jobs.submit(self.identity.user, request, now=self.ctx.clock(), groups=self.identity.groups)
+            job = self.jobs.submit(self.identity.user, request, now=self.ctx.clock(), groups=self.identity.groups,
+                                   pod=pod)
         self.set_header("Location", self.reverse_url("job", job.id))
         self.write_json(self.job_json(job), 201)
 

@@ -414,7 +414,8 @@ SCHEMAS.update({
             "timeout": NULLABLE_NUMBER, "retries": {"type": "integer"}, "attempts": {"type": "integer"},
             "preemptions": {"type": "integer"}, "lease_id": {"type": ["string", "null"]},
             "reason": {"type": "string"}, "rerun_of": {"type": ["string", "null"]},
-            "runner": {"type": "string", "description": RUNNER["description"]},
+            "runner": {"type": "string", "description": RUNNER["description"] + " 'pod': the job runs in "
+                       "Kubernetes Jobs the service makes from the submitting server's pod."},
             "position": {"type": ["integer", "null"],
                          "description": "When queued: 1-based place in the queue, 0 once its slice is granted."},
             "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]},
@@ -430,7 +431,10 @@ SCHEMAS.update({
                        "outcome": {"enum": ["succeeded", "failed", "timed_out", "interrupted"]},
                        "reason": {"type": "string"}},
     },
-    "JobStart": {"type": "object", "additionalProperties": False, "properties": {"runner": RUNNER}},
+    "JobStart": {"type": "object", "additionalProperties": False, "properties": {"runner": {
+        **RUNNER, "pattern": f"^(pod|{SERVER}|{SERVER}:{_NAME_BODY})$",
+        "x-rule": f"must be {SERVER_GRAMMAR} or 'pod', without control or invisible formatting characters",
+        "description": "Who claims the job: its server's runner, or 'pod' (the runner in its Kubernetes Job)."}}},
 })
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}

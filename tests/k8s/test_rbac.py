@@ -1,6 +1,7 @@
 """The service's RBAC (hub_config/gpualloc-rbac.yaml) is enough and no more: on the local control
 plane, the service runs as the `hub` service account bound to exactly those rules, sees the
-cluster, deletes the pod of a lease it ended, and may do nothing else."""
+cluster, deletes the pod of a lease it ended, runs a background job as a Kubernetes Job, and may
+do nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.service.conftest import ROOT
+from tests.service.conftest import ALICE, ROOT
 
 from .test_service_on_cluster import ClusterService, lease_pod, request, wait_until_deleted
 
@@ -50,12 +51,16 @@ def hub_kubeconfig(k8s_cluster, tmp_path_factory) -> Path:
     return path
 
 
+API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io"}
+
+
 def allowed(k8s_cluster, verb: str, resource: str, namespace: str = "") -> bool:
     """Whether jhub/hub may do it, as the API server's authorizer answers (SubjectAccessReview)."""
     async def review(api):
         answer = await client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
             "user": f"system:serviceaccount:{NAMESPACE}:hub", "groups": ["system:serviceaccounts"],
-            "resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace}}})
+            "resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace,
+                                   "group": API_GROUPS.get(resource, "")}}})
         return answer.status.allowed
 
     return k8s_cluster.run(review)
@@ -66,8 +71,13 @@ def test_the_rules_allow_what_the_service_needs_and_nothing_more(k8s_cluster, hu
         assert allowed(k8s_cluster, verb, "nodes") and allowed(k8s_cluster, verb, "pods")
     assert allowed(k8s_cluster, "delete", "pods", NAMESPACE)
     assert not allowed(k8s_cluster, "delete", "pods", "default")
+    for verb, resource in (("create", "jobs"), ("get", "jobs"), ("delete", "jobs"), ("create", "secrets"),
+                           ("update", "secrets")):
+        assert allowed(k8s_cluster, verb, resource, NAMESPACE), (verb, resource)
+        assert not allowed(k8s_cluster, verb, resource, "default"), (verb, resource)
     for verb, resource in (("create", "pods"), ("patch", "nodes"), ("update", "pods"), ("get", "secrets"),
-                           ("create", "pods/exec"), ("list", "secrets"), ("delete", "nodes")):
+                           ("create", "pods/exec"), ("list", "secrets"), ("delete", "nodes"), ("list", "jobs"),
+                           ("delete", "secrets"), ("create", "roles"), ("create", "rolebindings")):
         assert not allowed(k8s_cluster, verb, resource, NAMESPACE), (verb, resource)
 
 
@@ -85,3 +95,21 @@ def test_the_service_works_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
         assert "Forbidden" not in service.log_tail()
     finally:
         service.kill()
+
+
+def test_a_background_job_runs_as_a_kubernetes_job_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
+    from .test_job_pods import JobPodService, cell_job, kube_jobs, running_pod, server_pod, submit, wait_for
+
+    service = JobPodService(tmp_path / "service", str(hub_kubeconfig)).start()
+    try:
+        server = server_pod(service, "alice", tmp_path, server_name="rbac")
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, server))
+        job = submit(service, cell_job(tmp_path, "1", {"kind": "whole", "node": "gpu-l4-1"}, runner="server:rbac"))
+        running_pod(k8s_cluster, NAMESPACE, job["id"])
+        assert service.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
+        wait_for(lambda: not kube_jobs(k8s_cluster, NAMESPACE, job["id"]), what="the Kubernetes Job deleted")
+        assert "Forbidden" not in service.log_tail() and "forbidden" not in service.log_tail()
+    finally:
+        service.kill()
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_namespaced_pod(
+            "jupyter-alice-rbac", NAMESPACE, grace_period_seconds=0))

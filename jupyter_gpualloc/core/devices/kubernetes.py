@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
+JOB_LABEL = "gpualloc.jupyter.org/job"  # on the Kubernetes Job (and its pod) running a job's attempt: the job's id
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
 _MIG_RESOURCE = re.compile(rf"^nvidia\.com/mig-({_PROFILE})(?:\.shared)?$")
@@ -64,6 +65,7 @@ _MIG_LABEL = re.compile(rf"^nvidia\.com/mig-({_PROFILE})\.(count|memory|replicas
 _PRODUCT = re.compile(rf"^(.*?)(?:-MIG-({_PROFILE}))?(?:-SHARED)?$")
 _READ_LABELS = frozenset(f"nvidia.com/{name}" for name in (
     "gpu.product", "gpu.count", "gpu.memory", "gpu.replicas", "mig.strategy", "mig.config", "mig.config.state"))
+MIB_PER_GIB = 1024
 _VENDOR = re.compile(r"^(?:NVIDIA[-\s]+)+", re.IGNORECASE)
 _SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
              "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
@@ -215,7 +217,9 @@ class KubernetesBackend(DeviceBackend):
 @dataclass(frozen=True)
 class OwnPod:
     """A pod made for a lease, as the cluster shows it. `unschedulable` is the kube-scheduler's
-    message while it cannot place the pod, `unschedulable_since` when it first said so."""
+    message while it cannot place the pod, `unschedulable_since` when it first said so; `job_id`
+    the job whose attempt it runs (a Kubernetes Job's pod), `ended` why it ended, as the kubelet says
+    (e.g. "Evicted: ...", "OOMKilled (exit code 137)"), once it has."""
 
     lease_id: str
     namespace: str
@@ -225,6 +229,8 @@ class OwnPod:
     deleting: bool
     unschedulable: str | None = None
     unschedulable_since: float | None = None
+    job_id: str | None = None
+    ended: str = ""
 
     @property
     def key(self) -> str:
@@ -239,10 +245,25 @@ def own_pod(pod: Mapping[str, Any]) -> OwnPod | None:
         return None
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
     refused = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
-    return OwnPod(lease_id, metadata.get("namespace", ""), metadata.get("name", ""), status.get("phase", "Pending"),
+    phase = status.get("phase", "Pending")
+    return OwnPod(lease_id, metadata.get("namespace", ""), metadata.get("name", ""), phase,
                   spec.get("nodeName"), bool(metadata.get("deletionTimestamp")),
                   scheduled.get("message") or "unschedulable" if refused else None,
-                  _timestamp(scheduled.get("lastTransitionTime")) if refused else None)
+                  _timestamp(scheduled.get("lastTransitionTime")) if refused else None,
+                  (metadata.get("labels") or {}).get(JOB_LABEL),
+                  _why_ended(status) if phase in ("Succeeded", "Failed") else "")
+
+
+def _why_ended(status: Mapping[str, Any]) -> str:
+    """Why an ended pod ended: the pod's reason (Evicted, DeadlineExceeded, ...) or its first
+    terminated container's (OOMKilled, Error, Completed) with the exit code."""
+    if status.get("reason"):
+        return f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
+    for container in status.get("containerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated")
+        if ended:
+            return f"{ended.get('reason') or 'ended'} (exit code {ended.get('exitCode')})"
+    return status.get("phase", "ended").lower()
 
 
 def _timestamp(text: str | None) -> float | None:
@@ -268,6 +289,33 @@ def pod_resources(spec: Mapping[str, Any]) -> dict[str, int]:
         for resource, count in of(container).items():
             total[resource] = max(total.get(resource, 0), count)
     return total
+
+
+def resource_limits(slice_: Mapping[str, Any], *, mig_strategy: str = "mixed",
+                    shared_resources: Mapping[str, str] | None = None,
+                    gpu_resource: str = "nvidia.com/gpu") -> dict[str, str]:
+    """The extended resources a pod needs for a slice (values are strings, as Kubernetes wants).
+
+    `shared_resources` values are templates: `{memory_mib}`, `{memory_gib}`, `{percent}`
+    (of the GPU, rounded up) and `{milli}` are filled in from the slice.
+    """
+    kind = slice_["kind"]
+    if kind == "mig":
+        # The device plugin writes a profile's '+' as '.': 1g.10gb+me is nvidia.com/mig-1g.10gb.me.
+        profile = str(slice_["profile"]).replace("+", ".")
+        name = f"nvidia.com/mig-{profile}" if mig_strategy == "mixed" else gpu_resource
+        return {name: "1"}
+    if kind == "whole":
+        return {gpu_resource: str(len(slice_["gpu_uuids"]))}
+    milli = int(slice_.get("milli", 1000))
+    values = {"memory_mib": int(slice_["memory_mib"]), "memory_gib": int(slice_["memory_mib"]) // MIB_PER_GIB,
+              "percent": -(-milli // 10), "milli": milli}
+    return {name: str(template).format(**values) for name, template in (shared_resources or {}).items()}
+
+
+def node_affinity(node: str, label: str = "kubernetes.io/hostname") -> dict[str, Any]:
+    """A NodeSelectorTerm pinning the pod to the lease's node."""
+    return {"matchExpressions": [{"key": label, "operator": "In", "values": [node]}]}
 
 
 def node_from_object(raw: Mapping[str, Any]) -> Node | None:

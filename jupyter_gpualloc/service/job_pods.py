@@ -1,0 +1,333 @@
+"""Background jobs as Kubernetes Jobs: each granted attempt runs in a `batch/v1` Job of its own.
+
+A running pod cannot gain a device, so on Kubernetes a job does not run in its owner's server pod.
+When `c.GpuAllocService.job_pods` is on:
+
+- At submit the service copies the submitting server's pod (from the cluster watch's view: image,
+  env, volumes and mounts, so the home directory and the notebook's folder are where they were,
+  security context, pull secrets, CPU and memory) into the job's record (runner 'pod'), so a job
+  queued now still starts after its owner's server stopped.
+- Once the job's lease is granted, the service creates a Job from that copy, with the lease's GPU
+  resources, node affinity to the lease's node, the GPU tolerations, `backoffLimit: 0` (retries
+  are the core's), `ttlSecondsAfterFinished`, `terminationGracePeriodSeconds = preempt_grace`, no
+  service-account token, and the labels of the lease and the job. Its container runs
+  `jupyter-gpualloc job run <id>` (jobs/runner.py), which calls the service with a token made for
+  this attempt: its SHA-256 is kept in the job's record, the token in a Secret owned by the Job.
+- When the lease ends (the runner reported, cancel, preemption, expiry) the Job is deleted with its
+  pod (SIGTERM, then SIGKILL after the grace) and Secret.
+- A pod that ends or goes without the runner's report is a failed attempt with the kubelet's reason
+  (OOMKilled, Evicted, its pod was deleted, ...): the reconciler (service/cluster.py) says so here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import secrets
+from typing import Any, Callable, Mapping
+
+from traitlets import Dict, Int, List, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..core.devices.kubernetes import JOB_LABEL, LEASE_LABEL, OwnPod, node_affinity, resource_limits
+from ..core.errors import NotFound, SchedulerError, StoreFailed
+from ..core.holders import SERVER, job_of
+from ..core.jobs import POD_RUNNER, Jobs
+from ..core.model import Event, Job, JobState, LeaseState, SpecError
+from ..lease_env import SLICE_ENV_NAMES, slice_env
+from .auth import job_token
+
+log = logging.getLogger(__name__)
+
+HUB_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the user's name, unescaped
+HUB_SERVER = "hub.jupyter.org/servername"  # and the server's name ('' for the default server)
+TOKEN_KEY = "token"
+# what a job's pod does not take from its owner's server's env: the server's own hub credentials and
+# URLs (revoked when it stops), and its slice (the job's lease gives its own)
+_NOT_COPIED_ENV = ("JUPYTERHUB_", "JPY_")
+_COPIED_POD_FIELDS = ("volumes", "securityContext", "imagePullSecrets", "tolerations", "priorityClassName",
+                      "schedulerName", "dnsPolicy", "dnsConfig", "hostAliases")
+_COPIED_CONTAINER_FIELDS = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "workingDir",
+                            "securityContext")
+
+
+class NoServerPod(SpecError):
+    """The submitting server has no pod to copy (it is not running on this cluster)."""
+
+
+class JobPods(LoggingConfigurable):
+    """Creates and deletes the Kubernetes Jobs of the jobs whose runner is 'pod' (see the module)."""
+
+    service_url = Unicode(
+        "", help="""The URL at which a job's pod reaches this service's API, e.g.
+        http://hub:8081/services/gpualloc/ in zero-to-jupyterhub. Empty: the GPUALLOC_URL of the
+        submitting server's pod.""",
+    ).tag(config=True)
+    command = List(
+        ["jupyter-gpualloc", "job", "run"],
+        help="The runner's command in a job's pod (the server's image); the job's id is appended.",
+    ).tag(config=True)
+    ttl_seconds_after_finished = Int(
+        3600, help="""Seconds a finished Job is kept by Kubernetes (ttlSecondsAfterFinished) when the
+        service did not delete it itself (it was down when the lease ended).""",
+    ).tag(config=True)
+    mig_strategy = Unicode(
+        "mixed", help="The NVIDIA device plugin's MIG strategy, as GPUKubeSpawner.gpu_mig_strategy.",
+    ).tag(config=True)
+    gpu_resource = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
+    shared_resources = Dict(
+        {"nvidia.com/gpu.shared": "1"},
+        help="Extended resources requested for a shared slice, as GPUKubeSpawner.gpu_shared_resources.",
+    ).tag(config=True)
+    node_label = Unicode(
+        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
+    ).tag(config=True)
+    pod_annotations = Dict(
+        {}, help="""Annotations put on every job's pod, e.g. {"cluster-autoscaler.kubernetes.io/safe-to-evict":
+        "false"}.""",
+    ).tag(config=True)
+    tolerations = List(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        help="Tolerations added to job pods (GPU nodes are often tainted).",
+    ).tag(config=True)
+
+    def __init__(self, jobs: Jobs, watch: Any, *, clock: Callable[[], float], **kwargs: Any):
+        super().__init__(**kwargs)
+        self.jobs, self.scheduler, self.watch, self.clock = jobs, jobs.scheduler, watch, clock
+        self._creating: set[str] = set()  # leases whose Job is being created
+        self._made: set[str] = set()  # leases whose Job exists (made or found)
+        self._tasks: set[asyncio.Task] = set()
+        self.scheduler.subscribe(self._on_event)
+
+    # ------------------------------------------------------------- at submit
+    def pod_template(self, user: str, runner: str) -> dict[str, Any]:
+        """What a job's pod takes from the submitting server's pod (runner: 'server' or 'server:<name>')."""
+        server_name = runner.partition(":")[2] if runner != SERVER else ""
+        pods = [p for p in self.watch.pods() if is_server_pod(p, user, server_name)]
+        if not pods:
+            raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
+                                        "to run the job from: start the server, then submit the job")
+        return pod_template(max(pods, key=_created))
+
+    # ------------------------------------------------------------ the leases
+    def tick(self) -> None:
+        """Create the Jobs of granted pod jobs that have none (a creation that failed, or made while
+        the service was down)."""
+        for job in self.jobs.active():
+            if job.runner == POD_RUNNER and job.state is JobState.QUEUED and job.lease_id:
+                self._grant(job.lease_id)
+
+    def _on_event(self, event: Event) -> None:
+        job_id = job_of(event.data.get("holder"))
+        if job_id is None or event.lease_id is None:
+            return
+        if event.type == "lease.granted":
+            self._grant(event.lease_id)
+        elif event.type in ("lease.released", "lease.expired", "lease.preempted", "lease.cancelled"):
+            self._made.discard(event.lease_id)
+            self._spawn(self._delete_job(job_id, event.lease_id))
+
+    def _grant(self, lease_id: str) -> None:
+        if lease_id in self._creating or lease_id in self._made:
+            return
+        try:
+            lease = self.scheduler.lease(lease_id)
+            job = self.jobs.job(job_of(lease.holder) or "")
+        except (NotFound, StoreFailed):
+            return
+        if job.runner != POD_RUNNER or job.lease_id != lease_id or lease.state is not LeaseState.GRANTED:
+            return
+        if any(pod.lease_id == lease_id for pod in self.watch.own_pods()):
+            self._made.add(lease_id)
+            return
+        self._creating.add(lease_id)
+        self._spawn(self._create(job, lease.to_json()))
+
+    def pod_ended(self, pod: OwnPod, why: str) -> None:
+        """A job's pod ended or went: its attempt failed with `why` unless the runner reported first."""
+        try:
+            job = self.jobs.job(pod.job_id or "")
+        except (NotFound, StoreFailed):
+            return
+        if job.runner != POD_RUNNER or job.lease_id != pod.lease_id or not job.state.active:
+            return
+        self._fail_attempt(job, why)
+
+    def _fail_attempt(self, job: Job, why: str) -> None:
+        """The attempt of `job` ended without the runner's report (or could not start): failed, with why."""
+        now = self.clock()
+        try:
+            if job.state is JobState.QUEUED:
+                job = self.jobs.start(job.id, now=now, runner=POD_RUNNER)
+            self.jobs.finish(job.id, job.attempts, "failed", why, now=now)
+        except (SchedulerError, SpecError, StoreFailed) as err:
+            log.warning("job %s: cannot record its failed attempt (%s): %s", job.id, why, err)
+
+    # ---------------------------------------------------------- Kubernetes
+    async def _create(self, job: Job, lease: Mapping[str, Any]) -> None:
+        """The attempt's token (its digest stored first), then the Job, then the Secret it owns."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        lease_id, namespace = lease["id"], (job.pod or {}).get("namespace", "default")
+        token = job_token(job.id, secrets.token_urlsafe(32))
+        try:
+            self.jobs.set_token(job.id, hashlib.sha256(token.encode()).hexdigest())
+            manifest = self.job_manifest(job, lease)
+            batch, core = client.BatchV1Api(self.watch.api_client), client.CoreV1Api(self.watch.api_client)
+            try:
+                made = await batch.create_namespaced_job(namespace, manifest, _request_timeout=30)
+                uid = made.metadata.uid
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                uid = (await batch.read_namespaced_job(manifest["metadata"]["name"], namespace)).metadata.uid
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": manifest["metadata"]["name"], "uid": uid,
+                     "controller": True, "blockOwnerDeletion": False}
+            secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                      "metadata": {"name": manifest["metadata"]["name"], "namespace": namespace,
+                                   "labels": manifest["metadata"]["labels"], "ownerReferences": [owner]},
+                      "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+            try:
+                await core.create_namespaced_secret(namespace, secret, _request_timeout=30)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                await core.replace_namespaced_secret(secret["metadata"]["name"], namespace, secret,
+                                                     _request_timeout=30)
+            self._made.add(lease_id)
+            log.info("job %s: Kubernetes Job %s/%s created on node %s", job.id, namespace,
+                     manifest["metadata"]["name"], lease["slice"]["node"])
+        except ApiException as err:
+            if err.status in (400, 403, 404, 422):  # this Job can never be made: the attempt fails
+                self._fail_attempt(self.jobs.job(job.id), f"its Kubernetes Job could not be created: "
+                                                          f"{err.status} {_api_message(err)}")
+            else:  # the API server is unreachable or busy: the next tick tries again
+                log.warning("job %s: creating its Kubernetes Job failed, retrying: %s", job.id, err)
+        except (SchedulerError, StoreFailed, OSError, asyncio.TimeoutError) as err:
+            log.warning("job %s: creating its Kubernetes Job failed, retrying: %s", job.id, err)
+        finally:
+            self._creating.discard(lease_id)
+
+    async def _delete_job(self, job_id: str, lease_id: str) -> None:
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            job = self.jobs.job(job_id)
+        except (NotFound, StoreFailed):
+            return
+        if job.runner != POD_RUNNER:
+            return
+        name, namespace = job_name(job_id, lease_id), (job.pod or {}).get("namespace", "default")
+        try:
+            await client.BatchV1Api(self.watch.api_client).delete_namespaced_job(
+                name, namespace, propagation_policy="Background", _request_timeout=30)
+            log.info("job %s: Kubernetes Job %s/%s deleted (its lease ended)", job_id, namespace, name)
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("job %s: deleting Kubernetes Job %s failed: %s", job_id, name, err)
+        except (OSError, asyncio.TimeoutError) as err:
+            log.warning("job %s: deleting Kubernetes Job %s failed: %s", job_id, name, err)
+
+    def _spawn(self, coroutine) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the core driven without an IOLoop: tick() makes what is missing
+            coroutine.close()
+            return
+        task = loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ manifests
+    def job_manifest(self, job: Job, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch/v1 Job of one attempt of `job` on granted `lease`."""
+        template = job.pod or {}
+        slice_ = lease["slice"]
+        name = job_name(job.id, lease["id"])
+        labels = {**template.get("labels", {}), LEASE_LABEL: lease["id"], JOB_LABEL: job.id,
+                  "app.kubernetes.io/managed-by": "jupyter-gpualloc", "app.kubernetes.io/component": "job"}
+        container = dict(template.get("container") or {})
+        service_url = self.service_url or _env_value(container.get("env", []), "GPUALLOC_URL")
+        env = [e for e in container.get("env", []) if e.get("name") not in SLICE_ENV_NAMES]
+        env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=service_url,
+                                                              visible_devices=False).items()]
+        env += [{"name": "GPUALLOC_JOB_ID", "value": job.id},
+                {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}}}]
+        resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
+        gpus = resource_limits(slice_, mig_strategy=self.mig_strategy, shared_resources=self.shared_resources,
+                               gpu_resource=self.gpu_resource)
+        resources["limits"] = {**resources.get("limits", {}), **gpus}
+        pod_spec = {**template.get("spec", {}),
+                    "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": int(self.jobs.policy.preempt_grace),
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [node_affinity(slice_["node"], self.node_label)]}}},
+                    "tolerations": [*template.get("spec", {}).get("tolerations", []), *self.tolerations],
+                    "containers": [{**container, "name": "job", "command": [*self.command, job.id],
+                                    "workingDir": job.workdir, "env": env, "resources": resources}]}
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": name, "namespace": template.get("namespace", "default"), "labels": labels},
+                "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
+                         "template": {"metadata": {"labels": labels, "annotations": dict(self.pod_annotations)},
+                                      "spec": pod_spec}}}
+
+
+def job_name(job_id: str, lease_id: str) -> str:
+    """The Kubernetes Job (and Secret) of the attempt of job `job_id` on lease `lease_id`."""
+    return f"gpualloc-job-{job_id}-{lease_id}".lower()
+
+
+def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What a job's pod copies from a server's pod (a Pod object as the API returns it)."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    containers = spec.get("containers") or [{}]
+    server = next((c for c in containers if c.get("name") == "notebook"), containers[0])
+    container = {k: server[k] for k in _COPIED_CONTAINER_FIELDS if k in server}
+    container["env"] = [e for e in server.get("env") or []
+                        if not e.get("name", "").startswith(_NOT_COPIED_ENV) and e.get("name") != "GPUALLOC_TOKEN"]
+    resources = server.get("resources") or {}
+    return {
+        "namespace": metadata.get("namespace", "default"),
+        "server_pod": metadata.get("name", ""),
+        "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("hub.jupyter.org/")},
+        "container": container,
+        "resources": {kind: {k: v for k, v in (resources.get(kind) or {}).items() if k in ("cpu", "memory")}
+                      for kind in ("requests", "limits") if resources.get(kind)},
+        "spec": {k: spec[k] for k in _COPIED_POD_FIELDS if k in spec},
+    }
+
+
+def is_server_pod(pod: Mapping[str, Any], user: str, server_name: str) -> bool:
+    """Whether `pod` is KubeSpawner's pod of `user`'s server `server_name` ('' the default one), running."""
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return (annotations.get(HUB_USER) == user and annotations.get(HUB_SERVER, "") == server_name
+            and (metadata.get("labels") or {}).get("component") == "singleuser-server"
+            and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+            and not metadata.get("deletionTimestamp"))
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    """Where a server has several pods (one replacing another), the newest is the server's."""
+    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
+
+
+def _env_value(env: list[Mapping[str, Any]], name: str) -> str:
+    return next((str(e.get("value", "")) for e in env if e.get("name") == name), "")
+
+
+def _api_message(err: Exception) -> str:
+    import json
+    try:
+        return json.loads(getattr(err, "body", "") or "{}").get("message") or str(err)
+    except ValueError:
+        return str(err)
