@@ -11,6 +11,7 @@ Errors are typed (`QuotaExceeded`, `NoCapacity`, `NotFound`, `Unauthorized`, `Se
 from __future__ import annotations
 
 import asyncio
+import codecs
 import concurrent.futures
 import json
 import logging
@@ -18,16 +19,19 @@ import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Mapping
+from pathlib import Path
 from urllib.parse import quote, urlencode, urlparse
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
+from .jobs.folder import JobFolder
 from .lease_env import server_holder
 
 DEFAULT_SERVICE_NAME = "gpualloc"
 API_PATH = "api/v1/"
 STREAM_TIMEOUT = 7 * 24 * 3600.0
+LOG_POLL_SECONDS = 0.5  # how often a followed log on this machine's disk is read again
 
 
 class GpuAllocError(Exception):
@@ -381,16 +385,49 @@ class GpuAllocClient:
                                {"attempt": attempt, "outcome": outcome, "reason": reason})
 
     async def job_log(self, job_id: str) -> str:
+        """The job's log: read where it lies when this process sees the job's folder (the owner's
+        server and kernels do, also on Kubernetes, where the service does not see the homes),
+        else from the service."""
+        log = await self._local_log(job_id)
+        if log is not None:
+            return log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
         return await self.call("GET", f"jobs/{quote(job_id, safe='')}/log")
 
     async def follow_job_log(self, job_id: str) -> AsyncIterator[str]:
-        """The job's log as it grows, chunk by chunk, until the job ends."""
+        """The job's log as it grows, chunk by chunk, until the job ends (read where it lies, as job_log)."""
+        log = await self._local_log(job_id)
+        if log is not None:
+            async for text in self._follow_local_log(job_id, log):
+                yield text
+            return
         chunks = self._stream(f"jobs/{quote(job_id, safe='')}/log?follow=1", "job log", {})
         try:
             async for chunk in chunks:
                 yield chunk.decode("utf-8", "replace")
         finally:
             await chunks.aclose()
+
+    async def _local_log(self, job_id: str) -> Path | None:
+        """The path of the job's log when its working directory is on this machine's disk, else None."""
+        job = await self.job(job_id)
+        return JobFolder(job["workdir"], job["id"]).log if Path(job["workdir"]).is_dir() else None
+
+    async def _follow_local_log(self, job_id: str, log: Path) -> AsyncIterator[str]:
+        offset, decoder = 0, codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            active = (await self.job(job_id))["state"] in ("queued", "running")
+            try:
+                with log.open("rb") as file:
+                    file.seek(offset)
+                    new = file.read()
+            except FileNotFoundError:
+                new = b""
+            if new:
+                offset += len(new)
+                yield decoder.decode(new)
+            if not active:
+                return
+            await asyncio.sleep(LOG_POLL_SECONDS)
 
     async def _stream(self, path: str, what: str, headers: Mapping[str, str]) -> AsyncIterator[bytes]:
         """The body of a long GET, chunk by chunk as it arrives. A refusal comes out as the error of its

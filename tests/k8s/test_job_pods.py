@@ -304,6 +304,8 @@ def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_output
     try:
         loaded = kernel.run(f"%gpu job result {job['id']}\nprint(x)")
         assert loaded.status == "ok" and loaded.stdout.strip().endswith("42"), loaded
+        logs = kernel.run(f"%gpu job logs {job['id']}")
+        assert f"working on mig {home}" in logs.stdout, logs
     finally:
         kernel.shutdown()
     with open(home / ".gpualloc" / "jobs" / job["id"] / "outputs.pkl", "rb") as outputs:
