@@ -123,8 +123,12 @@ class JobPods(LoggingConfigurable):
         job_id = job_of(event.data.get("holder"))
         if job_id is None or event.lease_id is None:
             return
-        if event.type == "lease.granted":
-            self._grant(event.lease_id)
+        if event.type == "lease.granted":  # looked at once the change that granted it is over (a
+            # job's first lease is granted inside its submit, before the job holds it)
+            try:
+                asyncio.get_running_loop().call_soon(self._grant, event.lease_id)
+            except RuntimeError:  # no IOLoop: tick() makes it
+                pass
         elif event.type in ("lease.released", "lease.expired", "lease.preempted", "lease.cancelled"):
             self._made.discard(event.lease_id)
             self._spawn(self._delete_job(job_id, event.lease_id))
