@@ -188,7 +188,7 @@ class JobRunner:
         nb = None
         with folder.log.open("a", encoding="utf-8") as log_file:
             log_file.write(f"--- attempt {attempt.number} of job {job['id']} ({job['name']}) on "
-                           f"{job['slice']['visible_devices']} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+                           f"{self._slice_text(job['slice'])} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
             log_file.flush()
             try:
                 nb = job_notebook(job)
@@ -219,6 +219,15 @@ class JobRunner:
         if self.visible_devices:  # in a pod, the pod's end returns the slice
             await self._return_slice(attempt.lease_id)
         return "stopped"
+
+    def _slice_text(self, slice_: dict) -> str:
+        """The slice as the log names it: its devices here; in a pod, where the device plugin chose
+        them, its shape and node."""
+        if self.visible_devices:
+            return slice_["visible_devices"]
+        shape = slice_.get("profile") or (f"{slice_['memory_mib']} MiB share" if slice_["kind"] == "shared"
+                                          else f"{len(slice_['gpu_uuids'])} whole GPU")
+        return f"{slice_['kind']} {shape} of {slice_.get('model') or 'a GPU'} on node {slice_['node']}"
 
     async def _return_slice(self, lease_id: str) -> None:
         """A stopped attempt's kernel is gone: its ended lease's slice may go to someone else now
