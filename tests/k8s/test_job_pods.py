@@ -407,3 +407,19 @@ def test_a_job_queued_while_its_owners_server_stops_still_runs(service, k8s_clus
     end_pod(k8s_cluster, namespace, pod, "Succeeded")
     listed = {j["id"]: j for j in service.call("GET", "jobs", token=ALICE).json()["jobs"]}
     assert listed[job["id"]]["state"] == "succeeded", listed[job["id"]]
+
+
+def test_a_service_crash_loses_nothing_the_running_job_reports_to_the_restarted_service(
+        service, k8s_cluster, namespace, alice_server):
+    job = submit(service, cell_job(alice_server.home, "print('after the crash')", {"kind": "whole", "node": "gpu-l4-jobs"},
+                                   runner=alice_server.runner))
+    pod = running_pod(k8s_cluster, namespace, job["id"], service)
+    service.kill()  # SIGKILL: the job's token, its pod template and its lease are in the store
+    service.start()
+    assert job_of(service, job["id"])["state"] == "queued"  # its slice granted, its runner not started yet
+    time.sleep(2)  # a few ticks: the restarted service finds the Job's pod and makes no second Job
+    assert [j.metadata.name for j in kube_jobs(k8s_cluster, namespace, job["id"])] == [pod.metadata.labels["job-name"]]
+    runner = start_runner(k8s_cluster, namespace, pod, job["id"], alice_server.home / "runner.log")
+    assert runner.wait(120) == 0, (alice_server.home / "runner.log").read_text()
+    assert job_of(service, job["id"])["state"] == "succeeded"
+    wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
