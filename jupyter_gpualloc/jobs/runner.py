@@ -12,8 +12,9 @@ ends the lease, whatever happened to the kernel.
 
 `run_in_pod` is the same runner for one attempt in a Kubernetes Job's pod (`jupyter-gpualloc job
 run ID`, service/job_pods.py): it claims the job as 'pod' with the job's token, runs it the same
-way (the device plugin chose the pod's devices), heartbeats its lease, and on SIGTERM (its pod
-deleted: cancelled or preempted) passes SIGTERM on to the kernel and stops without a report.
+way (the device plugin chose the pod's devices), heartbeats its lease, deletes the pickled inputs
+of a job that ended for good, and on SIGTERM (its pod deleted: cancelled or preempted) passes
+SIGTERM on to the kernel and stops without a report.
 """
 
 from __future__ import annotations
@@ -353,6 +354,13 @@ async def run_in_pod(client: GpuAllocClient, job_id: str, *, heartbeat_interval:
         outcome = attempt.task.result()
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+    if outcome != "stopped":  # a job that ended for good (no retry queued) has its pickled inputs deleted
+        try:
+            ended = (await client.job(job_id))["state"] not in ("queued", "running")
+        except GpuAllocError:  # its token ended with the job
+            ended = True
+        if ended:
+            runner._delete_inputs([job])
     log.info("gpualloc jobs: job %s attempt %d: %s", job_id, attempt.number, outcome)
     return 0 if outcome == "succeeded" else 1
 

@@ -253,9 +253,13 @@ def test_a_job_without_a_server_pod_is_refused_naming_the_field(service):
 def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_outputs_come_back(
         service, k8s_cluster, namespace, alice_server):
     home = alice_server.home
-    code = "import os\nx = 6 * 7\nprint('working on', os.environ.get('GPUALLOC_SLICE_KIND'), os.getcwd())"
+    inputs = home / ".gpualloc" / "inputs" / "k8s.pkl"  # as %%gpu job writes a cell's inputs
+    inputs.parent.mkdir(parents=True)
+    inputs.write_bytes(pickle.dumps({"y": 6}))
+    code = "import os\nx = y * 7\nprint('working on', os.environ.get('GPUALLOC_SLICE_KIND'), os.getcwd())"
     job = submit(service, cell_job(home, code, {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-jobs"},
-                                   source={"outputs": ["x"]}, runner=alice_server.runner))
+                                   source={"inputs": ["y"], "inputs_file": ".gpualloc/inputs/k8s.pkl",
+                                           "outputs": ["x"]}, runner=alice_server.runner))
     assert job["runner"] == "pod" and "pod" not in job and "token_sha256" not in job, job
     pod = running_pod(k8s_cluster, namespace, job["id"], service)
     lease = job_of(service, job["id"])["lease"]
@@ -296,6 +300,7 @@ def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_output
     assert (done["state"], done["attempts"]) == ("succeeded", 1), done
     log = (home / ".gpualloc" / "jobs" / job["id"] / "job.log").read_text()
     assert f"working on mig {home}" in log, log
+    assert not inputs.exists()  # the runner deleted the pickled inputs of a job that ended for good
     assert service.call("GET", f"jobs/{job['id']}", token=token).status == 401  # its token ended with it
     wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
 
