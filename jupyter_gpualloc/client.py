@@ -278,6 +278,18 @@ class GpuAllocClient:
         """The offers and, under `refused_holders`, each kind of holder that gets no slice here, with why."""
         return await self.call("GET", "offers")
 
+    async def request_kernel_pod(self, kernel_id: str, request: Mapping[str, Any]) -> dict:
+        """Ask for a GPU kernel's pod (Kubernetes; see the KernelPodRequest schema); where it is."""
+        return await self.call("POST", f"kernels/{quote(kernel_id, safe='')}/pod", dict(request))
+
+    async def kernel_pod(self, kernel_id: str) -> dict:
+        """Where a kernel's pod is: queued (position), starting, running (ip) or ended (reason)."""
+        return await self.call("GET", f"kernels/{quote(kernel_id, safe='')}/pod")
+
+    async def end_kernel_pod(self, kernel_id: str) -> dict:
+        """The kernel shut down: its lease ends, then its pod."""
+        return await self.call("DELETE", f"kernels/{quote(kernel_id, safe='')}/pod")
+
     async def leases(self, all_users: bool = False) -> list[dict]:
         return (await self.call("GET", "leases?all=1" if all_users else "leases"))["leases"]
 

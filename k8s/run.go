@@ -224,7 +224,7 @@ func run(args []string) int {
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-annotation-selector="+kwokNodeAnnotation+"=fake",
 		"--node-ip=127.0.0.1",
-		"--cidr=10.244.0.1/16",
+		"--cidr=127.8.0.1/16", // pod IPs on the loopback: a test can run a pod's process (a kernel) at its IP
 		"--node-lease-duration-seconds=40",
 		"--server-address="+fmt.Sprintf("127.0.0.1:%d", kwokPort),
 	)

@@ -52,10 +52,17 @@ DRAINED = "drained"  # how the reason of a request refused as its GPUs are drain
 # Why a holder of each kind gets no slice on a backend where a running process cannot gain a device.
 NOT_IN_A_POD = {
     KERNEL: "on Kubernetes a kernel cannot get a GPU slice: a running pod cannot gain a device, and GPU kernels "
-            "need kernel pods of their own, which are not available yet; start your server with a GPU instead",
+            "need kernel pods of their own, which are not available here (c.GpuAllocService.kernel_pods); start "
+            "your server with a GPU instead",
     JOB: "on Kubernetes a background job cannot get a GPU slice: it would run in your server's pod, which cannot "
          "gain a device; an administrator can run jobs in Kubernetes Jobs of their own "
          "(c.GpuAllocService.job_pods = True)",
+}
+# Why a running kernel gets no slice where GPU kernels run in kernel pods of their own.
+IN_A_KERNEL_POD = {
+    KERNEL: "on Kubernetes a running kernel cannot get a GPU slice: a running pod cannot gain a device; start a "
+            "GPU kernel instead (a kernel named \"(GPU ...)\", e.g. from Kernel > Change Kernel): it runs in a "
+            "pod of its own with its slice, a new kernel whose variables start empty",
 }
 
 
@@ -168,15 +175,16 @@ class Scheduler:
     def submit(self, user: str, holder: str, spec: SliceSpec,
                priority: PriorityClass = PriorityClass.INTERACTIVE, *, now: float,
                groups: Sequence[str] = (), preemptible: bool | None = None, wait: bool = True,
-               lease_id: str | None = None, idle_timeout: float | None = None) -> Lease:
-        """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait).
+               lease_id: str | None = None, idle_timeout: float | None = None, own_pod: bool = False) -> Lease:
+        """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait). `own_pod`:
+        the holder will run in a pod made for the lease (a kernel pod), so no kind of holder is refused.
 
         O(the user's and its groups' leases) for the holder and quota checks, O(1) for its plans
         (after the first lease of the spec), one placement search (see `_find_fit`) and the store's
         write; a request that waits adds O(queue) for its position and a scheduling pass (`_schedule`)."""
         check_holder(holder)
         check_name(user, "user")
-        refused = self.refused_holders().get(parse_holder(holder).kind)
+        refused = None if own_pod else self.refused_holders().get(parse_holder(holder).kind)
         if refused:
             raise SpecError("holder", refused)
         for active in self._book.active.of_user(user):
@@ -471,7 +479,8 @@ class Scheduler:
         on a backend that cannot give a running process a device, those not run in pods of their own."""
         if self.backend.serves_running_processes:
             return {}
-        return {kind: why for kind, why in NOT_IN_A_POD.items() if kind not in self.own_pod_holders}
+        refused = {kind: why for kind, why in NOT_IN_A_POD.items() if kind not in self.own_pod_holders}
+        return {**refused, **{kind: IN_A_KERNEL_POD[kind] for kind in self.own_pod_holders & IN_A_KERNEL_POD.keys()}}
 
     def _offers(self) -> list[dict]:
         """The configured offers, or without any, those derived from the fleet."""

@@ -392,10 +392,12 @@ class GpuAllocExtension(ExtensionApp):
 
     async def _install_kernelspecs(self) -> None:
         try:
-            offers = await self.client.offers()
+            sheet = await self.client.offer_sheet()
         except GpuAllocError as err:
             self.log.warning("gpualloc: no GPU kernelspecs installed, the offers are unavailable: %s", err)
             return
+        offers = sheet["offers"]
+        self.kernel_link.kernel_pods = bool(sheet.get("kernel_pods"))  # GPU kernels run in pods of their own
         names = install_kernelspecs(offers, prefix=self.kernelspec_prefix or os.environ.get("CONDA_PREFIX")
                                     or sys.prefix)
         self.log.info("gpualloc: installed kernelspecs %s", ", ".join(names))

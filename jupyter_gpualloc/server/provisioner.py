@@ -11,6 +11,13 @@ slice starts without one); once its process has ended, at shutdown, the kernel i
 (`holders_gone`): its lease ends and its slice, ended or not, returns to the pool. Waiting for a queued slice is an
 async long-poll, so the server's event loop keeps running; past `wait_timeout` the kernel start
 fails with a message saying so.
+
+Where GPU kernels run in pods of their own (Kubernetes: the service's `kernel_pods`, learnt from
+its offers), a kernel asking for a slice is not started here: its command line, env and
+connection key go to the service (`POST /kernels/{id}/pod`), which makes its pod once the slice is
+granted; the start waits, logging its place in the queue, then connects to the pod's IP. Its
+shutdown ends the lease and the pod; its process is the pod (polled through the service).
+Interrupting such a kernel is not supported (no signal reaches another pod).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class KernelLink:
     events_url: str = ""  # the server's relay of the service's events (server/relay.py); empty: none
     # embedded mode, at server stop: the API is not served any more, the extension releases kernels' leases in-process
     released_by_server: bool = False
+    kernel_pods: bool = False  # GPU kernels run in pods of their own, made by the service (Kubernetes)
 
     @classmethod
     def from_environment(cls) -> "KernelLink":
@@ -100,10 +108,16 @@ class GpuAllocProvisioner(LocalProvisioner):
     ).tag(config=True)
 
     lease_id: str | None = None
+    in_pod: bool = False  # this kernel runs in a pod of its own
+    pod_state: str = ""  # its pod's last state: queued, starting, running, ended
 
     @property
     def holder(self) -> str:
         return kernel_holder(self.kernel_id)
+
+    @property
+    def has_process(self) -> bool:
+        return self.pod_state in ("queued", "starting", "running") if self.in_pod else super().has_process
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
@@ -119,6 +133,9 @@ class GpuAllocProvisioner(LocalProvisioner):
             env["GPUALLOC_KERNEL_NAME"] = getattr(self.parent, "kernel_name", "") or "python3"
         if any("ipykernel" in part for part in kwargs.get("cmd", ())):
             kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]  # %gpu is there from the start
+        if self.spec and link.kernel_pods:
+            self.in_pod = True
+            return kwargs  # launch_kernel asks the service for its pod
         try:
             lease = await self._active_lease(link)
         except GpuAllocError as err:
@@ -142,6 +159,100 @@ class GpuAllocProvisioner(LocalProvisioner):
             self.log.info("kernel %s: GPU slice %s (lease %s)", self.kernel_id,
                           lease["slice"]["visible_devices"], lease["id"])
         return kwargs
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
+        if not self.in_pod:
+            return await super().launch_kernel(cmd, **kwargs)
+        link = current_link()
+        connection = self.parent.get_connection_info()
+        key = connection["key"].decode() if isinstance(connection["key"], bytes) else connection["key"]
+        ports = {name: connection[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port",
+                                                     "hb_port")}
+        argv = ["{connection_file}" if part == self.parent.connection_file else part for part in cmd]
+        env = {k: v for k, v in kwargs.get("env", {}).items() if k.startswith("GPUALLOC_")}
+        request = {"spec": self.spec, "server": link.client.server, "priority": self.priority, "argv": argv,
+                   "env": env, "workdir": kwargs.get("cwd") or "",
+                   "connection": {"key": key, "signature_scheme": connection["signature_scheme"], **ports}}
+        if self.idle_timeout is not None:
+            request["idle_timeout"] = self.idle_timeout
+        pod = await link.client.request_kernel_pod(self.kernel_id, request)
+        self.pod_state = pod["state"]
+        pod = await self._wait_for_pod(link, pod)
+        self.lease_id = pod["lease"]["id"]
+        if link.monitor is not None:
+            link.monitor.attach(self.kernel_id, pod["lease"])
+        self.log.info("kernel %s: runs in pod %s at %s (lease %s)", self.kernel_id, pod.get("pod"), pod["ip"],
+                      self.lease_id)
+        return {**connection, "ip": pod["ip"], "transport": "tcp"}
+
+    async def _wait_for_pod(self, link: KernelLink, pod: dict) -> dict:
+        """Until the kernel's pod runs: its place in the queue is logged; past the wait timeout in the
+        queue the request is withdrawn and the start fails saying so."""
+        timeout = self.wait_timeout if self.wait_timeout is not None else link.wait_timeout
+        deadline, said = time.monotonic() + timeout, None
+        what = self.offer or self.spec
+        while pod["state"] != "running":
+            if pod["state"] == "ended":
+                self.pod_state = "ended"
+                raise SliceWaitTimeout(f"The GPU kernel's pod ({what}) did not start: {pod.get('reason', '')}")
+            if pod["state"] == "queued" and time.monotonic() > deadline:
+                await self._end_pod(link)
+                raise SliceWaitTimeout(
+                    f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
+                    f"It was number {pod.get('position')} in the queue; try again later or pick a smaller slice.")
+            where = f"waiting for a GPU slice: position {pod['position']}" if pod["state"] == "queued" \
+                else f"waiting for its pod {pod.get('pod') or ''} to start {pod.get('reason') or ''}".rstrip()
+            if where != said:
+                self.log.info("kernel %s: %s", self.kernel_id, where)
+                said = where
+            await asyncio.sleep(POLL_SECONDS)
+            pod = await link.client.kernel_pod(self.kernel_id)
+            self.pod_state = pod["state"]
+        return pod
+
+    async def _end_pod(self, link: KernelLink) -> None:
+        try:
+            await link.client.end_kernel_pod(self.kernel_id)
+        except NotFound:
+            pass
+        self.pod_state = "ended"
+
+    async def poll(self) -> int | None:
+        if not self.in_pod:
+            return await super().poll()
+        link = current_link()
+        if self.pod_state != "ended" and link is not None:
+            try:
+                self.pod_state = (await link.client.kernel_pod(self.kernel_id))["state"]
+            except NotFound:
+                self.pod_state = "ended"
+            except GpuAllocError:  # the service does not answer now: the kernel is taken to be alive
+                return None
+        return None if self.pod_state != "ended" else 1
+
+    async def wait(self) -> int | None:
+        if not self.in_pod:
+            return await super().wait()
+        while (status := await self.poll()) is None:
+            await asyncio.sleep(POLL_SECONDS)
+        return status
+
+    async def send_signal(self, signum: int) -> None:
+        if not self.in_pod:
+            return await super().send_signal(signum)
+        self.log.warning("kernel %s runs in a pod of its own: signal %d is not passed on", self.kernel_id, signum)
+
+    async def kill(self, restart: bool = False) -> None:
+        if not self.in_pod:
+            return await super().kill(restart)
+        link = current_link()
+        if link is not None:
+            await self._end_pod(link)
+
+    async def terminate(self, restart: bool = False) -> None:
+        if not self.in_pod:
+            return await super().terminate(restart)
+        await self.kill(restart)
 
     async def _active_lease(self, link: KernelLink) -> dict | None:
         """The kernel's queued or granted lease, however it was obtained."""
@@ -177,11 +288,17 @@ class GpuAllocProvisioner(LocalProvisioner):
             pass  # it ended already (expired, or released by the user)
 
     async def cleanup(self, restart: bool = False) -> None:
-        """At shutdown, its process ended: report the kernel gone; a restart keeps its lease."""
+        """At shutdown, its process ended: report the kernel gone; a restart keeps its lease. A kernel in
+        a pod of its own has ended its pod's lease (kill); the pod's end returns the slice."""
         await super().cleanup(restart=restart)
+        link = current_link()
+        if self.in_pod:
+            if link is not None and link.monitor is not None:
+                link.monitor.detach(self.kernel_id)
+            self.lease_id, self.in_pod = None, restart
+            return
         if restart:
             return
-        link = current_link()
         if link is None:
             return
         if link.monitor is not None:
@@ -199,8 +316,10 @@ class GpuAllocProvisioner(LocalProvisioner):
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()
         info["lease_id"] = self.lease_id
+        info["in_pod"] = self.in_pod
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
         self.lease_id = provisioner_info.get("lease_id")
+        self.in_pod = bool(provisioner_info.get("in_pod"))

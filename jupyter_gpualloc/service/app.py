@@ -34,7 +34,7 @@ from traitlets.config import Application
 from ..core.devices import BACKENDS
 from ..core.devices.base import DeviceError, DeviceUnavailable
 from ..core.devices.kubernetes import KubernetesBackend
-from ..core.holders import JOB
+from ..core.holders import JOB, KERNEL
 from ..core.policy import SchedulerPolicy
 from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
@@ -43,6 +43,8 @@ from .auth import ADMIN_SCOPE, HubAuthenticator, JobTokenAuthenticator, TokenAut
 from .checkpoint import WalCheckpointer
 from .cluster import ClusterReconciler
 from .job_pods import JobPods
+from .kernel_pods import KERNEL_POD_ROUTES, KernelPods
+from .user_pods import UserPods
 from .events import REPLAY_SIZE, AuditLog, EventBroker
 from .jobs import JOB_ROUTES
 from .reservations import RESERVATION_ROUTES
@@ -76,6 +78,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/usage/efficiency", EfficiencyHandler, "usage_efficiency"),
     ("/leases/{lease_id}/utilization", UtilizationHandler, "utilization"),
     *RESERVATION_ROUTES,
+    *KERNEL_POD_ROUTES,
 ]
 
 
@@ -229,7 +232,7 @@ class GpuAllocService(Application):
     jupyter-gpualloc serve --port 8765 --fleet fleet.yaml --db sqlite:///gpualloc.sqlite -f gpualloc_config.py
     jupyter-gpualloc serve --help-all
     """
-    classes = [SchedulerPolicy, JobPods, HubOAuth]
+    classes = [SchedulerPolicy, JobPods, UserPods, HubOAuth]
     aliases = {
         "f": "GpuAllocService.config_file", "config": "GpuAllocService.config_file",
         "ip": "GpuAllocService.ip", "port": "GpuAllocService.port",
@@ -313,8 +316,13 @@ class GpuAllocService(Application):
         False, help="""With the kubernetes backend: run each background job's attempt in a Kubernetes Job
         of its own, made from the submitting server's pod with the lease's GPU resources (a server pod
         cannot gain a device, so without this GPU jobs are refused there). Jobs then outlive their
-        owner's server. Configure the pods with c.JobPods (service_url, tolerations, resources); the
+        owner's server. Configure them with c.JobPods (service_url) and c.UserPods (resources); the
         service's service account needs hub_config/gpualloc-rbac.yaml's Role.""",
+    ).tag(config=True)
+    kernel_pods = Bool(
+        False, help="""With the kubernetes backend: run each GPU kernel (a kernelspec asking for a slice) in a
+        pod of its own, made from its user's server pod with the lease's GPU resources and owned by the
+        server pod; the server's provisioner asks for it. Without it GPU kernels are refused there.""",
     ).tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
@@ -423,13 +431,17 @@ class GpuAllocService(Application):
                                              pod_missing_timeout=self.pod_missing_timeout)
             self.metrics.cluster_stale.set_function(
                 lambda: 0.0 if self.cluster.stale_since is None else time.time() - self.cluster.stale_since)
-        self.job_runner_pods = None
+        self.job_runner_pods = self.gpu_kernel_pods = None
+        if (self.job_pods or self.kernel_pods) and self.cluster is None:
+            raise TraitError("GpuAllocService.job_pods and kernel_pods need the kubernetes backend")
+        user_pods = UserPods(parent=self)
         if self.job_pods:
-            if self.cluster is None:
-                raise TraitError("GpuAllocService.job_pods needs the kubernetes backend")
-            self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, clock=time.time, parent=self)
+            self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time, parent=self)
             self.cluster.job_pods = self.job_runner_pods
-            self.scheduler.own_pod_holders = frozenset({JOB})
+        if self.kernel_pods:
+            self.gpu_kernel_pods = KernelPods(self.scheduler, self.cluster.watch, user_pods, clock=time.time)
+        self.scheduler.own_pod_holders = frozenset(
+            kind for kind, on in ((JOB, self.job_pods), (KERNEL, self.kernel_pods)) if on)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))
         self.hub_auth = None
         if hub_mode:
@@ -446,6 +458,7 @@ class GpuAllocService(Application):
             metrics=self.metrics, authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
             authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster, job_pods=self.job_runner_pods,
+            kernel_pods=self.gpu_kernel_pods,
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
         self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret, self.trusted_proxies)
@@ -488,8 +501,9 @@ class GpuAllocService(Application):
         activity.stop()
         self.write_activity()
         server.stop()
-        if self.job_runner_pods is not None:
-            await self.job_runner_pods.close()
+        for pods in (self.job_runner_pods, self.gpu_kernel_pods):
+            if pods is not None:
+                await pods.close()
         if self.cluster is not None:
             await self.cluster.close()
         self.broker.close()

@@ -61,6 +61,7 @@ class ServiceContext:
     group: GroupCommit | None = None  # lease changes of one IOLoop turn in one transaction
     cluster: Any = None  # service.cluster.ClusterReconciler with the kubernetes backend: the cluster's view
     job_pods: Any = None  # service.job_pods.JobPods when jobs run in Kubernetes Jobs of their own
+    kernel_pods: Any = None  # service.kernel_pods.KernelPods when GPU kernels run in pods of their own
 
     def __post_init__(self) -> None:
         if self.group is None:
@@ -306,7 +307,8 @@ class OffersHandler(ApiHandler):
         """The caller's offers, each with how often a time-boxed lease on it may be extended and the
         usage quota (if any) that would refuse it now; and the kinds of holder that get no slice here, with why."""
         offers = self.scheduler.offers(self.identity.user, self.identity.groups, now=self.ctx.clock())
-        self.write_json({"offers": offers, "refused_holders": self.scheduler.refused_holders()})
+        self.write_json({"offers": offers, "refused_holders": self.scheduler.refused_holders(),
+                         "kernel_pods": self.ctx.kernel_pods is not None})
 
 
 class LeasesHandler(ApiHandler):

@@ -3,10 +3,8 @@
 A running pod cannot gain a device, so on Kubernetes a job does not run in its owner's server pod.
 When `c.GpuAllocService.job_pods` is on:
 
-- At submit the service copies the submitting server's pod (from the cluster watch's view: image,
-  env, volumes and mounts, so the home directory and the notebook's folder are where they were,
-  security context, pull secrets, CPU and memory) into the job's record (runner 'pod'), so a job
-  queued now still starts after its owner's server stopped.
+- At submit the service copies the submitting server's pod (service/user_pods.py) into the job's
+  record (runner 'pod'), so a job queued now still starts after its owner's server stopped.
 - Once the job's lease is granted, the service creates a Job from that copy, with the lease's GPU
   resources, node affinity to the lease's node, the GPU tolerations, `backoffLimit: 0` (retries
   are the core's), `ttlSecondsAfterFinished`, `terminationGracePeriodSeconds = preempt_grace`, no
@@ -28,33 +26,20 @@ import logging
 import secrets
 from typing import Any, Callable, Mapping
 
-from traitlets import Dict, Int, List, Unicode
+from traitlets import Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from ..core.devices.kubernetes import JOB_LABEL, LEASE_LABEL, OwnPod, node_affinity, resource_limits
+from ..core.devices.kubernetes import JOB_LABEL, LEASE_LABEL, OwnPod
 from ..core.errors import NotFound, SchedulerError, StoreFailed
-from ..core.holders import SERVER, job_of
+from ..core.holders import job_of
 from ..core.jobs import POD_RUNNER, Jobs
 from ..core.model import Event, Job, JobState, LeaseState, SpecError
-from ..lease_env import SLICE_ENV_NAMES, slice_env
 from .auth import job_token
+from .user_pods import UserPods, api_message
 
 log = logging.getLogger(__name__)
 
-HUB_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the user's name, unescaped
-HUB_SERVER = "hub.jupyter.org/servername"  # and the server's name ('' for the default server)
 TOKEN_KEY = "token"
-# what a job's pod does not take from its owner's server's env: the server's own hub credentials and
-# URLs (revoked when it stops), and its slice (the job's lease gives its own)
-_NOT_COPIED_ENV = ("JUPYTERHUB_", "JPY_")
-_COPIED_POD_FIELDS = ("volumes", "securityContext", "imagePullSecrets", "tolerations", "priorityClassName",
-                      "schedulerName", "dnsPolicy", "dnsConfig", "hostAliases")
-_COPIED_CONTAINER_FIELDS = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "workingDir",
-                            "securityContext")
-
-
-class NoServerPod(SpecError):
-    """The submitting server has no pod to copy (it is not running on this cluster)."""
 
 
 class JobPods(LoggingConfigurable):
@@ -73,29 +58,9 @@ class JobPods(LoggingConfigurable):
         3600, help="""Seconds a finished Job is kept by Kubernetes (ttlSecondsAfterFinished) when the
         service did not delete it itself (it was down when the lease ended).""",
     ).tag(config=True)
-    mig_strategy = Unicode(
-        "mixed", help="The NVIDIA device plugin's MIG strategy, as GPUKubeSpawner.gpu_mig_strategy.",
-    ).tag(config=True)
-    gpu_resource = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
-    shared_resources = Dict(
-        {"nvidia.com/gpu.shared": "1"},
-        help="Extended resources requested for a shared slice, as GPUKubeSpawner.gpu_shared_resources.",
-    ).tag(config=True)
-    node_label = Unicode(
-        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
-    ).tag(config=True)
-    pod_annotations = Dict(
-        {}, help="""Annotations put on every job's pod, e.g. {"cluster-autoscaler.kubernetes.io/safe-to-evict":
-        "false"}.""",
-    ).tag(config=True)
-    tolerations = List(
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        help="Tolerations added to job pods (GPU nodes are often tainted).",
-    ).tag(config=True)
-
-    def __init__(self, jobs: Jobs, watch: Any, *, clock: Callable[[], float], **kwargs: Any):
+    def __init__(self, jobs: Jobs, watch: Any, pods: UserPods, *, clock: Callable[[], float], **kwargs: Any):
         super().__init__(**kwargs)
-        self.jobs, self.scheduler, self.watch, self.clock = jobs, jobs.scheduler, watch, clock
+        self.jobs, self.scheduler, self.watch, self.pods, self.clock = jobs, jobs.scheduler, watch, pods, clock
         self._creating: set[str] = set()  # leases whose Job is being created
         self._made: set[str] = set()  # leases whose Job exists (made or found)
         self._tasks: set[asyncio.Task] = set()
@@ -104,12 +69,7 @@ class JobPods(LoggingConfigurable):
     # ------------------------------------------------------------- at submit
     def pod_template(self, user: str, runner: str) -> dict[str, Any]:
         """What a job's pod takes from the submitting server's pod (runner: 'server' or 'server:<name>')."""
-        server_name = runner.partition(":")[2] if runner != SERVER else ""
-        pods = [p for p in self.watch.pods() if is_server_pod(p, user, server_name)]
-        if not pods:
-            raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
-                                        "to run the job from: start the server, then submit the job")
-        return pod_template(max(pods, key=_created))
+        return self.pods.server_template(self.watch.pods(), user, runner)
 
     # ------------------------------------------------------------ the leases
     def tick(self) -> None:
@@ -207,7 +167,7 @@ class JobPods(LoggingConfigurable):
         except ApiException as err:
             if err.status in (400, 403, 404, 422):  # this Job can never be made: the attempt fails
                 self._fail_attempt(self.jobs.job(job.id), f"its Kubernetes Job could not be created: "
-                                                          f"{err.status} {_api_message(err)}")
+                                                          f"{err.status} {api_message(err)}")
             else:  # the API server is unreachable or busy: the next tick tries again
                 log.warning("job %s: creating its Kubernetes Job failed, retrying: %s", job.id, err)
         except (SchedulerError, StoreFailed, OSError, asyncio.TimeoutError) as err:
@@ -255,33 +215,17 @@ class JobPods(LoggingConfigurable):
     def job_manifest(self, job: Job, lease: Mapping[str, Any]) -> dict[str, Any]:
         """The batch/v1 Job of one attempt of `job` on granted `lease`."""
         template = job.pod or {}
-        slice_ = lease["slice"]
         name = job_name(job.id, lease["id"])
-        labels = {**template.get("labels", {}), LEASE_LABEL: lease["id"], JOB_LABEL: job.id,
-                  "app.kubernetes.io/managed-by": "jupyter-gpualloc", "app.kubernetes.io/component": "job"}
-        container = dict(template.get("container") or {})
-        service_url = self.service_url or _env_value(container.get("env", []), "GPUALLOC_URL")
-        env = [e for e in container.get("env", []) if e.get("name") not in SLICE_ENV_NAMES]
-        env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=service_url,
-                                                              visible_devices=False).items()]
-        env += [{"name": "GPUALLOC_JOB_ID", "value": job.id},
-                {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}}}]
-        resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
-        gpus = resource_limits(slice_, mig_strategy=self.mig_strategy, shared_resources=self.shared_resources,
-                               gpu_resource=self.gpu_resource)
-        resources["limits"] = {**resources.get("limits", {}), **gpus}
-        pod_spec = {**template.get("spec", {}),
-                    "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": int(self.jobs.policy.preempt_grace),
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [node_affinity(slice_["node"], self.node_label)]}}},
-                    "tolerations": [*template.get("spec", {}).get("tolerations", []), *self.tolerations],
-                    "containers": [{**container, "name": "job", "command": [*self.command, job.id],
-                                    "workingDir": job.workdir, "env": env, "resources": resources}]}
+        labels = self.pods.labels(template, "job", **{LEASE_LABEL: lease["id"], JOB_LABEL: job.id})
+        env = [{"name": "GPUALLOC_JOB_ID", "value": job.id},
+               {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}}}]
+        pod_spec = self.pods.pod_spec(template, lease, container="job", command=[*self.command, job.id],
+                                      working_dir=job.workdir, env=env, service_url=self.service_url,
+                                      grace_seconds=int(self.jobs.policy.preempt_grace))
         return {"apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": name, "namespace": template.get("namespace", "default"), "labels": labels},
                 "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
-                         "template": {"metadata": {"labels": labels, "annotations": dict(self.pod_annotations)},
+                         "template": {"metadata": {"labels": labels, "annotations": dict(self.pods.pod_annotations)},
                                       "spec": pod_spec}}}
 
 
@@ -290,48 +234,3 @@ def job_name(job_id: str, lease_id: str) -> str:
     return f"gpualloc-job-{job_id}-{lease_id}".lower()
 
 
-def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What a job's pod copies from a server's pod (a Pod object as the API returns it)."""
-    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    containers = spec.get("containers") or [{}]
-    server = next((c for c in containers if c.get("name") == "notebook"), containers[0])
-    container = {k: server[k] for k in _COPIED_CONTAINER_FIELDS if k in server}
-    container["env"] = [e for e in server.get("env") or []
-                        if not e.get("name", "").startswith(_NOT_COPIED_ENV) and e.get("name") != "GPUALLOC_TOKEN"]
-    resources = server.get("resources") or {}
-    return {
-        "namespace": metadata.get("namespace", "default"),
-        "server_pod": metadata.get("name", ""),
-        "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("hub.jupyter.org/")},
-        "container": container,
-        "resources": {kind: {k: v for k, v in (resources.get(kind) or {}).items() if k in ("cpu", "memory")}
-                      for kind in ("requests", "limits") if resources.get(kind)},
-        "spec": {k: spec[k] for k in _COPIED_POD_FIELDS if k in spec},
-    }
-
-
-def is_server_pod(pod: Mapping[str, Any], user: str, server_name: str) -> bool:
-    """Whether `pod` is KubeSpawner's pod of `user`'s server `server_name` ('' the default one), running."""
-    metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    return (annotations.get(HUB_USER) == user and annotations.get(HUB_SERVER, "") == server_name
-            and (metadata.get("labels") or {}).get("component") == "singleuser-server"
-            and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
-            and not metadata.get("deletionTimestamp"))
-
-
-def _created(pod: Mapping[str, Any]) -> str:
-    """Where a server has several pods (one replacing another), the newest is the server's."""
-    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
-
-
-def _env_value(env: list[Mapping[str, Any]], name: str) -> str:
-    return next((str(e.get("value", "")) for e in env if e.get("name") == name), "")
-
-
-def _api_message(err: Exception) -> str:
-    import json
-    try:
-        return json.loads(getattr(err, "body", "") or "{}").get("message") or str(err)
-    except ValueError:
-        return str(err)

@@ -207,7 +207,10 @@ SCHEMAS: dict[str, Any] = {
                             "additionalProperties": {"type": "string"},
                             "description": ("Each kind of holder that gets no slice on this backend, with why and "
                                             "what would enable it (on Kubernetes: kernels, and jobs unless the "
-                                            "service runs them in Kubernetes Jobs); empty where every kind can.")}}},
+                                            "service runs them in Kubernetes Jobs); empty where every kind can.")},
+        "kernel_pods": {"type": "boolean", "description": (
+            "Whether GPU kernels (kernelspecs asking for a slice) run in kernel pods of their own, which "
+            "their server's provisioner asks for at /kernels/{kernel_id}/pod (Kubernetes).")}}},
     "Health": {"type": "object", "required": ["status"],
                "properties": {"status": {"const": "ok"}, "version": {"type": "string"},
                               "backend": {"type": "string"}, "gpus": {"type": "integer"},
@@ -247,7 +250,7 @@ STORE_OPERATIONS = {
     ("/gpus/{gpu_uuid}/drain", "delete"), ("/metrics", "get"), ("/usage", "get"), ("/usage/efficiency", "get"),
     ("/jobs", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "delete"),
     ("/jobs/{job_id}/log", "get"), ("/jobs/{job_id}/rerun", "post"), ("/jobs/{job_id}/start", "post"),
-    ("/jobs/{job_id}/finish", "post"),
+    ("/jobs/{job_id}/finish", "post"), ("/kernels/{kernel_id}/pod", "post"), ("/kernels/{kernel_id}/pod", "delete"),
 }
 
 OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -489,6 +492,60 @@ OPERATIONS.update({
     },
 })
 
+
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+SCHEMAS.update({
+    "KernelPodRequest": {
+        "type": "object", "required": ["spec", "argv", "connection"], "additionalProperties": False,
+        "properties": {
+            "spec": _ref("SliceSpec"), "server": RUNNER,
+            "priority": {"enum": ["interactive", "batch"], "default": "interactive"},
+            "idle_timeout": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
+            "argv": {"type": "array", "minItems": 1, "maxItems": 100, "items": {"type": "string", "maxLength": 4096},
+                     "description": "The kernel's command line; '{connection_file}' is where its connection file goes."},
+            "env": {"type": "object", "maxProperties": 50,
+                    "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]{0,127}$"},
+                    "additionalProperties": {"type": "string", "maxLength": 4096},
+                    "description": "Added to the kernel's env (from a Secret): the kernel's link to the service."},
+            "workdir": {"type": "string", "maxLength": 4096, "description": "The kernel's working directory."},
+            "connection": {
+                "type": "object", "required": ["key", "signature_scheme", "shell_port", "iopub_port", "stdin_port",
+                                               "control_port", "hb_port"], "additionalProperties": False,
+                "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 256},
+                               "signature_scheme": {"enum": ["hmac-sha256"]}, "kernel_name": {"type": "string"},
+                               "shell_port": _PORT, "iopub_port": _PORT, "stdin_port": _PORT,
+                               "control_port": _PORT, "hb_port": _PORT}},
+        },
+    },
+    "KernelPod": {
+        "type": "object", "required": ["kernel_id", "state"],
+        "properties": {"kernel_id": {"type": "string"},
+                       "state": {"enum": ["queued", "starting", "running", "ended"]},
+                       "position": {"type": ["integer", "null"]}, "ip": {"type": ["string", "null"]},
+                       "pod": {"type": ["string", "null"]}, "reason": {"type": "string"},
+                       "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]}},
+    },
+})
+KERNEL_ID = {"name": "kernel_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64,
+                                                                             "pattern": "^[A-Za-z0-9-]+$"}}
+_KERNEL_404 = _error("No such kernel pod request of the caller's, or kernel pods are off.")
+OPERATIONS.update({
+    "/kernels/{kernel_id}/pod": {
+        "parameters": [KERNEL_ID],
+        "post": {"summary": "A GPU kernel's pod (Kubernetes): queue its lease; once granted its pod is made.",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("KernelPodRequest")}}},
+                 "responses": {"201": _json(_ref("KernelPod"), "Queued, or its pod on the way."),
+                               "400": _error("Bad input; `field` names it (no running server pod: `runner`)."),
+                               "401": AUTH_ERRORS["401"], "404": _KERNEL_404,
+                               "409": _error("The kernel has a lease already.")}},
+        "get": {"summary": "Where the kernel's pod is: queued (position), starting, running (its IP), ended (why).",
+                "responses": {"200": _json(_ref("KernelPod"), "The kernel's pod."), "401": AUTH_ERRORS["401"],
+                              "404": _KERNEL_404}},
+        "delete": {"summary": "The kernel shut down (or its start was cancelled): its lease ends, then its pod.",
+                   "responses": {"200": _json(_ref("KernelPod"), "Ended."), "401": AUTH_ERRORS["401"],
+                                 "404": _KERNEL_404}},
+    },
+})
 
 SCHEMAS.update({
     "UsageQuota": {

@@ -3,7 +3,7 @@
 kwok runs no process in a pod, so where a pod would run `jupyter-gpualloc job run ID` the test runs
 that command itself, with the pod's env as the API server holds it (the job's token read from the
 Secret the service made): a real runner, a real kernel, the job's real notebook in its workdir.
-The pods carry kwok's phase annotation (c.JobPods.pod_annotations), so a pod stays Running until
+The pods carry kwok's phase annotation (c.UserPods.pod_annotations), so a pod stays Running until
 the test ends it, as the kubelet would when its process exits; deleting a pod does not signal the
 test's runner, so the test sends SIGTERM to it as the kubelet would.
 """
@@ -11,6 +11,7 @@ test's runner, so the test sends SIGTERM to it as the kubelet would.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import pickle
 import signal
@@ -40,15 +41,15 @@ c.SchedulerPolicy.preempt_grace = {PREEMPT_GRACE}
 c.GpuAllocService.tick_interval = 0.5
 c.GpuAllocService.pod_missing_timeout = 30
 c.GpuAllocService.job_pods = True
-c.JobPods.pod_annotations = {{"{PHASE}": "Running"}}
+c.UserPods.pod_annotations = {{"{PHASE}": "Running"}}
 """
 
 
 class JobPodService(ServiceProcess):
     """The service with the kubernetes backend and jobs in Kubernetes Jobs."""
 
-    def __init__(self, workdir: Path, kubeconfig: str):
-        super().__init__(workdir, config=CONFIG)
+    def __init__(self, workdir: Path, kubeconfig: str, config: str = ""):
+        super().__init__(workdir, config=CONFIG + config)
         self.kubeconfig = kubeconfig
 
     def command(self) -> list[str]:
@@ -74,9 +75,21 @@ OWN_NODES = {"gpu-l4-jobs": "gpu-l4-1", "gpu-h100-jobs": "gpu-h100-mig-1", "gpu-
 
 @pytest.fixture(scope="module")
 def service(k8s_cluster, tmp_path_factory):
+    with own_nodes(k8s_cluster, OWN_NODES):
+        svc = JobPodService(tmp_path_factory.mktemp("service-job-pods"), k8s_cluster.kubeconfig).start()
+        try:
+            wait_for_nodes(svc, OWN_NODES)
+            yield svc
+        finally:
+            svc.kill()
+
+
+@contextlib.contextmanager
+def own_nodes(k8s_cluster, copies: dict[str, str]):
+    """Nodes named as `copies`' keys, each a copy of the demo fleet's node its value names."""
     async def add(api):
         core = client.CoreV1Api(api)
-        for name, model in OWN_NODES.items():
+        for name, model in copies.items():
             raw = await (await core.read_node(model, _preload_content=False)).json()
             await core.create_node({
                 "apiVersion": "v1", "kind": "Node",
@@ -85,18 +98,19 @@ def service(k8s_cluster, tmp_path_factory):
                 "spec": {}, "status": {"allocatable": raw["status"]["allocatable"], "capacity": raw["status"]["capacity"]}})
 
     async def remove(api):
-        for name in OWN_NODES:
+        for name in copies:
             await client.CoreV1Api(api).delete_node(name)
 
     k8s_cluster.run(add)
-    svc = JobPodService(tmp_path_factory.mktemp("service-job-pods"), k8s_cluster.kubeconfig).start()
     try:
-        wait_for(lambda: set(OWN_NODES) <= {n["name"] for n in svc.call("GET", "inventory", token=ROOT).json()["nodes"]
-                                            if n["unschedulable"] is None}, what="the module's nodes in the inventory")
-        yield svc
+        yield
     finally:
-        svc.kill()
         k8s_cluster.run(remove)
+
+
+def wait_for_nodes(service, names) -> None:
+    wait_for(lambda: set(names) <= {n["name"] for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]
+                                    if n["unschedulable"] is None}, what="the module's nodes in the inventory")
 
 
 def server_pod(service, user: str, home: Path, server_name: str = "") -> dict:

@@ -231,6 +231,7 @@ class OwnPod:
     unschedulable_since: float | None = None
     job_id: str | None = None
     ended: str = ""
+    ip: str | None = None
 
     @property
     def key(self) -> str:
@@ -251,7 +252,7 @@ def own_pod(pod: Mapping[str, Any]) -> OwnPod | None:
                   scheduled.get("message") or "unschedulable" if refused else None,
                   _timestamp(scheduled.get("lastTransitionTime")) if refused else None,
                   (metadata.get("labels") or {}).get(JOB_LABEL),
-                  _why_ended(status) if phase in ("Succeeded", "Failed") else "")
+                  _why_ended(status) if phase in ("Succeeded", "Failed") else "", status.get("podIP"))
 
 
 def _why_ended(status: Mapping[str, Any]) -> str:

@@ -1,0 +1,151 @@
+"""The pods the service makes for a user's slice: a copy of the user's server pod with the lease's GPU.
+
+A running pod cannot gain a device, so on Kubernetes a background job (service/job_pods.py) and a
+GPU kernel (service/kernel_pods.py) run in pods of their own, which the service makes for the user
+(it holds the RBAC; users and their servers get no Kubernetes API rights). Each takes from the
+user's server pod, as the cluster watch sees it (KubeSpawner's annotations name the user and the
+server): image, env without the server's own hub credentials and slice, volumes and mounts (the
+home, so files are where the notebook is), security contexts, pull secrets, CPU and memory; and
+from the lease: the device plugin's extended resources, node affinity to the lease's node and
+the GPU tolerations. No service-account token is mounted. `c.UserPods` says how the cluster names
+its GPU resources, as the spawner's `gpu_*` settings do for server pods.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from traitlets import Dict, List, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..core.devices.kubernetes import node_affinity, resource_limits
+from ..core.holders import SERVER
+from ..core.model import SpecError
+from ..lease_env import SLICE_ENV_NAMES, slice_env
+
+HUB_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the user's name, unescaped
+HUB_SERVER = "hub.jupyter.org/servername"  # and the server's name ('' for the default server)
+# what a pod of the service's does not take from the server's env: the server's own hub credentials
+# and URLs (revoked when it stops)
+_NOT_COPIED_ENV = ("JUPYTERHUB_", "JPY_")
+_COPIED_POD_FIELDS = ("volumes", "securityContext", "imagePullSecrets", "tolerations", "priorityClassName",
+                      "schedulerName", "dnsPolicy", "dnsConfig", "hostAliases")
+_COPIED_CONTAINER_FIELDS = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "workingDir",
+                            "securityContext")
+
+
+class NoServerPod(SpecError):
+    """The requesting server has no pod to copy (it is not running on this cluster)."""
+
+
+class UserPods(LoggingConfigurable):
+    """How the service's pods for a user's slice are made (see the module)."""
+
+    mig_strategy = Unicode(
+        "mixed", help="The NVIDIA device plugin's MIG strategy, as GPUKubeSpawner.gpu_mig_strategy.",
+    ).tag(config=True)
+    gpu_resource = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
+    shared_resources = Dict(
+        {"nvidia.com/gpu.shared": "1"},
+        help="Extended resources requested for a shared slice, as GPUKubeSpawner.gpu_shared_resources.",
+    ).tag(config=True)
+    node_label = Unicode(
+        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
+    ).tag(config=True)
+    tolerations = List(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        help="Tolerations added to the pods (GPU nodes are often tainted).",
+    ).tag(config=True)
+    pod_annotations = Dict(
+        {}, help="""Annotations put on every job's and kernel's pod, e.g.
+        {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}.""",
+    ).tag(config=True)
+
+    def server_template(self, pods: list[Mapping[str, Any]], user: str, server: str) -> dict[str, Any]:
+        """What a pod for `user` takes from their server's pod (server: 'server' or 'server:<name>'),
+        found among `pods` (the watch's view); NoServerPod (a 400 on `runner`) when it is not running."""
+        server_name = server.partition(":")[2] if server != SERVER else ""
+        found = [p for p in pods if is_server_pod(p, user, server_name)]
+        if not found:
+            raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
+                                        "to make the pod from: start the server, then try again")
+        return pod_template(max(found, key=_created))
+
+    def pod_spec(self, template: Mapping[str, Any], lease: Mapping[str, Any], *, container: str,
+                 command: list[str], working_dir: str, env: list[dict[str, Any]], grace_seconds: int,
+                 service_url: str = "") -> dict[str, Any]:
+        """A pod spec from `template` for granted `lease`: its container `container` runs `command`
+        in `working_dir` with the server's env, the lease's slice env (no device names: the device
+        plugin picks the devices) and `env` added; the service's URL is `service_url` or the server's."""
+        slice_ = lease["slice"]
+        copied = dict(template.get("container") or {})
+        url = service_url or env_value(copied.get("env", []), "GPUALLOC_URL")
+        container_env = [e for e in copied.get("env", []) if e.get("name") not in SLICE_ENV_NAMES]
+        container_env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=url,
+                                                                        visible_devices=False).items()]
+        resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
+        gpus = resource_limits(slice_, mig_strategy=self.mig_strategy, shared_resources=self.shared_resources,
+                               gpu_resource=self.gpu_resource)
+        resources["limits"] = {**resources.get("limits", {}), **gpus}
+        return {**template.get("spec", {}),
+                "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+                "terminationGracePeriodSeconds": grace_seconds,
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [node_affinity(slice_["node"], self.node_label)]}}},
+                "tolerations": [*template.get("spec", {}).get("tolerations", []), *self.tolerations],
+                "containers": [{**copied, "name": container, "command": command, "workingDir": working_dir,
+                                "env": container_env + env, "resources": resources}]}
+
+    def labels(self, template: Mapping[str, Any], component: str, **own: str) -> dict[str, str]:
+        """The server's hub labels (network policies select on them), the component, and `own`."""
+        return {**template.get("labels", {}), **own, "app.kubernetes.io/managed-by": "jupyter-gpualloc",
+                "app.kubernetes.io/component": component}
+
+
+def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What a pod of the service's copies from a server's pod (a Pod object as the API returns it)."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    containers = spec.get("containers") or [{}]
+    server = next((c for c in containers if c.get("name") == "notebook"), containers[0])
+    container = {k: server[k] for k in _COPIED_CONTAINER_FIELDS if k in server}
+    container["env"] = [e for e in server.get("env") or []
+                        if not e.get("name", "").startswith(_NOT_COPIED_ENV) and e.get("name") != "GPUALLOC_TOKEN"]
+    resources = server.get("resources") or {}
+    return {
+        "namespace": metadata.get("namespace", "default"),
+        "server_pod": metadata.get("name", ""),
+        "server_pod_uid": metadata.get("uid", ""),
+        "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("hub.jupyter.org/")},
+        "container": container,
+        "resources": {kind: {k: v for k, v in (resources.get(kind) or {}).items() if k in ("cpu", "memory")}
+                      for kind in ("requests", "limits") if resources.get(kind)},
+        "spec": {k: spec[k] for k in _COPIED_POD_FIELDS if k in spec},
+    }
+
+
+def is_server_pod(pod: Mapping[str, Any], user: str, server_name: str) -> bool:
+    """Whether `pod` is KubeSpawner's pod of `user`'s server `server_name` ('' the default one), running."""
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return (annotations.get(HUB_USER) == user and annotations.get(HUB_SERVER, "") == server_name
+            and (metadata.get("labels") or {}).get("component") == "singleuser-server"
+            and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+            and not metadata.get("deletionTimestamp"))
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    """Where a server has several pods (one replacing another), the newest is the server's."""
+    return (pod.get("metadata") or {}).get("creationTimestamp") or ""
+
+
+def env_value(env: list[Mapping[str, Any]], name: str) -> str:
+    return next((str(e.get("value", "")) for e in env if e.get("name") == name), "")
+
+
+def api_message(err: Exception) -> str:
+    """The API server's message of a kubernetes_asyncio ApiException."""
+    try:
+        return json.loads(getattr(err, "body", "") or "{}").get("message") or str(err)
+    except ValueError:
+        return str(err)

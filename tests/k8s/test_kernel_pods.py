@@ -1,0 +1,168 @@
+"""GPU kernels in pods of their own on the real control plane (c.GpuAllocService.kernel_pods).
+
+The kernel manager is jupyter_client's, with the project's provisioner and a GPU kernelspec made
+from the service's offers, as a user's server starts a kernel. kwok runs no process in a pod, so the
+test plays the kubelet: once the kernel's pod is Running it starts the pod's command (a real
+ipykernel) with the pod's env and the connection file from the Secret the service made, listening
+on the pod's IP (the control plane gives pods loopback addresses, 127.8.x.y, so it can), and ends
+that process when the pod is deleted. The kernel manager connects to the pod's IP and runs code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.processes import start_logged
+from tests.service.conftest import ALICE, ROOT
+
+from .test_cluster import until
+from .test_job_pods import JobPodService, own_nodes, server_pod, wait_for, wait_for_nodes
+
+client = pytest.importorskip("kubernetes_asyncio.client")
+
+KERNEL_LABEL = "gpualloc.jupyter.org/kernel"
+NODES = {"gpu-h100-kernels": "gpu-h100-mig-1"}
+MIG_1G = {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-kernels"}
+
+
+@pytest.fixture(scope="module")
+def service(k8s_cluster, tmp_path_factory):
+    with own_nodes(k8s_cluster, NODES):
+        svc = JobPodService(tmp_path_factory.mktemp("service-kernel-pods"), k8s_cluster.kubeconfig,
+                            "c.GpuAllocService.kernel_pods = True\n")
+        svc.start()
+        try:
+            wait_for_nodes(svc, NODES)
+            yield svc
+        finally:
+            svc.kill()
+
+
+@pytest.fixture
+def server(service, k8s_cluster, namespace, tmp_path):
+    """alice's CPU-only server pod (a named server of this test's), Running, her home in tmp_path."""
+    name = f"s{uuid.uuid4().hex[:8]}"
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        namespace, server_pod(service, "alice", tmp_path, server_name=name)))
+    return f"server:{name}"
+
+
+def kernel_manager(service, server: str, tmp_path: Path, spec: dict):
+    """jupyter_client's kernel manager on a GPU kernelspec for `spec`, the provisioner linked to the
+    service as alice's server `server` links it (GPU kernels in pods of their own)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    from jupyter_gpualloc.client import GpuAllocClient
+    from jupyter_gpualloc.server.kernelspecs import install_kernelspecs
+    from jupyter_gpualloc.server.provisioner import KernelLink, install_link
+
+    offer = {"name": "test-slice", "label": "1g.10gb", "spec": spec, "available": 1}
+    [name] = install_kernelspecs([offer], prefix=str(tmp_path / "prefix"))
+    gpu_client = GpuAllocClient(service.root_url, ALICE, env={"JUPYTERHUB_SERVER_NAME": server.partition(":")[2]})
+    install_link(KernelLink(gpu_client, service.root_url, ALICE, kernel_pods=True, wait_timeout=120))
+    specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "prefix" / "share" / "jupyter" / "kernels")])
+    return AsyncKernelManager(kernel_name=name, kernel_spec_manager=specs)
+
+
+async def play_the_kubelet(api, namespace: str, kernel_id: str, log: Path):
+    """Once the kernel's pod Runs: its command, with its env and connection file, at its IP."""
+    core = client.CoreV1Api(api)
+
+    async def running():
+        pods = (await core.list_namespaced_pod(namespace, label_selector=f"{KERNEL_LABEL}={kernel_id}")).items
+        return next((p for p in pods if p.status.phase == "Running" and p.status.pod_ip), None)
+
+    pod = await until(running, timeout=90, what="the kernel's pod Running")
+    secret = await core.read_namespaced_secret(pod.metadata.name, namespace)
+    data = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+    connection = {**json.loads(data["connection.json"]), "ip": pod.status.pod_ip}  # its own network's address
+    path = log.parent / f"kernel-{kernel_id}.json"
+    path.write_text(json.dumps(connection))
+    container = pod.spec.containers[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUALLOC_", "JUPYTERHUB_", "CUDA_"))}
+    for var in container.env:
+        env[var.name] = data[var.value_from.secret_key_ref.key] if var.value_from else (var.value or "")
+    mount = next(m.mount_path for m in container.volume_mounts if m.name == "gpualloc-kernel")
+    command = [str(path) if part == f"{mount}/connection.json" else part for part in container.command]
+    return pod, start_logged(command, log, cwd=container.working_dir, env=env)
+
+
+async def run_code(km, code: str) -> str:
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        out: list[str] = []
+        reply = await kc.execute_interactive(
+            code, timeout=30, output_hook=lambda m: out.append(m["content"].get("text", ""))
+            if m["msg_type"] == "stream" else None)
+        assert reply["content"]["status"] == "ok", reply
+        return "".join(out)
+    finally:
+        kc.stop_channels()
+
+
+def test_offers_say_gpu_kernels_run_in_pods_and_a_running_kernel_hears_how(service):
+    sheet = service.call("GET", "offers", token=ALICE).json()
+    assert sheet["kernel_pods"] is True
+    assert "start a GPU kernel instead" in sheet["refused_holders"]["kernel"], sheet
+    reply = service.call("POST", "leases", {"spec": MIG_1G, "holder": "kernel:k-running"}, ALICE)
+    assert reply.status == 400 and reply.json()["field"] == "holder", reply
+
+
+def test_a_gpu_kernel_starts_in_its_own_pod_queued_first_runs_code_and_its_shutdown_ends_pod_and_lease(
+        service, server, k8s_cluster, namespace, tmp_path):
+    blockers = [service.call("POST", "leases", {"spec": MIG_1G, "holder": f"server:b{i}"}, ROOT).json()
+                for i in range(4)]  # every 1g.10gb of the node's two H100s (MIG all-balanced)
+    assert [b["state"] for b in blockers] == ["granted"] * 4, blockers
+    km = kernel_manager(service, server, tmp_path, MIG_1G)
+    kernel_id = str(uuid.uuid4())
+    process = None
+
+    async def body(api):
+        nonlocal process
+        start = asyncio.ensure_future(km.start_kernel(kernel_id=kernel_id, cwd=str(tmp_path)))
+        queued = await until(lambda: _queued(service, kernel_id), what="the kernel queued")
+        assert queued["position"] == 1 and not start.done(), queued  # no launch timeout: it waits its turn
+        assert (await asyncio.to_thread(service.call, "DELETE", f"leases/{blockers[0]['id']}?holder_gone=true",
+                                        None, ROOT)).status == 200
+        pod, process = await play_the_kubelet(api, namespace, kernel_id, tmp_path / "kernel.log")
+        await asyncio.wait_for(start, 60)
+        assert pod.spec.node_name == "gpu-h100-kernels"
+        assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.10gb"] == "1"
+        assert [o.kind for o in pod.metadata.owner_references] == ["Pod"]  # the server's: it takes them along
+        assert pod.spec.automount_service_account_token is False
+        out = await run_code(km, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], os.getcwd())")
+        assert out.strip() == f"mig {tmp_path}", out
+        await km.shutdown_kernel(now=True)
+
+        async def gone():
+            pods = (await client.CoreV1Api(api).list_namespaced_pod(
+                namespace, label_selector=f"{KERNEL_LABEL}={kernel_id}")).items
+            return not pods
+        await until(gone, what="the kernel's pod deleted")
+
+    try:
+        k8s_cluster.run(body, timeout=240)
+    finally:
+        if process is not None:  # the kubelet ends the pod's process
+            process.kill()
+            process.wait(10)
+        for blocker in blockers[1:]:
+            service.call("DELETE", f"leases/{blocker['id']}?holder_gone=true", token=ROOT)
+    wait_for(lambda: service.call("GET", "leases", token=ALICE).json()["leases"] == [], what="the kernel's lease ended")
+
+
+def _queued(service, kernel_id: str):
+    async def check():
+        reply = await asyncio.to_thread(service.call, "GET", f"kernels/{kernel_id}/pod", None, ALICE)
+        return reply.json() if reply.status == 200 and reply.json()["state"] == "queued" else None
+    return check()
