@@ -427,7 +427,10 @@ class GpuAllocClient:
     async def _follow_local_log(self, job_id: str, log: Path) -> AsyncIterator[str]:
         offset, decoder = 0, codecs.getincrementaldecoder("utf-8")("replace")
         while True:
-            active = (await self.job(job_id))["state"] in ("queued", "running")
+            try:
+                active = (await self.job(job_id))["state"] in ("queued", "running")
+            except ServiceUnavailable as err:  # as a followed stream that broke
+                raise ServiceUnavailable(f"the job log from {self.url} broke: {err}") from err
             try:
                 with log.open("rb") as file:
                     file.seek(offset)

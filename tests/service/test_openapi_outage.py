@@ -41,6 +41,8 @@ def test_a_store_outage_answers_503_where_the_document_says_and_nowhere_else(tmp
             for method, operation in item.items():
                 if method == "parameters" or path == "/events":  # the stream reads nothing stored
                     continue
+                if path.startswith("/kernels/"):  # kernel pods need the kubernetes backend: off here (404)
+                    continue
                 # ids of live objects (answered from memory) and unknown ones (looked up in the store)
                 for lease_id, job_id, gpu_uuid in ((lease["id"], job["id"], gpu), ("0" * 16, "0" * 12, "GPU-none")):
                     url = path.format(lease_id=lease_id, job_id=job_id, gpu_uuid=gpu_uuid, name="ml101").lstrip("/")
