@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..core.devices.kubernetes import LEASE_LABEL
-from ..core.errors import HolderBusy, NotFound, StoreFailed
+from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from ..core.holders import kernel_holder, kernel_of
 from ..core.model import Event, LeaseState, PriorityClass, SliceSpec
 from ..core.scheduler import Scheduler
@@ -114,7 +114,7 @@ class KernelPods:
         request = self._requests[kernel_id]
         try:
             self.scheduler.release(request.lease_id, now=self.clock(), reason="kernel shut down")
-        except NotFound:
+        except (NotFound, SchedulerError):  # it ended already (idle, time limit, preempted, its pod gone)
             pass
         return {**view, "state": "ended", "reason": "kernel shut down"}
 

@@ -72,10 +72,10 @@ def test_the_rules_allow_what_the_service_needs_and_nothing_more(k8s_cluster, hu
     assert allowed(k8s_cluster, "delete", "pods", NAMESPACE)
     assert not allowed(k8s_cluster, "delete", "pods", "default")
     for verb, resource in (("create", "jobs"), ("get", "jobs"), ("delete", "jobs"), ("create", "secrets"),
-                           ("update", "secrets")):
+                           ("update", "secrets"), ("create", "pods")):
         assert allowed(k8s_cluster, verb, resource, NAMESPACE), (verb, resource)
         assert not allowed(k8s_cluster, verb, resource, "default"), (verb, resource)
-    for verb, resource in (("create", "pods"), ("patch", "nodes"), ("update", "pods"), ("get", "secrets"),
+    for verb, resource in (("patch", "nodes"), ("update", "pods"), ("get", "secrets"),
                            ("create", "pods/exec"), ("list", "secrets"), ("delete", "nodes"), ("list", "jobs"),
                            ("delete", "secrets"), ("create", "roles"), ("create", "rolebindings")):
         assert not allowed(k8s_cluster, verb, resource, NAMESPACE), (verb, resource)
