@@ -232,7 +232,7 @@ def parse_param(text: str) -> tuple[str, object]:
 def job_submit(args: argparse.Namespace, out: TextIO) -> int:
     """Queue a notebook as a background job: parameters go after its cell tagged `parameters`."""
     from .client import GpuAllocError, SyncGpuAllocClient
-    from .jobs.folder import JobFolder
+    from .job_folder import JobFolder
     from .kernel.arguments import spec_from_args
     from .kernel.sizes import InputError, parse_duration
 

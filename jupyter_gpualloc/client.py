@@ -25,7 +25,7 @@ from urllib.parse import quote, urlencode, urlparse
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
-from .jobs.folder import JobFolder
+from .job_folder import JobFolder
 from .lease_env import server_holder
 
 DEFAULT_SERVICE_NAME = "gpualloc"

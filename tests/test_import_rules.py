@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_gpualloc"
 # Each part of the package, lowest first: a part may import only the parts of lower layers.
 LAYERS = [
     {"core"},  # every decision; plain Python
-    {"lease_env"},  # a lease's environment (CUDA_VISIBLE_DEVICES, caps); standard library only
+    # a lease's environment (CUDA_VISIBLE_DEVICES, caps); where a job's files lie; standard library only
+    {"lease_env", "job_folder"},
     {"client"},  # the one client of the REST API
     {"jobs", "hub"},  # the job runner; the JupyterHub side
     {"kernel", "service"},  # inside the user's kernel; the core behind HTTP

@@ -9,7 +9,7 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from .folder import JobFolder
+from ..job_folder import JobFolder
 
 INJECTED_TAG = "injected-parameters"
 

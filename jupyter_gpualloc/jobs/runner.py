@@ -37,7 +37,7 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..client import Availability
 from ..lease_env import SLICE_ENV_NAMES, slice_env
-from .folder import INPUTS_DIR, JobFolder
+from ..job_folder import INPUTS_DIR, JobFolder
 from .notebook import job_notebook
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -20,7 +20,7 @@ from typing import Any, MutableMapping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from ..jobs.folder import INPUTS_DIR, JobFolder
+from ..job_folder import INPUTS_DIR, JobFolder
 from .arguments import job_action_parser, job_submit_parser, spec_from_args
 from .sizes import InputError, format_duration, parse_duration
 from .status import describe_lease, error_line, is_reported, job_state_text

@@ -23,7 +23,7 @@ from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
 from ..core.holders import is_server, kernel_holder, kernel_of, server_holder
 from ..service.validation import InputError, parse_json
-from ..jobs.folder import JobFolder
+from ..job_folder import JobFolder
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
 from .watchdog import process_tree_map

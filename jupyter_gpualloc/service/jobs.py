@@ -18,7 +18,7 @@ from tornado.iostream import StreamClosedError
 from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
 from ..core.model import Job
 from ..core.errors import NotFound
-from ..jobs.folder import JobFolder
+from ..job_folder import JobFolder
 from .handlers import ApiError, ApiHandler, _reject_unknown
 
 LOG_POLL_SECONDS = 0.5

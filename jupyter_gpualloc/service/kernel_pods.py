@@ -24,13 +24,14 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..core.devices.kubernetes import LEASE_LABEL
 from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from ..core.holders import kernel_holder, kernel_of
-from ..core.model import Event, LeaseState, PriorityClass, SliceSpec
+from ..core.model import Event, LeaseState, PriorityClass, SliceSpec, SpecError
 from ..core.scheduler import Scheduler
 from .handlers import ApiError, ApiHandler
 from .user_pods import UserPods, api_message
@@ -43,6 +44,7 @@ CONNECTION_FILE = f"{CONNECTION_DIR}/connection.json"
 CONNECTION_PLACEHOLDER = "{connection_file}"  # in a request's argv: where the pod's connection file goes
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 KERNEL_GRACE_SECONDS = 10
+KERNEL_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?")  # a DNS label with the pod's "kernel-" prefix
 
 
 @dataclass
@@ -72,6 +74,9 @@ class KernelPods:
 
     def request(self, user: str, groups: tuple[str, ...], kernel_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Queue the kernel's lease and keep what its pod is made from; the request's view."""
+        if not KERNEL_ID.fullmatch(kernel_id):
+            raise SpecError("kernel_id", "must be a kernel's id as Jupyter makes them (lower-case letters, digits "
+                                         "and '-', at most 56): it names the kernel's pod")
         spec = SliceSpec.from_json(body.get("spec"))
         template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"))
         connection = dict(body["connection"])

@@ -526,8 +526,7 @@ SCHEMAS.update({
                        "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]}},
     },
 })
-KERNEL_ID = {"name": "kernel_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64,
-                                                                             "pattern": "^[A-Za-z0-9-]+$"}}
+KERNEL_ID = {"name": "kernel_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _KERNEL_404 = _error("No such kernel pod request of the caller's, or kernel pods are off.")
 OPERATIONS.update({
     "/kernels/{kernel_id}/pod": {

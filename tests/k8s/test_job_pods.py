@@ -25,10 +25,11 @@ from types import SimpleNamespace
 import pytest
 
 from tests.kernel.conftest import Kernel, kernel_env
-from tests.processes import start_logged, wait_until_ready
-from tests.service.conftest import ALICE, BOB, ROOT, ServiceProcess
+from tests.processes import start_logged
+from tests.service.conftest import ALICE, BOB, ROOT
 
 from .test_cluster import KWOK_ANNOTATION, PHASE, until
+from .test_service_on_cluster import ClusterService
 
 client = pytest.importorskip("kubernetes_asyncio.client")
 
@@ -45,24 +46,11 @@ c.UserPods.pod_annotations = {{"{PHASE}": "Running"}}
 """
 
 
-class JobPodService(ServiceProcess):
-    """The service with the kubernetes backend and jobs in Kubernetes Jobs."""
+class JobPodService(ClusterService):
+    """The service with the kubernetes backend and jobs in Kubernetes Jobs (`config` added)."""
 
     def __init__(self, workdir: Path, kubeconfig: str, config: str = ""):
-        super().__init__(workdir, config=CONFIG + config)
-        self.kubeconfig = kubeconfig
-
-    def command(self) -> list[str]:
-        command = super().command()
-        at = command.index("--fleet")
-        return [*command[:at], "--backend", "kubernetes", *command[at + 2:]]
-
-    def start(self, timeout: float = 90) -> "JobPodService":
-        self.proc = start_logged(self.command(), self.workdir / "service.log", cwd=self.workdir,
-                                 env={**os.environ, "JUPYTERHUB_API_TOKEN": "", "KUBECONFIG": self.kubeconfig})
-        wait_until_ready(self.proc, lambda: self.call("GET", "health").status == 200, "the service",
-                         self.log_tail, timeout)
-        return self
+        super().__init__(workdir, kubeconfig, config=CONFIG + config)
 
     @property
     def root_url(self) -> str:

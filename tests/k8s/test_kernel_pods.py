@@ -166,3 +166,14 @@ def _queued(service, kernel_id: str):
         reply = await asyncio.to_thread(service.call, "GET", f"kernels/{kernel_id}/pod", None, ALICE)
         return reply.json() if reply.status == 200 and reply.json()["state"] == "queued" else None
     return check()
+
+
+def test_a_kernel_pod_request_names_its_bad_field(service, server):
+    body = {"spec": MIG_1G, "server": server, "argv": ["python"],
+            "connection": {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1, "iopub_port": 2,
+                           "stdin_port": 3, "control_port": 4, "hb_port": 5}}
+    bad_id = service.call("POST", "kernels/Not_A_Pod_Name/pod", body, ALICE)
+    assert bad_id.status == 400 and bad_id.json()["field"] == "kernel_id", bad_id
+    no_ports = service.call("POST", "kernels/k1/pod", {**body, "connection": {"key": "k"}}, ALICE)
+    assert no_ports.status == 400 and no_ports.json()["field"].startswith("connection"), no_ports
+    assert service.call("GET", "kernels/k1/pod", token=ALICE).status == 404

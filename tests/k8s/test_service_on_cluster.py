@@ -38,8 +38,8 @@ c.GpuAllocService.pod_missing_timeout = 8
 class ClusterService(ServiceProcess):
     """The service with the kubernetes backend, on a kubeconfig that goes through `proxy`."""
 
-    def __init__(self, workdir: Path, kubeconfig: Path):
-        super().__init__(workdir, config=CONFIG)
+    def __init__(self, workdir: Path, kubeconfig: Path | str, config: str = CONFIG):
+        super().__init__(workdir, config=config)
         self.kubeconfig = kubeconfig
 
     def command(self) -> list[str]:

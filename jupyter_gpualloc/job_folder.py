@@ -5,7 +5,7 @@
     .gpualloc/jobs/<id>/executed.ipynb  the executed notebook
     .gpualloc/jobs/<id>/outputs.pkl  a cell's declared outputs
 
-Imports only the standard library, so the kernel's magics can use it.
+Imports only the standard library, so the client and the kernel's magics can use it.
 """
 
 from __future__ import annotations
