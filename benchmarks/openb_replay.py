@@ -64,6 +64,20 @@ node by a tuple compared lexicographically, and takes the lowest node index amon
    whole for multi-GPU pods); among the reserved ones, no size preference;
 5. for a GPU share, the GPU with the least free milli that still fits (best fit on the GPU).
 
+When a GPU pod has to open an idle node (an idle node scores best on the keys above), an idle node
+at most one step of key 1 below the best idle node with as many GPUs counts as level with it, and
+ties among idle nodes go to the least free CPU, then the least free memory, then the lowest index
+(issue 28, part 2). Among idle nodes of one size, key 1's one-step differences come from the bigger
+nodes' spare CPU: more copies of a typical share fit after the pod, so the measure opens the biggest
+node first. On multigpu40 that was the 39 G3 nodes (128 cores, 768 GiB), from about 30% arrived on,
+for shares, single GPUs and 4-GPU pods, while some 500 idle G2 nodes (96 cores) were left; 8-GPU
+pods asking for 120 cores fit only G3, and about 12 of them a seed were lost (FGD: 3). An 8-GPU pod
+changes the measure by nothing on every idle node, so it went to the lowest index, often a G3 too;
+now it takes the smallest idle node it fits. A node whose CPU would strand its GPUs for the pod
+scores several steps lower and still loses; CPU-only pods go as scored (key 4 sends them to the
+small nodes with the most CPU per GPU). The slack of one step is measured, not derived: multigpu40,
+10 seeds: 0 steps 96.77, 1 and 2: 96.89, 3 and 4: 96.77 (at 3 it merges real CPU stranding).
+
 Ties decide most placements: whole-GPU and CPU-only pods change the fragmentation measure by the same
 amount on almost every node, so after key 1 the packing keys and the fixed node order choose. Breaking
 them at random spreads pods over empty nodes (FGD falls to about 90%); exact float scores replace the

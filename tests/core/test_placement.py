@@ -193,6 +193,28 @@ def test_default_keeps_idle_and_large_nodes_for_whole_gpus():
     assert get_policy("fgd", typical=typical).choose(view, Demand(num_gpu=1, gpu_milli=1000))[0] == 0
 
 
+def test_default_opens_the_smallest_idle_node_unless_a_smaller_one_strands_gpus():
+    # on the big node the 16-core pod leaves CPU for seven 12-core shares, on the small one for six:
+    # a one-step smaller growth that is only the big node's spare CPU (FGD, without the copy count,
+    # sees no difference); the big node is the only one that 120-core pods would fit
+    typical = [(Demand(cpu_milli=1000), 0.97), (share(470, cpu=12_000), 0.03)]
+    view = ClusterView([node("big", 8, cpu=128_000), node("small", 8, cpu=96_000)])
+    policy = get_policy("default", typical=typical)
+    pod = Demand(cpu_milli=16_000, num_gpu=1, gpu_milli=1000)
+    steps = [policy.state_choice(int(sid), pod)[0][0] for sid in view.state_id]
+    assert steps[0] == steps[1] + 1
+    assert policy.choose(view, pod)[0] == 1
+    # equal scores (an 8-GPU pod leaves nothing to fragment): the smallest that fits, not the first
+    assert policy.choose(view, Demand(cpu_milli=64_000, num_gpu=8))[0] == 1
+    assert get_policy("fgd", typical=typical).choose(view, Demand(cpu_milli=64_000, num_gpu=8))[0] == 0
+    # a 40-core pod leaves the small node CPU for three shares on seven GPUs: more than a step worse,
+    # so the big node takes it
+    big_pod = Demand(cpu_milli=40_000, num_gpu=1, gpu_milli=1000)
+    steps = [policy.state_choice(int(sid), big_pod)[0][0] for sid in view.state_id]
+    assert steps[0] > steps[1] + 1
+    assert policy.choose(view, big_pod)[0] == 0
+
+
 def test_unknown_policy_and_bad_demand():
     with pytest.raises(ValueError):
         get_policy("nope")
