@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import start_logged
-from tests.service.conftest import ALICE, ROOT
+from tests.service.conftest import ALICE, BOB, ROOT
 
 from .test_cluster import until
 from .test_job_pods import JobPodService, own_nodes, server_pod, wait_for, wait_for_nodes
@@ -177,3 +177,18 @@ def test_a_kernel_pod_request_names_its_bad_field(service, server):
     no_ports = service.call("POST", "kernels/k1/pod", {**body, "connection": {"key": "k"}}, ALICE)
     assert no_ports.status == 400 and no_ports.json()["field"].startswith("connection"), no_ports
     assert service.call("GET", "kernels/k1/pod", token=ALICE).status == 404
+
+
+def test_another_user_can_neither_see_nor_end_a_kernel_pod(service, server):
+    body = {"spec": MIG_1G, "server": server, "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "connection": {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1, "iopub_port": 2,
+                           "stdin_port": 3, "control_port": 4, "hb_port": 5}}
+    kernel_id = str(uuid.uuid4())
+    assert service.call("POST", f"kernels/{kernel_id}/pod", body, ALICE).status == 201
+    try:
+        for method in ("GET", "DELETE"):
+            reply = service.call(method, f"kernels/{kernel_id}/pod", token=BOB)
+            assert reply.status == 404 and "alice" not in reply.text, reply
+        assert service.call("GET", f"kernels/{kernel_id}/pod", token=ALICE).json()["state"] != "ended"
+    finally:
+        assert service.call("DELETE", f"kernels/{kernel_id}/pod", token=ALICE).json()["state"] == "ended"
