@@ -110,6 +110,7 @@ class GpuAllocProvisioner(LocalProvisioner):
     lease_id: str | None = None
     in_pod: bool = False  # this kernel runs in a pod of its own
     pod_state: str = ""  # its pod's last state: queued, starting, running, ended
+    local_ip: str = ""  # the kernel manager's own address, before it took the pod's
 
     @property
     def holder(self) -> str:
@@ -183,6 +184,7 @@ class GpuAllocProvisioner(LocalProvisioner):
             link.monitor.attach(self.kernel_id, pod["lease"])
         self.log.info("kernel %s: runs in pod %s at %s (lease %s)", self.kernel_id, pod.get("pod"), pod["ip"],
                       self.lease_id)
+        self.local_ip = connection["ip"]
         return {**connection, "ip": pod["ip"], "transport": "tcp"}
 
     async def _wait_for_pod(self, link: KernelLink, pod: dict) -> dict:
@@ -295,6 +297,9 @@ class GpuAllocProvisioner(LocalProvisioner):
         if self.in_pod:
             if link is not None and link.monitor is not None:
                 link.monitor.detach(self.kernel_id)
+            if restart and self.local_ip:  # the kernel manager starts kernels on local addresses only,
+                self.parent.ip = self.local_ip  # from a connection file written afresh
+                self.parent.cleanup_connection_file()
             self.lease_id, self.in_pod = None, restart
             return
         if restart:

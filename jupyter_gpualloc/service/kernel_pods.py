@@ -44,7 +44,7 @@ CONNECTION_FILE = f"{CONNECTION_DIR}/connection.json"
 CONNECTION_PLACEHOLDER = "{connection_file}"  # in a request's argv: where the pod's connection file goes
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 KERNEL_GRACE_SECONDS = 10
-KERNEL_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?")  # a DNS label with the pod's "kernel-" prefix
+KERNEL_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,54}[a-z0-9])?")  # fits a label value, and the pod's name
 
 
 @dataclass
@@ -132,7 +132,7 @@ class KernelPods:
         if event.type == "lease.granted":
             self._soon(request.kernel_id)
         elif event.type in ("lease.released", "lease.expired", "lease.preempted", "lease.cancelled"):
-            self._forget_later(request.kernel_id)
+            self._forget_later(request)
 
     def _soon(self, kernel_id: str) -> None:
         """Make the pod once the change that granted the lease is over."""
@@ -141,12 +141,16 @@ class KernelPods:
         except RuntimeError:
             pass
 
-    def _forget_later(self, kernel_id: str, after: float = 300.0) -> None:
-        """An ended request still answers GET (the provisioner learns why) for a while."""
+    def _forget_later(self, request: KernelPodRequest, after: float = 300.0) -> None:
+        """An ended request still answers GET (the provisioner learns why) for a while; a new request
+        of the same kernel (a restart) is not forgotten with it."""
+        def forget() -> None:
+            if self._requests.get(request.kernel_id) is request:
+                del self._requests[request.kernel_id]
         try:
-            asyncio.get_running_loop().call_later(after, self._requests.pop, kernel_id, None)
+            asyncio.get_running_loop().call_later(after, forget)
         except RuntimeError:
-            self._requests.pop(kernel_id, None)
+            forget()
 
     def _make(self, kernel_id: str) -> None:
         request = self._requests.get(kernel_id)
@@ -202,7 +206,7 @@ class KernelPods:
         """The kernel's pod on granted `lease`: the server pod's copy, the kernel's command line with
         its connection file mounted from the Secret, and its env from the Secret."""
         template = request.template
-        name = f"kernel-{request.kernel_id}"
+        name = f"kernel-{request.kernel_id}-{lease['id']}"  # a restarted kernel's pod beside the old one going
         argv = [CONNECTION_FILE if part == CONNECTION_PLACEHOLDER else part for part in request.argv]
         env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}} for key in request.env]
         spec = self.pods.pod_spec(template, lease, container="kernel", command=argv, working_dir=request.workdir,

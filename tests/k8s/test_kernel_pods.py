@@ -72,13 +72,15 @@ def kernel_manager(service, server: str, tmp_path: Path, spec: dict):
     return AsyncKernelManager(kernel_name=name, kernel_spec_manager=specs)
 
 
-async def play_the_kubelet(api, namespace: str, kernel_id: str, log: Path):
-    """Once the kernel's pod Runs: its command, with its env and connection file, at its IP."""
+async def play_the_kubelet(api, namespace: str, kernel_id: str, log: Path, not_pod: str = ""):
+    """Once the kernel's pod (other than `not_pod`) Runs: its command, with its env and connection
+    file, at its IP."""
     core = client.CoreV1Api(api)
 
     async def running():
         pods = (await core.list_namespaced_pod(namespace, label_selector=f"{KERNEL_LABEL}={kernel_id}")).items
-        return next((p for p in pods if p.status.phase == "Running" and p.status.pod_ip), None)
+        return next((p for p in pods if p.status.phase == "Running" and p.status.pod_ip
+                     and not p.metadata.deletion_timestamp and p.metadata.name != not_pod), None)
 
     pod = await until(running, timeout=90, what="the kernel's pod Running")
     secret = await core.read_namespaced_secret(pod.metadata.name, namespace)
@@ -142,6 +144,16 @@ def test_a_gpu_kernel_starts_in_its_own_pod_queued_first_runs_code_and_its_shutd
         assert pod.spec.automount_service_account_token is False
         out = await run_code(km, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], os.getcwd())")
         assert out.strip() == f"mig {tmp_path}", out
+
+        # a restart: the old pod goes with its lease, a new one comes for a new lease
+        restart = asyncio.ensure_future(km.restart_kernel(now=True))
+        second, again = await play_the_kubelet(api, namespace, kernel_id, tmp_path / "kernel-2.log",
+                                               not_pod=pod.metadata.name)
+        process.kill()  # the first pod was deleted: its process ends
+        process = again
+        await asyncio.wait_for(restart, 60)
+        assert second.metadata.labels["gpualloc.jupyter.org/lease"] != pod.metadata.labels["gpualloc.jupyter.org/lease"]
+        assert (await run_code(km, "print(40 + 2)")).strip() == "42"
         await km.shutdown_kernel(now=True)
 
         async def gone():
