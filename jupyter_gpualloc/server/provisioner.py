@@ -178,7 +178,11 @@ class GpuAllocProvisioner(LocalProvisioner):
             request["idle_timeout"] = self.idle_timeout
         pod = await link.client.request_kernel_pod(self.kernel_id, request)
         self.pod_state = pod["state"]
-        pod = await self._wait_for_pod(link, pod)
+        try:
+            pod = await self._wait_for_pod(link, pod)
+        except asyncio.CancelledError:  # the start was given up: the request is withdrawn
+            await asyncio.shield(self._end_pod(link))
+            raise
         self.lease_id = pod["lease"]["id"]
         if link.monitor is not None:
             link.monitor.attach(self.kernel_id, pod["lease"])
