@@ -25,7 +25,7 @@ import base64
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ..core.devices.kubernetes import LEASE_LABEL
@@ -79,6 +79,11 @@ class KernelPods:
                                          "and '-', at most 56): it names the kernel's pod")
         spec = SliceSpec.from_json(body.get("spec"))
         template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"))
+        if self.pods.home_access_mode == "ReadWriteOnce":  # the home mounts on the server's node only
+            if spec.node not in (None, template["node"]):
+                raise SpecError("spec.node", f"homes mount on one node here (ReadWriteOnce): a GPU kernel runs on "
+                                             f"its server's node {template['node']}, not {spec.node}")
+            spec = replace(spec, node=template["node"])
         connection = dict(body["connection"])
         lease = self.scheduler.submit(user, kernel_holder(kernel_id), spec,
                                       PriorityClass(body.get("priority", "interactive")), now=self.clock(),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from traitlets import Dict, List, Unicode
+from traitlets import Dict, Enum, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..core.devices.kubernetes import node_affinity, resource_limits
@@ -56,6 +56,12 @@ class UserPods(LoggingConfigurable):
     tolerations = List(
         [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         help="Tolerations added to the pods (GPU nodes are often tainted).",
+    ).tag(config=True)
+    home_access_mode = Enum(
+        ["ReadWriteMany", "ReadWriteOnce"], "ReadWriteMany",
+        help="""How the users' homes are mounted. ReadWriteMany (NFS and the like): a kernel's pod may run on
+        any node. ReadWriteOnce (a default zero-to-jupyterhub install's dynamic PVCs): the home mounts on
+        one node only, so a GPU kernel asks for a slice on its server's node, and runs there.""",
     ).tag(config=True)
     pod_annotations = Dict(
         {}, help="""Annotations put on every job's and kernel's pod, e.g.
@@ -116,6 +122,7 @@ def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
         "namespace": metadata.get("namespace", "default"),
         "server_pod": metadata.get("name", ""),
         "server_pod_uid": metadata.get("uid", ""),
+        "node": spec.get("nodeName") or "",
         "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("hub.jupyter.org/")},
         "container": container,
         "resources": {kind: {k: v for k, v in (resources.get(kind) or {}).items() if k in ("cpu", "memory")}

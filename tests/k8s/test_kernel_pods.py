@@ -204,3 +204,27 @@ def test_another_user_can_neither_see_nor_end_a_kernel_pod(service, server):
         assert service.call("GET", f"kernels/{kernel_id}/pod", token=ALICE).json()["state"] != "ended"
     finally:
         assert service.call("DELETE", f"kernels/{kernel_id}/pod", token=ALICE).json()["state"] == "ended"
+
+
+def test_with_readwriteonce_homes_a_gpu_kernel_runs_on_its_servers_node(service, k8s_cluster, namespace, tmp_path):
+    rwo = JobPodService(tmp_path / "rwo", k8s_cluster.kubeconfig,
+                        "c.GpuAllocService.kernel_pods = True\nc.UserPods.home_access_mode = 'ReadWriteOnce'\n")
+    rwo.start()
+    try:
+        pod = server_pod(rwo, "alice", tmp_path, server_name="rwo")
+        pod["spec"]["nodeName"] = "gpu-h100-kernels"  # the server runs on a GPU node, with no GPU of its own
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(namespace, pod))
+        body = {"spec": {"kind": "mig", "profile": "1g.10gb"}, "server": "server:rwo", "argv": ["python"],
+                "connection": {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1, "iopub_port": 2,
+                               "stdin_port": 3, "control_port": 4, "hb_port": 5}}
+        elsewhere = {**body, "spec": {**body["spec"], "node": "gpu-h100-mig-1"}}
+        refused = wait_for(lambda: (r := rwo.call("POST", f"kernels/{uuid.uuid4()}/pod", elsewhere, ALICE)).json()
+                           .get("field") != "runner" and r, what="the service seeing the server pod")
+        assert refused.status == 400 and refused.json()["field"] == "spec.node", refused
+        assert "its server's node gpu-h100-kernels" in refused.json()["error"], refused
+        kernel_id = str(uuid.uuid4())
+        placed = rwo.call("POST", f"kernels/{kernel_id}/pod", body, ALICE).json()
+        assert placed["lease"]["spec"]["node"] == "gpu-h100-kernels", placed
+        assert rwo.call("DELETE", f"kernels/{kernel_id}/pod", token=ALICE).status == 200
+    finally:
+        rwo.kill()
