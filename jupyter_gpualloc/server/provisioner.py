@@ -16,8 +16,11 @@ Where GPU kernels run in pods of their own (Kubernetes: the service's `kernel_po
 its offers), a kernel asking for a slice is not started here: its command line, env and
 connection key go to the service (`POST /kernels/{id}/pod`), which makes its pod once the slice is
 granted; the start waits, logging its place in the queue, then connects to the pod's IP. Its
-shutdown ends the lease and the pod; its process is the pod (polled through the service).
-Interrupting such a kernel is not supported (no signal reaches another pod).
+shutdown ends the lease and the pod; its process is the pod (polled through the service). No
+signal reaches another pod: it is interrupted by an `interrupt_request` message. A service that
+restarted forgets the request: the provisioner tells it again (`resume`), and the service takes
+back the kernel's lease and pod as they are. A restart moving a kernel into a pod, out of it or to
+another pod takes fresh ports: jupyter_server re-opens its clients' channels only when they change.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_client.connect import LocalPortCache
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Float, Unicode
 
-from ..client import GpuAllocClient, GpuAllocError, NotFound, discover
+from ..client import GpuAllocClient, GpuAllocError, NotFound, ServiceUnavailable, discover
 from ..core.holders import kernel_holder
 from ..lease_env import SLICE_ENV_NAMES, slice_env
-from .idle import KernelActivityMonitor
+from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
 MAGIC_EXTENSION = "jupyter_gpualloc"
+PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
 @dataclass
@@ -53,13 +58,19 @@ class KernelLink:
     events_url: str = ""  # the server's relay of the service's events (server/relay.py); empty: none
     # embedded mode, at server stop: the API is not served any more, the extension releases kernels' leases in-process
     released_by_server: bool = False
-    kernel_pods: bool = False  # GPU kernels run in pods of their own, made by the service (Kubernetes)
+    kernel_pods: bool | None = None  # GPU kernels run in pods of their own (Kubernetes); None: not asked yet
 
     @classmethod
     def from_environment(cls) -> "KernelLink":
         """Outside a server with the extension (e.g. a console): the service named by the environment."""
         endpoint = discover()
         return cls(GpuAllocClient(endpoint.url, endpoint.token), endpoint.url, endpoint.token)
+
+    async def gpu_kernels_in_pods(self) -> bool:
+        """Whether the service runs GPU kernels in pods of their own (its offer sheet says; asked once)."""
+        if self.kernel_pods is None:
+            self.kernel_pods = bool((await self.client.offer_sheet()).get("kernel_pods"))
+        return self.kernel_pods
 
     def base_env(self, kernel_id: str) -> dict[str, str]:
         env = {"GPUALLOC_URL": self.kernel_url, "GPUALLOC_TOKEN": self.kernel_token,
@@ -111,6 +122,7 @@ class GpuAllocProvisioner(LocalProvisioner):
     in_pod: bool = False  # this kernel runs in a pod of its own
     pod_state: str = ""  # its pod's last state: queued, starting, running, ended
     local_ip: str = ""  # the kernel manager's own address, before it took the pod's
+    pod_request: dict | None = None  # what the service was asked for this kernel's pod (told again after its restart)
 
     @property
     def holder(self) -> str:
@@ -134,7 +146,7 @@ class GpuAllocProvisioner(LocalProvisioner):
             env["GPUALLOC_KERNEL_NAME"] = getattr(self.parent, "kernel_name", "") or "python3"
         if any("ipykernel" in part for part in kwargs.get("cmd", ())):
             kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]  # %gpu is there from the start
-        if self.spec and link.kernel_pods:
+        if self.spec and await link.gpu_kernels_in_pods():
             self.in_pod = True
             return kwargs  # launch_kernel asks the service for its pod
         try:
@@ -167,8 +179,7 @@ class GpuAllocProvisioner(LocalProvisioner):
         link = current_link()
         connection = self.parent.get_connection_info()
         key = connection["key"].decode() if isinstance(connection["key"], bytes) else connection["key"]
-        ports = {name: connection[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port",
-                                                     "hb_port")}
+        ports = {name: connection[name] for name in PORT_NAMES}
         argv = ["{connection_file}" if part == self.parent.connection_file else part for part in cmd]
         env = {k: v for k, v in kwargs.get("env", {}).items() if k.startswith("GPUALLOC_")}
         request = {"spec": self.spec, "server": link.client.server, "priority": self.priority, "argv": argv,
@@ -176,6 +187,7 @@ class GpuAllocProvisioner(LocalProvisioner):
                    "connection": {"key": key, "signature_scheme": connection["signature_scheme"], **ports}}
         if self.idle_timeout is not None:
             request["idle_timeout"] = self.idle_timeout
+        self.pod_request = request
         pod = await link.client.request_kernel_pod(self.kernel_id, request)
         self.pod_state = pod["state"]
         try:
@@ -189,6 +201,7 @@ class GpuAllocProvisioner(LocalProvisioner):
         self.log.info("kernel %s: runs in pod %s at %s (lease %s)", self.kernel_id, pod.get("pod"), pod["ip"],
                       self.lease_id)
         self.local_ip = connection["ip"]
+        self.parent.kernel_spec.interrupt_mode = "message"  # no signal reaches another pod
         return {**connection, "ip": pod["ip"], "transport": "tcp"}
 
     async def _wait_for_pod(self, link: KernelLink, pod: dict) -> dict:
@@ -212,9 +225,27 @@ class GpuAllocProvisioner(LocalProvisioner):
                 self.log.info("kernel %s: %s", self.kernel_id, where)
                 said = where
             await asyncio.sleep(POLL_SECONDS)
-            pod = await link.client.kernel_pod(self.kernel_id)
+            try:
+                pod = await self._pod_view(link)
+            except ServiceUnavailable as err:  # e.g. the service restarts: the request is told again after
+                if said != str(err):
+                    self.log.warning("kernel %s: %s; still waiting", self.kernel_id, err)
+                    said = str(err)
+                continue
             self.pod_state = pod["state"]
         return pod
+
+    async def _pod_view(self, link: KernelLink) -> dict:
+        """Where the kernel's pod is; a service that restarted since is told the request again."""
+        try:
+            return await link.client.kernel_pod(self.kernel_id)
+        except NotFound:
+            if self.pod_request is None:
+                raise
+        try:
+            return await link.client.request_kernel_pod(self.kernel_id, {**self.pod_request, "resume": True})
+        except NotFound as err:  # its lease ended meanwhile
+            return {"state": "ended", "reason": str(err), "lease": None}
 
     async def _end_pod(self, link: KernelLink) -> None:
         try:
@@ -229,11 +260,15 @@ class GpuAllocProvisioner(LocalProvisioner):
         link = current_link()
         if self.pod_state != "ended" and link is not None:
             try:
-                self.pod_state = (await link.client.kernel_pod(self.kernel_id))["state"]
+                pod = await self._pod_view(link)
             except NotFound:
-                self.pod_state = "ended"
+                pod = {"state": "ended"}
             except GpuAllocError:  # the service does not answer now: the kernel is taken to be alive
                 return None
+            if pod["state"] == "ended" and link.monitor is not None and \
+                    (pod.get("lease") or {}).get("state") in ENDS_KERNEL:
+                return None  # its slice was taken back: the server's monitor shuts it down, not restarted first
+            self.pod_state = pod["state"]
         return None if self.pod_state != "ended" else 1
 
     async def wait(self) -> int | None:
@@ -301,12 +336,14 @@ class GpuAllocProvisioner(LocalProvisioner):
         if self.in_pod:
             if link is not None and link.monitor is not None:
                 link.monitor.detach(self.kernel_id)
-            if restart and self.local_ip:  # the kernel manager starts kernels on local addresses only,
-                self.parent.ip = self.local_ip  # from a connection file written afresh
-                self.parent.cleanup_connection_file()
-            self.lease_id, self.in_pod = None, restart
+            if restart and self.local_ip:  # the kernel manager starts kernels on local addresses only
+                self.parent.ip = self.local_ip
+                self._fresh_ports()
+            self.lease_id, self.in_pod, self.pod_request = None, restart, None
             return
         if restart:
+            if self.spec and link is not None and link.kernel_pods:  # it moves into a pod of its own
+                self._fresh_ports()
             return
         if link is None:
             return
@@ -321,6 +358,18 @@ class GpuAllocProvisioner(LocalProvisioner):
             if link.monitor is not None:
                 link.monitor.unreported.add(self.holder)  # the next report tries again
         self.lease_id = None
+
+    def _fresh_ports(self) -> None:
+        """New ports and a new connection file for the next start (the cached ones go back to the cache)."""
+        kernel_manager = self.parent
+        if self.ports_cached:
+            cache = LocalPortCache.instance()
+            for name in PORT_NAMES:
+                cache.return_port(getattr(kernel_manager, name))
+            self.ports_cached = False
+        for name in PORT_NAMES:
+            setattr(kernel_manager, name, 0)
+        kernel_manager.cleanup_connection_file()
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()

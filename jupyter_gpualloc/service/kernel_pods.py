@@ -13,9 +13,11 @@ provisioner connects once it runs. `DELETE` (kernel shutdown) ends the lease, an
 deletes the pod (service/cluster.py), as idle release, time limits, usage quotas and preemption
 do; the pod's end ends the lease.
 
-What a request carries lives in memory: a request whose pod was not made yet when the service
-restarts is not made after it; its lease is released after `pod_missing_timeout`, and the kernel
-start fails saying so.
+What a request carries (the kernel's connection key and token among it) lives in memory only. After
+a restart the service knows the kernel's lease (from the store) and its pod (from the watch), not
+the request: the provisioner, answered 404, sends it again with `resume`, and the service takes
+back the lease and the pod as they are, or makes the pod of a lease granted meanwhile. A request
+never told again is released after `pod_missing_timeout`.
 """
 
 from __future__ import annotations
@@ -79,19 +81,37 @@ class KernelPods:
                                          "and '-', at most 56): it names the kernel's pod")
         spec = SliceSpec.from_json(body.get("spec"))
         template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"))
+        if body.get("resume"):
+            return self._resume(user, kernel_id, template, body)
         if self.pods.home_access_mode == "ReadWriteOnce":  # the home mounts on the server's node only
             if spec.node not in (None, template["node"]):
                 raise SpecError("spec.node", f"homes mount on one node here (ReadWriteOnce): a GPU kernel runs on "
                                              f"its server's node {template['node']}, not {spec.node}")
             spec = replace(spec, node=template["node"])
-        connection = dict(body["connection"])
         lease = self.scheduler.submit(user, kernel_holder(kernel_id), spec,
                                       PriorityClass(body.get("priority", "interactive")), now=self.clock(),
                                       groups=groups, wait=True, idle_timeout=body.get("idle_timeout"),
                                       own_pod=True)
-        self._requests[kernel_id] = KernelPodRequest(user, kernel_id, lease.id, template, list(body["argv"]),
-                                                     dict(body.get("env", {})), connection,
-                                                     body.get("workdir") or template["container"].get("workingDir", ""))
+        return self._keep(user, kernel_id, lease, template, body)
+
+    def _resume(self, user: str, kernel_id: str, template: dict[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+        """The request told again after a restart of the service: its active lease and pod, as they are."""
+        holder = kernel_holder(kernel_id)
+        lease = next((l for l in self.scheduler.leases(user) if l.holder == holder), None)
+        if lease is None:
+            raise NotFound(f"kernel {kernel_id}'s lease has ended")
+        known = self._requests.get(kernel_id)
+        if known is not None and known.lease_id == lease.id:
+            return self.view(user, kernel_id)
+        made = any(pod.lease_id == lease.id for pod in self.watch.own_pods())
+        return self._keep(user, kernel_id, lease, template, body, made=made)
+
+    def _keep(self, user: str, kernel_id: str, lease: Any, template: dict[str, Any], body: Mapping[str, Any],
+              made: bool = False) -> dict[str, Any]:
+        """Keep what the pod is made from; a granted lease's pod is made next (unless `made`)."""
+        self._requests[kernel_id] = KernelPodRequest(
+            user, kernel_id, lease.id, template, list(body["argv"]), dict(body.get("env", {})),
+            dict(body["connection"]), body.get("workdir") or template["container"].get("workingDir", ""), made=made)
         if lease.state is LeaseState.GRANTED:
             self._soon(kernel_id)
         return self.view(user, kernel_id)
@@ -193,7 +213,11 @@ class KernelPods:
             request.made = True
             log.info("kernel %s: pod %s/%s created on node %s", request.kernel_id, namespace, name,
                      lease["slice"]["node"])
-        except ApiException as err:  # the pod cannot be made: the lease ends, and the start fails saying why
+        except ApiException as err:
+            if err.status == 409 and not request.made:  # made before a restart of the service, not seen yet
+                request.made = True
+                return
+            # the pod cannot be made: the lease ends, and the start fails saying why
             self._end(request, f"its pod could not be created: {err.status} {api_message(err)}")
         except (OSError, asyncio.TimeoutError) as err:
             self._end(request, f"its pod could not be created: {err}")
@@ -237,9 +261,6 @@ class KernelPods:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-REQUEST_FIELDS = {"spec", "server", "priority", "idle_timeout", "argv", "env", "connection", "workdir"}
 
 
 class KernelPodHandler(ApiHandler):

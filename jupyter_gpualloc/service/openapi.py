@@ -508,6 +508,9 @@ SCHEMAS.update({
                     "additionalProperties": {"type": "string", "maxLength": 4096},
                     "description": "Added to the kernel's env (from a Secret): the kernel's link to the service."},
             "workdir": {"type": "string", "maxLength": 4096, "description": "The kernel's working directory."},
+            "resume": {"type": "boolean", "default": False, "description": (
+                "The request again, after the service restarted: take back the kernel's active lease and its "
+                "pod as they are (404 when its lease has ended); never a new lease.")},
             "connection": {
                 "type": "object", "required": ["key", "signature_scheme", "shell_port", "iopub_port", "stdin_port",
                                                "control_port", "hb_port"], "additionalProperties": False,
@@ -535,7 +538,8 @@ OPERATIONS.update({
                  "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("KernelPodRequest")}}},
                  "responses": {"201": _json(_ref("KernelPod"), "Queued, or its pod on the way."),
                                "400": _error("Bad input; `field` names it (no running server pod: `runner`)."),
-                               "401": AUTH_ERRORS["401"], "404": _KERNEL_404,
+                               "401": AUTH_ERRORS["401"],
+                               "404": _error("Kernel pods are off, or (`resume`) the kernel's lease has ended."),
                                "409": _error("The kernel has a lease already.")}},
         "get": {"summary": "Where the kernel's pod is: queued (position), starting, running (its IP), ended (why).",
                 "responses": {"200": _json(_ref("KernelPod"), "The kernel's pod."), "401": AUTH_ERRORS["401"],

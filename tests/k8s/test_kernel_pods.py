@@ -115,7 +115,7 @@ async def run_code(km, code: str) -> str:
 def test_offers_say_gpu_kernels_run_in_pods_and_a_running_kernel_hears_how(service):
     sheet = service.call("GET", "offers", token=ALICE).json()
     assert sheet["kernel_pods"] is True
-    assert "start a GPU kernel instead" in sheet["refused_holders"]["kernel"], sheet
+    assert "add --restart to %gpu request" in sheet["refused_holders"]["kernel"], sheet
     reply = service.call("POST", "leases", {"spec": MIG_1G, "holder": "kernel:k-running"}, ALICE)
     assert reply.status == 400 and reply.json()["field"] == "holder", reply
 
@@ -228,3 +228,95 @@ def test_with_readwriteonce_homes_a_gpu_kernel_runs_on_its_servers_node(service,
         assert rwo.call("DELETE", f"kernels/{kernel_id}/pod", token=ALICE).status == 200
     finally:
         rwo.kill()
+
+
+def _kernel_pods(api, namespace: str, kernel_id: str):
+    async def listed():
+        return (await client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector=f"{KERNEL_LABEL}={kernel_id}")).items
+    return listed()
+
+
+def test_a_kernel_in_a_pod_is_interrupted_by_message(service, server, k8s_cluster, namespace, tmp_path):
+    km = kernel_manager(service, server, tmp_path, MIG_1G)
+    kernel_id = str(uuid.uuid4())
+    process = None
+
+    async def body(api):
+        nonlocal process
+        start = asyncio.ensure_future(km.start_kernel(kernel_id=kernel_id, cwd=str(tmp_path)))
+        _, process = await play_the_kubelet(api, namespace, kernel_id, tmp_path / "kernel.log")
+        await asyncio.wait_for(start, 60)
+        assert km.kernel_spec.interrupt_mode == "message"  # no signal reaches another pod
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=60)
+            msg_id = kc.execute("import time\ntime.sleep(120)")
+            await asyncio.sleep(1)
+            await km.interrupt_kernel()
+            reply = await kc.get_shell_msg(timeout=20)
+            assert reply["parent_header"]["msg_id"] == msg_id
+            assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", reply
+        finally:
+            kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+    try:
+        k8s_cluster.run(body, timeout=180)
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait(10)
+
+
+def test_kernels_in_pods_outlive_a_restart_of_the_service_running_or_queued(
+        service, server, k8s_cluster, namespace, tmp_path):
+    """The service forgets kernel pod requests when it restarts: a running kernel keeps its pod and
+    lease, and a queued one gets its pod once granted (each provisioner tells its request again)."""
+    running_km = kernel_manager(service, server, tmp_path, MIG_1G)
+    running_id, queued_id = str(uuid.uuid4()), str(uuid.uuid4())
+    processes, blockers = [], []
+
+    async def body(api):
+        start = asyncio.ensure_future(running_km.start_kernel(kernel_id=running_id, cwd=str(tmp_path)))
+        first, process = await play_the_kubelet(api, namespace, running_id, tmp_path / "running.log")
+        processes.append(process)
+        await asyncio.wait_for(start, 60)
+        for i in range(3):  # the node's other 1g.10gb instances
+            reply = await asyncio.to_thread(service.call, "POST", "leases",
+                                            {"spec": MIG_1G, "holder": f"server:r{i}"}, ROOT)
+            blockers.append(reply.json())
+        assert [b["state"] for b in blockers] == ["granted"] * 3, blockers
+        queued_km = kernel_manager(service, server, tmp_path, MIG_1G)
+        queued_start = asyncio.ensure_future(queued_km.start_kernel(kernel_id=queued_id, cwd=str(tmp_path)))
+        await until(lambda: _queued(service, queued_id), what="the second kernel queued")
+
+        await asyncio.to_thread(service.kill)  # SIGKILL: what it knew of both requests is gone
+        await asyncio.to_thread(service.start)
+        assert await running_km.is_alive()  # its provisioner told the request again; the pod is the same
+        assert [p.metadata.name for p in await _kernel_pods(api, namespace, running_id)] == [first.metadata.name]
+        assert (await run_code(running_km, "print(6 * 7)")).strip() == "42"
+
+        assert (await asyncio.to_thread(service.call, "DELETE", f"leases/{blockers[0]['id']}?holder_gone=true",
+                                        None, ROOT)).status == 200
+        _, process = await play_the_kubelet(api, namespace, queued_id, tmp_path / "queued.log")
+        processes.append(process)
+        await asyncio.wait_for(queued_start, 60)
+        assert (await run_code(queued_km, "print('queued, then run')")).strip() == "queued, then run"
+        for km in (running_km, queued_km):
+            await km.shutdown_kernel(now=True)
+
+        async def gone():
+            return not (await _kernel_pods(api, namespace, running_id) + await _kernel_pods(api, namespace, queued_id))
+        await until(gone, what="both kernels' pods deleted")
+
+    try:
+        k8s_cluster.run(body, timeout=300)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(10)
+        for blocker in blockers[1:]:
+            service.call("DELETE", f"leases/{blocker['id']}?holder_gone=true", token=ROOT)
+    wait_for(lambda: service.call("GET", "leases", token=ALICE).json()["leases"] == [], what="the kernels' leases ended")
