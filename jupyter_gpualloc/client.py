@@ -290,6 +290,11 @@ class GpuAllocClient:
         """The kernel shut down: its lease ends, then its pod."""
         return await self.call("DELETE", f"kernels/{quote(kernel_id, safe='')}/pod")
 
+    async def restart_as_gpu_kernel(self, kernel_id: str, spec: Mapping[str, Any]) -> dict:
+        """A kernel's server (this client's URL is its kernels' root, $GPUALLOC_EVENTS_URL) restarts the
+        kernel as a GPU kernel in a pod of its own with `spec` (Kubernetes): {kernel_id, restarting, note}."""
+        return await self.call("POST", f"kernels/{quote(kernel_id, safe='')}/restart", {"spec": dict(spec)})
+
     async def leases(self, all_users: bool = False) -> list[dict]:
         return (await self.call("GET", "leases?all=1" if all_users else "leases"))["leases"]
 
@@ -559,6 +564,9 @@ class SyncGpuAllocClient:
 
     def health(self) -> dict:
         return self._run(self._client.health())
+
+    def restart_as_gpu_kernel(self, kernel_id: str, spec: Mapping[str, Any]) -> dict:
+        return self._run(self._client.restart_as_gpu_kernel(kernel_id, spec))
 
     def whoami(self) -> dict:
         return self._run(self._client.whoami())

@@ -60,9 +60,9 @@ NOT_IN_A_POD = {
 }
 # Why a running kernel gets no slice where GPU kernels run in kernel pods of their own.
 IN_A_KERNEL_POD = {
-    KERNEL: "on Kubernetes a running kernel cannot get a GPU slice: a running pod cannot gain a device; start a "
-            "GPU kernel instead (a kernel named \"(GPU ...)\", e.g. from Kernel > Change Kernel): it runs in a "
-            "pod of its own with its slice, a new kernel whose variables start empty",
+    KERNEL: "on Kubernetes a running kernel cannot get a GPU slice: a running pod cannot gain a device. A GPU "
+            "kernel runs in a pod of its own, so this kernel would restart and lose its variables: to do that, "
+            "add --restart to %gpu request (or start a kernel named \"(GPU ...)\" from Kernel > Change Kernel)",
 }
 
 

@@ -38,7 +38,7 @@ def gpu_parser() -> MagicParser:
         "Examples: %gpu request 10GB; %gpu request --mig 1g.10gb --wait 10m; %gpu release\n"
         "Background jobs: %%gpu job ... on a cell; %gpu jobs; %gpu job logs|cancel|result|rerun ID",
         usage="%(prog)s [ACTION] [SIZE] [--mig PROFILE | --shared SIZE | --whole [N]] [--model MODEL]\n"
-              "            [--wait [DURATION] | --no-wait]")
+              "            [--wait [DURATION] | --no-wait | --restart]")
     parser.add_argument("action", nargs="?", default="status", metavar="ACTION",
                         help="request a slice, release it, show its status (the default), list the offers "
                              "(offers) or all your leases (list), show your GPU-hours this month and your usage "
@@ -54,6 +54,9 @@ def gpu_parser() -> MagicParser:
     parser.add_argument("--no-wait", action="store_true",
                         help="queue if nothing fits now, without waiting: %%gpu status shows the position and "
                              "applies the slice once granted")
+    parser.add_argument("--restart", action="store_true",
+                        help="on Kubernetes, where a running kernel cannot gain a GPU: restart this kernel as a "
+                             "GPU kernel in a pod of its own with the slice (its variables are lost)")
     return parser
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, MutableMapping
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from ..core.holders import KERNEL
+from ..core.holders import KERNEL, kernel_of
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
@@ -246,6 +246,13 @@ class KernelGpu:
             return [f"gpu: the request ended ({lease['state']}): {lease.get('reason') or 'no reason given'}"]
         return [self.take_effect(lease)]
 
+    def restart_as_gpu_kernel(self, spec: dict) -> list[str]:
+        """Where GPU kernels run in pods of their own (Kubernetes): this kernel's server restarts it as one."""
+        if not self.environ.get("GPUALLOC_EVENTS_URL") or kernel_of(self.holder) is None:
+            raise InputError("--restart is for a kernel of a Jupyter server whose GPU kernels run in pods of their "
+                             "own (Kubernetes); here %gpu request works without it")
+        return [f"gpu: {self.events_client.restart_as_gpu_kernel(kernel_of(self.holder), spec)['note']}"]
+
     def _wait(self, lease: dict, timeout: float) -> dict:
         """Poll a queued lease, showing its position, until it is granted, ends, or `timeout` passes."""
         progress = Progress(self.in_kernel)
@@ -465,12 +472,17 @@ class GpuMagics(Magics):
 
     def _run(self, args) -> None:
         if args.action != "request" and (args.size or args.mig or args.shared or args.whole or args.model
-                                         or args.wait is not None or args.no_wait):
+                                         or args.wait is not None or args.no_wait or args.restart):
             raise InputError(f"'%gpu {args.action}' takes no size or options")
         if args.action == "request":
             spec = spec_from_args(" ".join(args.size), args.mig, args.shared, args.whole, args.model)
             if args.wait is not None and args.no_wait:
                 raise InputError("give --wait or --no-wait, not both")
+            if args.restart:
+                if args.wait is not None or args.no_wait:
+                    raise InputError("--restart waits in the queue as the kernel starts: leave out --wait and --no-wait")
+                _say(self.kernel_gpu.restart_as_gpu_kernel(spec))
+                return
             mode, timeout = "now", math.inf
             if args.no_wait:
                 mode = "queue"

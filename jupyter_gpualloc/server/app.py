@@ -38,6 +38,7 @@ from ..service.events import REPLAY_SIZE
 from . import handlers
 from .embedded import URL_ROOT, EmbeddedScheduler
 from .events import GpuAllocEvents
+from .gpu_restart import RESTART_PATH, GpuKernelRestarts, KernelRestartHandler
 from .idle import KernelActivityMonitor
 from .kernelspecs import install_kernelspecs
 from .provisioner import KernelLink, install_link
@@ -147,6 +148,7 @@ class GpuAllocExtension(ExtensionApp):
         self.events = GpuAllocEvents(self.serverapp.event_logger)
         self.embedded: EmbeddedScheduler | None = None
         self.client: GpuAllocClient | None = None  # None: no allocator configured, GPU features off
+        self.gpu_restarts: GpuKernelRestarts | None = None  # kernels restarting as GPU kernels in pods
         self.watchdog: Watchdog | None = None
         self.server_leases: list[dict] = []
         self.kernel_events = KernelEventRelay()  # remote mode: the service's events, on to this server's kernels
@@ -185,6 +187,7 @@ class GpuAllocExtension(ExtensionApp):
                                   send_utilization=self._send_utilization, parent=self)
                          if device_backend is not None else None)
         self._link_kernels()
+        self.gpu_restarts = GpuKernelRestarts(km, log=self.log)
         self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
 
     def _embedded_scheduler(self) -> EmbeddedScheduler:
@@ -243,10 +246,13 @@ class GpuAllocExtension(ExtensionApp):
         if self.embedded is not None:
             # added as they are (URLSpecs with their kwargs), under the server's base URL
             web_app.add_handlers(".*$", self.embedded.handlers(web_app.settings["base_url"]))
-        elif self.client is not None:  # kernels follow the service's events through this server
-            web_app.add_handlers(".*$", [(url_path_join(web_app.settings["base_url"], EVENTS_PATH),
-                                          KernelEventsHandler, {"relay": self.kernel_events,
-                                                                "kernels_token": self.kernel_token})])
+        elif self.client is not None:  # kernels follow the service's events, and restart as GPU kernels, here
+            base_url = web_app.settings["base_url"]
+            web_app.add_handlers(".*$", [
+                (url_path_join(base_url, EVENTS_PATH), KernelEventsHandler,
+                 {"relay": self.kernel_events, "kernels_token": self.kernel_token}),
+                (url_path_join(base_url, RELAY_ROOT) + RESTART_PATH, KernelRestartHandler,
+                 {"restarts": self.gpu_restarts, "kernels_token": self.kernel_token})])
 
     def server_slices(self) -> list[dict]:
         """Slices of the server's own leases (kernels without a lease inherit the server's env)."""
@@ -397,7 +403,7 @@ class GpuAllocExtension(ExtensionApp):
             self.log.warning("gpualloc: no GPU kernelspecs installed, the offers are unavailable: %s", err)
             return
         offers = sheet["offers"]
-        self.kernel_link.kernel_pods = bool(sheet.get("kernel_pods"))  # GPU kernels run in pods of their own
+        self.kernel_link.kernel_pods = bool(sheet.get("kernel_pods"))
         names = install_kernelspecs(offers, prefix=self.kernelspec_prefix or os.environ.get("CONDA_PREFIX")
                                     or sys.prefix)
         self.log.info("gpualloc: installed kernelspecs %s", ", ".join(names))
@@ -413,6 +419,8 @@ class GpuAllocExtension(ExtensionApp):
         for task in self._tasks:  # the event relay and the kernelspec install; kernel shutdowns are shielded
             task.cancel()
         self.kernel_events.close()
+        if self.client is not None:
+            await self.gpu_restarts.close()
         if self._in_flight:
             await asyncio.wait(list(self._in_flight), timeout=IN_FLIGHT_WAIT)
         if self.runner is not None:  # embedded: the server no longer listens, its jobs are reported in-process

@@ -21,11 +21,12 @@ from tornado.iostream import StreamClosedError
 
 from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
-from ..core.holders import is_server, kernel_holder, kernel_of, server_holder
+from ..core.holders import KERNEL, is_server, kernel_holder, kernel_of, server_holder
 from ..service.validation import InputError, parse_json
 from ..job_folder import JobFolder
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
+from .gpu_restart import RestartRefused
 from .watchdog import process_tree_map
 
 KEEPALIVE_SECONDS = 15.0
@@ -189,13 +190,15 @@ class ReservationsHandler(SidebarHandler):
 
 
 class RequestHandler(SidebarHandler):
-    """POST {"offer": name} or {"spec": {...}}, optional "kernel_id" (else the server holds it), "wait"."""
+    """POST {"offer": name} or {"spec": {...}}, optional "kernel_id" (else the server holds it), "wait",
+    and "restart": where GPU kernels run in pods of their own (Kubernetes), the kernel restarts as one
+    (its variables are lost: the sidebar asks first), 202; without it such a request is a 409 saying so."""
 
     @web.authenticated
     @authorized
     async def post(self) -> None:
         body = self.body()
-        unknown = set(body) - {"offer", "spec", "kernel_id", "wait"}
+        unknown = set(body) - {"offer", "spec", "kernel_id", "wait", "restart"}
         if unknown:
             raise web.HTTPError(400, f"unknown field {sorted(unknown)[0]!r}")
         spec = body.get("spec")
@@ -211,6 +214,18 @@ class RequestHandler(SidebarHandler):
         kernel_id = body.get("kernel_id")
         if kernel_id is not None and kernel_id not in self.ext.serverapp.kernel_manager:
             raise web.HTTPError(404, f"no kernel {kernel_id} on this server")
+        if body.get("restart") is not None and not isinstance(body["restart"], bool):
+            raise web.HTTPError(400, "restart must be true or false")
+        if body.get("restart"):
+            await self._restart_as_gpu_kernel(kernel_id, spec, body.get("offer", ""), idle_timeout)
+            return
+        sheet = await self.service(self.ext.client.offer_sheet())
+        refused = sheet.get("refused_holders", {})
+        if KERNEL in refused:  # a running process here cannot gain a device: neither a kernel nor the server
+            raise web.HTTPError(409, refused[KERNEL] if kernel_id and not sheet.get("kernel_pods") else (
+                "a running kernel cannot gain a GPU here: confirm a restart as a GPU kernel (restart: true)"
+                if kernel_id else "your running server cannot gain a GPU here: open a notebook and restart its "
+                                  "kernel as a GPU kernel, or start your server with a GPU from the hub"))
         holder = kernel_holder(kernel_id) if kernel_id else server_holder()
         wait = body.get("wait")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
@@ -227,6 +242,20 @@ class RequestHandler(SidebarHandler):
             entry["note"] = "the kernel uses the slice from its next %gpu command, or when it restarts"
         self.set_status(201 if lease["state"] == "granted" else 202)
         self.finish(json.dumps(entry))
+
+
+    async def _restart_as_gpu_kernel(self, kernel_id: str | None, spec: dict, offer: str,
+                                     idle_timeout: float | None) -> None:
+        if not kernel_id:
+            raise web.HTTPError(400, "restart needs a kernel_id: the kernel that restarts as a GPU kernel")
+        if self.ext.gpu_restarts is None:
+            raise web.HTTPError(409, "no GPU allocator is configured for this server")
+        try:
+            note = await self.ext.gpu_restarts.start(kernel_id, spec, offer=offer, idle_timeout=idle_timeout)
+        except RestartRefused as err:
+            raise web.HTTPError(err.status, str(err)) from None
+        self.set_status(202)
+        self.finish(json.dumps({"kernel_id": kernel_id, "restarting": True, "offer": offer, "note": note}))
 
 
 class ReleaseHandler(SidebarHandler):

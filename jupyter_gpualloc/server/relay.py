@@ -6,6 +6,8 @@ the service, unchanged (REST API v1's event JSON), at `<base_url>gpualloc/relay/
 kernels are given that root as $GPUALLOC_EVENTS_URL. The stream asks for the token the kernels
 were given for the service (the same user's), so it shows nothing its caller could not read there,
 and answers only the Host names the server answers to (its allow-list against DNS rebinding).
+`KernelsApiHandler` is that check for every path of the server's kernels under RELAY_ROOT (a
+kernel restarting as a GPU kernel: server/gpu_restart.py).
 """
 
 from __future__ import annotations
@@ -51,14 +53,11 @@ class KernelEventRelay:
             queue.put_nowait(None)
 
 
-class KernelEventsHandler(JupyterHandler):
-    """GET: server-sent events, `data: {event JSON}` each, as the service sent them to this server.
+class KernelsApiHandler(JupyterHandler):
+    """A path of this server for its kernels: a JupyterHandler for the server's Host allow-list and
+    headers; the caller is the kernels' token, not the server's own authentication."""
 
-    A JupyterHandler for the server's Host allow-list and headers; the caller is the kernels' token,
-    not the server's own authentication."""
-
-    def initialize(self, relay: KernelEventRelay, kernels_token: str) -> None:
-        self.relay = relay
+    def initialize(self, kernels_token: str) -> None:
         self.kernels_token = kernels_token
 
     def _authorized(self) -> bool:
@@ -67,20 +66,33 @@ class KernelEventsHandler(JupyterHandler):
             hmac.compare_digest(given.strip().encode(), self.kernels_token.encode())
 
     def prepare(self) -> None:
-        """Nothing of the server's own prepare(): this stream has its own token, checked in get()."""
+        """Nothing of the server's own prepare(): these paths have their own token, checked by admitted()."""
 
-    def _refuse(self, status: int, error: str, field: str) -> None:
+    def refuse(self, status: int, error: str, field: str) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": error, "field": field}))
 
-    async def get(self) -> None:
+    def admitted(self) -> bool:
+        """The kernels' token, on a Host this server answers to; else refused, and False."""
         if not self._authorized():
-            self._refuse(401, "the kernels' event stream needs the token this server gave its kernels",
-                         "Authorization")
-            return
+            self.refuse(401, "this path needs the token this server gave its kernels", "Authorization")
+            return False
         if not self.check_host():
-            self._refuse(403, "this Jupyter server does not answer to that Host", "Host")
+            self.refuse(403, "this Jupyter server does not answer to that Host", "Host")
+            return False
+        return True
+
+
+class KernelEventsHandler(KernelsApiHandler):
+    """GET: server-sent events, `data: {event JSON}` each, as the service sent them to this server."""
+
+    def initialize(self, relay: KernelEventRelay, kernels_token: str) -> None:  # type: ignore[override]
+        super().initialize(kernels_token)
+        self.relay = relay
+
+    async def get(self) -> None:
+        if not self.admitted():
             return
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-store")

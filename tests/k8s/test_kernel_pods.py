@@ -320,3 +320,85 @@ def test_kernels_in_pods_outlive_a_restart_of_the_service_running_or_queued(
         for blocker in blockers[1:]:
             service.call("DELETE", f"leases/{blocker['id']}?holder_gone=true", token=ROOT)
     wait_for(lambda: service.call("GET", "leases", token=ALICE).json()["leases"] == [], what="the kernels' leases ended")
+
+
+@pytest.fixture
+def jp_server_config(service, server, monkeypatch):
+    """alice's server as the hub starts it on Kubernetes: remote mode, the service's URL and her token."""
+    monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", server.partition(":")[2])
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpualloc.server": True}},
+            "GpuAllocExtension": {"mode": "remote", "service_url": service.root_url, "service_token": ALICE,
+                                  "report_interval": 0.5, "kernel_wait_timeout": 120}}
+
+
+async def _execute(ws, code: str) -> str:
+    """Run `code` over a kernel's websocket (jupyter_server's JSON protocol); its stream output."""
+    msg_id = uuid.uuid4().hex
+    ws.write_message(json.dumps({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "alice", "session": "test",
+                   "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                    "allow_stdin": False}}))
+    out: list[str] = []
+    replied = idle = False  # the reply (shell) may come before the output (iopub): idle comes after it
+    while not (replied and idle):
+        msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "execute_reply":
+            assert msg["content"]["status"] == "ok", msg
+            replied = True
+        idle = idle or (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle")
+    return "".join(out)
+
+
+async def test_gpu_request_restart_makes_a_cpu_kernel_a_gpu_kernel_in_a_pod_and_its_client_follows(
+        jp_serverapp, http_server_client, jp_fetch, jp_ws_fetch, service, k8s_cluster, namespace, tmp_path):
+    """`%gpu request ... --restart` in a CPU kernel of a real Jupyter server: the server restarts the
+    kernel into a pod with the slice; the client's websocket is closed once it runs there, and
+    reconnected with the same session it reaches the kernel in its pod."""
+    await jp_serverapp.extension_manager.start_all_extensions()
+    started = json.loads((await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))).body)
+    kernel_id, session = started["id"], uuid.uuid4().hex
+    km = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    ports_before = km.ports
+    ws = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": session})
+    process = None
+    try:
+        assert (await _execute(ws, "x = 41\nprint(x + 1)")).strip() == "42"
+        refused = await _execute(ws, "%gpu request --mig 1g.10gb")
+        assert "add --restart to %gpu request" in refused, refused
+        said = await _execute(ws, "%gpu request --mig 1g.10gb --restart")
+        assert "restarting this kernel as a GPU kernel (1g.10gb" in said and "variables are lost" in said, said
+        _, process = await asyncio.to_thread(k8s_cluster.run, lambda api: play_the_kubelet(
+            api, namespace, kernel_id, tmp_path / "kernel.log"), 120)
+        states = []
+        while (message := await asyncio.wait_for(ws.read_message(), 90)) is not None:  # closed once it runs
+            msg = json.loads(message)
+            if msg["msg_type"] == "status":
+                states.append(msg["content"]["execution_state"])
+        assert "restarting" in states, states
+        assert km.provisioner.in_pod and km.ports != ports_before  # fresh ports: the channels are opened anew
+        ws = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": session})
+        out = await _execute(ws, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], 'x' in dir())")
+        assert out.split() == ["mig", "False"], out  # a new kernel in its pod, its variables gone
+        again = await _execute(ws, "%gpu request --mig 1g.10gb --restart")
+        assert "a GPU kernel in a pod of its own already" in again, again
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+        if process is not None:
+            process.kill()
+            process.wait(10)
+    pods = await asyncio.to_thread(k8s_cluster.run, lambda api: until(
+        lambda: _no_pods(api, namespace, kernel_id), what="the kernel's pod deleted"))
+    assert pods
+    assert not [l for l in service.call("GET", "leases", token=ALICE).json()["leases"]
+                if l["holder"] == f"kernel:{kernel_id}"]
+
+
+async def _no_pods(api, namespace: str, kernel_id: str) -> bool:
+    return not await _kernel_pods(api, namespace, kernel_id)
