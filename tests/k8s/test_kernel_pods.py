@@ -402,3 +402,57 @@ async def test_gpu_request_restart_makes_a_cpu_kernel_a_gpu_kernel_in_a_pod_and_
 
 async def _no_pods(api, namespace: str, kernel_id: str) -> bool:
     return not await _kernel_pods(api, namespace, kernel_id)
+
+
+async def test_the_sidebar_asks_before_a_restart_and_never_gets_a_slice_a_running_pod_cannot_use(
+        jp_serverapp, http_server_client, jp_fetch, service):
+    from tornado.httpclient import HTTPClientError
+
+    await jp_serverapp.extension_manager.start_all_extensions()
+    kernel_id = json.loads((await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))).body)["id"]
+    try:
+        async def refused(body: dict) -> tuple[int, str]:
+            with pytest.raises(HTTPClientError) as err:
+                await jp_fetch("gpualloc", "api", "request", method="POST", body=json.dumps(body))
+            return err.value.code, json.loads(err.value.response.body)["message"]
+
+        code, why = await refused({"spec": {"kind": "mig", "profile": "1g.10gb"}, "kernel_id": kernel_id})
+        assert code == 409 and "confirm a restart as a GPU kernel" in why, why
+        code, why = await refused({"spec": {"kind": "mig", "profile": "1g.10gb"}})
+        assert code == 409 and "your running server cannot gain a GPU here" in why, why
+        code, why = await refused({"spec": {"kind": "mig", "profile": "1g.10gb"}, "restart": True})
+        assert code == 400 and "restart needs a kernel_id" in why, why
+        code, why = await refused({"spec": {"kind": "mig"}, "kernel_id": kernel_id, "restart": "yes"})
+        assert code == 400 and "restart must be true or false" in why, why
+        code, _ = await refused({"spec": {"kind": "mig"}, "kernel_id": "no-such-kernel", "restart": True})
+        assert code == 404
+        assert not service.call("GET", "leases", token=ALICE).json()["leases"]  # nothing was asked of the service
+    finally:
+        await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+
+
+async def test_the_kernels_restart_path_takes_only_the_kernels_token_and_a_valid_spec(
+        jp_serverapp, http_server_client):
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+    from jupyter_gpualloc.server.relay import RELAY_ROOT
+
+    await jp_serverapp.extension_manager.start_all_extensions()
+    ext = jp_serverapp.extension_manager.extensions["jupyter_gpualloc.server"].extension_points["gpualloc"].app
+    url = ext.url_for_kernels(RELAY_ROOT) + "api/v1/kernels/k1/restart"
+
+    async def post(body: dict, token: str) -> tuple[int, dict]:
+        try:
+            reply = await AsyncHTTPClient().fetch(url, method="POST", body=json.dumps(body),
+                                                  headers={"Authorization": f"token {token}"})
+        except HTTPClientError as err:
+            return err.code, json.loads(err.response.body)
+        return reply.code, json.loads(reply.body)
+
+    assert (await post({"spec": {"kind": "mig", "profile": "1g.10gb"}}, BOB))[0] == 401
+    code, body = await post({"spec": "big"}, ALICE)
+    assert code == 400 and body["field"] == "spec", body
+    code, body = await post({"spec": {"kind": "nonsense"}}, ALICE)
+    assert code == 400 and body["field"].startswith("spec."), body
+    code, body = await post({"spec": {"kind": "mig", "profile": "1g.10gb"}}, ALICE)
+    assert code == 404 and body["field"] == "kernel_id", body

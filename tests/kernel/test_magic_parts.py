@@ -116,3 +116,19 @@ def test_progress_in_a_terminal_rewrites_one_line(capsys):
     progress.done("gpu: granted")
     assert capsys.readouterr().out == ("\rgpu: queued: position 12" + "\rgpu: queued: position 3 "
                                        + "\r" + "gpu: granted".ljust(23) + "\n")
+
+
+def test_restart_is_only_for_request_and_only_where_a_server_restarts_kernels_into_pods(capsys):
+    from jupyter_gpualloc.kernel.magics import GpuMagics, KernelGpu
+
+    shell = InteractiveShell.instance()
+    gpu = KernelGpu(environ={"GPUALLOC_URL": "http://127.0.0.1:9/", "GPUALLOC_TOKEN": "t",
+                             "GPUALLOC_HOLDER": "kernel:k1"}, in_kernel=False)
+    magics = GpuMagics(shell, gpu)
+    for line, said in (("release --restart", "'%gpu release' takes no size or options"),
+                       ("request 10GB --restart --wait 1m", "leave out --wait and --no-wait"),
+                       ("request 10GB --restart", "--restart is for a kernel of a Jupyter server whose GPU "
+                                                  "kernels run in pods of their own (Kubernetes)")):
+        magics.gpu(line)
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err  # one line, no traceback, nothing sent
