@@ -36,7 +36,7 @@ MIG_1G = {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-kernels"}
 def service(k8s_cluster, tmp_path_factory):
     with own_nodes(k8s_cluster, NODES):
         svc = JobPodService(tmp_path_factory.mktemp("service-kernel-pods"), k8s_cluster.kubeconfig,
-                            "c.GpuAllocService.kernel_pods = True\n")
+                            "c.GpuAllocService.kernel_pods = True\nc.SchedulerPolicy.idle_grace = 1\n")
         svc.start()
         try:
             wait_for_nodes(svc, NODES)
@@ -456,3 +456,60 @@ async def test_the_kernels_restart_path_takes_only_the_kernels_token_and_a_valid
     assert code == 400 and body["field"].startswith("spec."), body
     code, body = await post({"spec": {"kind": "mig", "profile": "1g.10gb"}}, ALICE)
     assert code == 404 and body["field"] == "kernel_id", body
+
+
+async def test_idle_release_and_preemption_end_a_kernels_pod_and_the_server_shuts_the_kernel_down(
+        jp_serverapp, http_server_client, jp_kernel_dir, service, k8s_cluster, namespace, tmp_path):
+    """The scheduler takes a pod kernel's slice back (idle, then preempted): the lease's end deletes the
+    pod, and the server's monitor shuts the kernel down; it is not started again into a new slice."""
+    from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
+
+    specs = kernelspecs_for_offers([{"name": "idle", "spec": MIG_1G, "idle_timeout": 3},
+                                    {"name": "batch", "spec": MIG_1G}])
+    specs["gpualloc-batch"]["metadata"]["kernel_provisioner"]["config"]["priority"] = "batch"
+    for name, spec in specs.items():
+        (jp_kernel_dir / name).mkdir(parents=True)
+        (jp_kernel_dir / name / "kernel.json").write_text(json.dumps(spec))
+    await jp_serverapp.extension_manager.start_all_extensions()
+    kernels = jp_serverapp.kernel_manager
+    processes, blockers = [], []
+
+    async def start(name: str) -> tuple[str, str]:
+        kernel_id = str(uuid.uuid4())
+        started = asyncio.ensure_future(kernels.start_kernel(kernel_name=name, kernel_id=kernel_id))
+        _, process = await asyncio.to_thread(k8s_cluster.run, lambda api: play_the_kubelet(
+            api, namespace, kernel_id, tmp_path / f"{name}.log"), 120)
+        processes.append(process)
+        await asyncio.wait_for(started, 60)
+        return kernel_id, kernels.get_kernel(kernel_id).provisioner.lease_id
+
+    async def ended(kernel_id: str, lease_id: str, state: str) -> None:
+        async def over():
+            lease = (await asyncio.to_thread(service.call, "GET", f"leases/{lease_id}", None, ALICE)).json()
+            return lease["state"] == state and kernel_id not in kernels and await asyncio.to_thread(
+                k8s_cluster.run, lambda api: _no_pods(api, namespace, kernel_id))
+        await until(over, timeout=60, what=f"the kernel's lease {state}, its pod gone, the kernel shut down")
+        mine = (await asyncio.to_thread(service.call, "GET", "leases", None, ALICE)).json()["leases"]
+        assert not [l for l in mine if l["holder"] == f"kernel:{kernel_id}"], mine  # not started again
+
+    try:
+        idle_id, idle_lease = await start("gpualloc-idle")
+        await ended(idle_id, idle_lease, "expired")
+
+        for i in range(3):  # the node's other 1g.10gb instances
+            reply = await asyncio.to_thread(service.call, "POST", "leases",
+                                            {"spec": MIG_1G, "holder": f"server:p{i}"}, ROOT)
+            blockers.append(reply.json())
+        batch_id, batch_lease = await start("gpualloc-batch")
+        reply = await asyncio.to_thread(service.call, "POST", "leases",
+                                        {"spec": MIG_1G, "holder": "server:p3"}, ROOT)
+        blockers.append(reply.json())
+        assert blockers[-1]["state"] == "queued", blockers[-1]
+        await ended(batch_id, batch_lease, "preempted")
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(10)
+        for blocker in blockers:
+            if "id" in blocker:
+                service.call("DELETE", f"leases/{blocker['id']}?holder_gone=true", token=ROOT)
