@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 MIB = 1024 * 1024
 NO_DEVICES_FOR_CONTAINERS = "void"  # what the NVIDIA container runtime reads as "no GPU"
+IN_A_POD_VARIABLE = "GPUALLOC_KERNEL_POD"  # "1" in a GPU kernel running in a pod of its own (Kubernetes)
 
 # Every variable slice_env may set, so a caller can clear stale ones before applying a new lease.
 SLICE_ENV_NAMES = (

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..core.holders import KERNEL, kernel_of
+from ..lease_env import IN_A_POD_VARIABLE
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
@@ -248,6 +249,9 @@ class KernelGpu:
 
     def restart_as_gpu_kernel(self, spec: dict) -> list[str]:
         """Where GPU kernels run in pods of their own (Kubernetes): this kernel's server restarts it as one."""
+        if self.environ.get(IN_A_POD_VARIABLE):
+            raise InputError("this kernel is a GPU kernel in a pod of its own already: shut it down to give its "
+                             "slice back, then start another")
         if not self.environ.get("GPUALLOC_EVENTS_URL") or kernel_of(self.holder) is None:
             raise InputError("--restart is for a kernel of a Jupyter server whose GPU kernels run in pods of their "
                              "own (Kubernetes); here %gpu request works without it")

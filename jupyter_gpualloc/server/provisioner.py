@@ -37,7 +37,7 @@ from traitlets import Dict, Float, Unicode
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, ServiceUnavailable, discover
 from ..core.holders import kernel_holder
-from ..lease_env import SLICE_ENV_NAMES, slice_env
+from ..lease_env import IN_A_POD_VARIABLE, SLICE_ENV_NAMES, slice_env
 from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
@@ -181,7 +181,9 @@ class GpuAllocProvisioner(LocalProvisioner):
         key = connection["key"].decode() if isinstance(connection["key"], bytes) else connection["key"]
         ports = {name: connection[name] for name in PORT_NAMES}
         argv = ["{connection_file}" if part == self.parent.connection_file else part for part in cmd]
-        env = {k: v for k, v in kwargs.get("env", {}).items() if k.startswith("GPUALLOC_")}
+        # the server's event relay listens on its own loopback: a kernel in a pod follows the service's events
+        env = {k: v for k, v in kwargs.get("env", {}).items() if k.startswith("GPUALLOC_") and k != "GPUALLOC_EVENTS_URL"}
+        env[IN_A_POD_VARIABLE] = "1"  # the %gpu magic's own words for a kernel in a pod
         request = {"spec": self.spec, "server": link.client.server, "priority": self.priority, "argv": argv,
                    "env": env, "workdir": kwargs.get("cwd") or "",
                    "connection": {"key": key, "signature_scheme": connection["signature_scheme"], **ports}}

@@ -383,8 +383,10 @@ async def test_gpu_request_restart_makes_a_cpu_kernel_a_gpu_kernel_in_a_pod_and_
         assert "restarting" in states, states
         assert km.provisioner.in_pod and km.ports != ports_before  # fresh ports: the channels are opened anew
         ws = await jp_ws_fetch("api", "kernels", kernel_id, "channels", params={"session_id": session})
-        out = await _execute(ws, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], 'x' in dir())")
-        assert out.split() == ["mig", "False"], out  # a new kernel in its pod, its variables gone
+        out = await _execute(ws, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], 'x' in dir(), "
+                                 "'GPUALLOC_EVENTS_URL' in os.environ)")
+        assert out.split() == ["mig", "False", "False"], out  # a new kernel in its pod, its variables gone;
+        # it follows the service's events itself (the server's relay is on the server pod's loopback)
         again = await _execute(ws, "%gpu request --mig 1g.10gb --restart")
         assert "a GPU kernel in a pod of its own already" in again, again
     finally:
