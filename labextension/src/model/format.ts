@@ -19,6 +19,11 @@ export function sliceName(slice: SliceInfo): string {
   return `whole ${slice.model ?? 'GPU'}${count > 1 ? ` ×${count}` : ''}`;
 }
 
+/** The kernel id of a kernel's lease holder ("kernel:<id>"), else null. */
+export function kernelOfHolder(holder: string): string | null {
+  return holder.startsWith('kernel:') ? holder.slice('kernel:'.length) : null;
+}
+
 /** Who holds a lease, for people: "kernel abc123…", "this server", "job 42". */
 export function holderName(holder: string): string {
   const [kind, id] = holder.split(/:(.*)/s, 2);
@@ -91,9 +96,16 @@ export function statusTitle(slices: LeaseEntry[]): string {
   return [...lines, 'Click to open the GPUs panel'].join('\n');
 }
 
+/** A question asked before an action that cannot be undone: `accept` is the text of its warn button. */
+export interface Question {
+  title: string;
+  body: string;
+  accept: string;
+}
+
 /** The question asked before releasing a slice, or null when it needs none: releasing the slice
  * of a JupyterHub server stops that server (its kernels end). */
-export function releaseQuestion(lease: LeaseEntry): { title: string; body: string; accept: string } | null {
+export function releaseQuestion(lease: LeaseEntry): Question | null {
   const [kind] = lease.holder.split(':', 1);
   if (kind !== 'server' || lease.state !== 'granted') {
     return null;
