@@ -132,7 +132,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     if (statusBar) {
-      const status = new GpuStatus(model, () => void app.commands.execute(OPEN_PANEL));
+      const status = new GpuStatus(
+        model,
+        () => void app.commands.execute(OPEN_PANEL),
+        () => currentNotebook()?.kernelId ?? null,
+        currentChanged
+      );
       statusBar.registerStatusItem('jupyter-gpualloc:status', {
         item: status,
         align: 'left',
