@@ -11,7 +11,16 @@ import { ServerConnection } from '@jupyterlab/services';
 import { ApiError } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { streamQuery } from './model/stream';
-import { GpuEvent, Inventory, Job, LeaseEntry, OfferSheet, Reservation, UsageReport } from './model/types';
+import {
+  GpuEvent,
+  Inventory,
+  Job,
+  KernelRestart,
+  LeaseEntry,
+  OfferSheet,
+  Reservation,
+  UsageReport
+} from './model/types';
 
 /** The sidebar API's path below the server's base URL. */
 const ROOT = 'gpualloc/api';
@@ -67,6 +76,12 @@ export class GpuApi {
   /** Ask for an offer's slice for a kernel of this server (queued when nothing fits now). */
   request(offer: string, kernelId: string): Promise<LeaseEntry> {
     return this.post<LeaseEntry>(`${ROOT}/request`, { offer, kernel_id: kernelId });
+  }
+
+  /** Restart a kernel of this server as a GPU kernel with an offer's slice, in a pod of its own (Kubernetes
+   * kernel pods): the server restarts it, and the open kernel connection reconnects to the new pod. */
+  restartAsGpuKernel(offer: string, kernelId: string): Promise<KernelRestart> {
+    return this.post<KernelRestart>(`${ROOT}/request`, { offer, kernel_id: kernelId, restart: true });
   }
 
   /** Release a granted slice, or withdraw a queued request. */

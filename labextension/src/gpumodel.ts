@@ -10,11 +10,12 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { GpuApi } from './api';
 import { extensionRefusal } from './model/deadline';
 import { ApiError, plainError, unreachableText } from './model/errors';
-import { namedAfterNotebook } from './model/format';
+import { namedAfterNotebook, Question } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
+import { KernelRules, PendingRestart, restartQuestion, settleRestarts } from './model/request';
 import { reconnectDelay } from './model/stream';
-import { GpuEvent, Inventory, Job, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
+import { GpuEvent, Inventory, Job, KernelRestart, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
 
 /** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
 export const POLL_SECONDS = 10;
@@ -34,8 +35,10 @@ export class GpuModel {
 
   inventory: Inventory | null = null;
   offers: Offer[] = [];
-  /** Each kind of holder ('kernel', 'job') that gets no slice here, with why (Kubernetes without kernel pods). */
+  /** Each kind of holder ('kernel', 'job') that gets no slice here, with why (Kubernetes). */
   refusedHolders: Record<string, string> = {};
+  /** GPU kernels run in pods of their own (Kubernetes): a running kernel gets a slice by restarting into one. */
+  kernelPods = false;
   /** The reservations I may use that have not ended (empty when the allocator has none). */
   reservations: Reservation[] = [];
   /** My GPU-hours and usage quotas; null until fetched, or when the allocator gives none. */
@@ -50,9 +53,15 @@ export class GpuModel {
   error: string | null = null;
   /** What the server said to do after a request, per lease ("restart the kernel to use the slice"). */
   notes: Record<string, string> = {};
+  /** The restarts as GPU kernels asked for here and not over (by kernel id), with the server's note. */
+  restarts: Record<string, PendingRestart> = {};
 
   get slices(): LeaseEntry[] {
     return this.stream.slices;
+  }
+
+  get kernelRules(): KernelRules {
+    return { refusedHolders: this.refusedHolders, kernelPods: this.kernelPods };
   }
 
   get changed(): ISignal<GpuModel, void> {
@@ -127,7 +136,9 @@ export class GpuModel {
       this.inventory = inventory;
       this.offers = sheet.offers;
       this.refusedHolders = sheet.refused_holders;
+      this.kernelPods = sheet.kernel_pods === true;
       this.stream = withSlices(this.stream, slices);
+      this.restarts = settleRestarts(this.restarts, this.slices);
       this.dismissClearedWarnings();
       this.unreachable = null;
     } catch (err) {
@@ -175,6 +186,7 @@ export class GpuModel {
   handle(event: GpuEvent): void {
     const reduction = reduce(this.stream, event);
     this.stream = reduction.state;
+    this.restarts = settleRestarts(this.restarts, this.slices);
     this.dismissClearedWarnings();
     this._changed.emit();
     if (reduction.notice) {
@@ -256,6 +268,29 @@ export class GpuModel {
       this._changed.emit();
     }
     return lease;
+  }
+
+  /**
+   * Restart a notebook's kernel as a GPU kernel with an offer's slice (kernel pods), once `confirm`
+   * says yes to the question: the server restarts it into a pod of its own, where it may wait in the
+   * queue first. The server's note is kept in `restarts` until the kernel's slice is granted or its
+   * request ends.
+   */
+  async restartAsGpuKernel(
+    offer: Offer,
+    notebookPath: string,
+    kernelId: string,
+    confirm: (question: Question) => Promise<boolean>
+  ): Promise<KernelRestart | null> {
+    if (!(await confirm(restartQuestion(notebookPath, offer)))) {
+      return null;
+    }
+    const restart = await this.act(() => this.api.restartAsGpuKernel(offer.name, kernelId));
+    if (restart?.note) {
+      this.restarts = { ...this.restarts, [kernelId]: { note: restart.note, leaseSeen: false } };
+      this._changed.emit();
+    }
+    return restart;
   }
 
   /** Forget a lease's note (e.g. once its kernel was restarted). */

@@ -20,7 +20,7 @@ import { IJobActions } from './components/jobs';
 import { outputFactories } from './components/outputs';
 import { ICurrentNotebook } from './components/request';
 import { ISliceActions } from './components/slices';
-import { releaseQuestion } from './model/format';
+import { Question, releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
 
@@ -65,6 +65,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return { path: panel.context.path, kernelId: panel.sessionContext.session?.kernel?.id ?? null };
     };
     const open = (path: string) => void app.commands.execute('docmanager:open', { path });
+    const confirm = async (question: Question): Promise<boolean> => {
+      const answer = await showDialog({
+        title: question.title,
+        body: question.body,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
+      });
+      return answer.button.accept;
+    };
 
     const jobs: IJobActions = {
       cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
@@ -81,15 +89,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const slices: ISliceActions = {
       release: async lease => {
         const question = releaseQuestion(lease);
-        if (question) {
-          const answer = await showDialog({
-            title: question.title,
-            body: question.body,
-            buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
-          });
-          if (!answer.button.accept) {
-            return;
-          }
+        if (question && !(await confirm(question))) {
+          return;
         }
         await model.release(lease.id);
       },
@@ -116,7 +117,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       currentNotebook,
       currentChanged,
       slices,
-      jobs
+      jobs,
+      confirm
     });
     panel.id = PANEL_ID;
     panel.title.icon = gpuIcon;
@@ -130,7 +132,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
 
     if (statusBar) {
-      const status = new GpuStatus(model, () => void app.commands.execute(OPEN_PANEL));
+      const status = new GpuStatus(
+        model,
+        () => void app.commands.execute(OPEN_PANEL),
+        () => currentNotebook()?.kernelId ?? null,
+        currentChanged
+      );
       statusBar.registerStatusItem('jupyter-gpualloc:status', {
         item: status,
         align: 'left',

@@ -11,6 +11,7 @@ import { IJobActions, Jobs } from './components/jobs';
 import { ICurrentNotebook, Request } from './components/request';
 import { ISliceActions, MySlices } from './components/slices';
 import { Usage } from './components/usage';
+import { Question } from './model/format';
 
 export interface IPanelContext {
   model: GpuModel;
@@ -19,10 +20,12 @@ export interface IPanelContext {
   currentChanged: ISignal<unknown, unknown>;
   slices: ISliceActions;
   jobs: IJobActions;
+  /** Ask a question before an action that cannot be undone; true when the answer is yes. */
+  confirm(question: Question): Promise<boolean>;
 }
 
 function PanelBody(props: { context: IPanelContext }): JSX.Element {
-  const { model } = props.context;
+  const { model, confirm } = props.context;
   const notebook = props.context.currentNotebook();
   const mine = new Set(model.slices.map(l => l.id));
   const held = !!notebook?.kernelId && model.slices.some(l => l.holder === `kernel:${notebook.kernelId}`);
@@ -52,6 +55,7 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
           deadlineWarnings={model.stream.deadlineWarnings}
           ended={model.stream.ended}
           notes={model.notes}
+          restarts={model.restarts}
           actions={props.context.slices}
         />
       </Section>
@@ -68,8 +72,9 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
           offers={model.offers}
           notebook={notebook}
           held={held}
-          refusedHolders={model.refusedHolders}
+          rules={model.kernelRules}
           request={(offer, kernelId) => void model.request(offer, kernelId)}
+          restart={(offer, path, kernelId) => void model.restartAsGpuKernel(offer, path, kernelId, confirm)}
         />
       </Section>
       <Section id="jobs" title="Jobs">

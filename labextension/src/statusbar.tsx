@@ -1,15 +1,21 @@
-/** The status-bar item: my GPU slices at a glance; a click opens the GPUs panel. */
+/** The status-bar item: my GPU slices at a glance, or a GPU kernel's wait for its slice; a click opens the
+ * GPUs panel. */
 
 import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
+import { ISignal } from '@lumino/signaling';
 import React from 'react';
 
 import { GpuModel } from './gpumodel';
 import { statusText, statusTitle } from './model/format';
 
 export class GpuStatus extends ReactWidget {
+  /** `currentKernelId()`: the current notebook's kernel, whose wait for a slice is shown first;
+   * `currentChanged` fires when it changes. */
   constructor(
     private model: GpuModel,
-    private open: () => void
+    private open: () => void,
+    private currentKernelId: () => string | null,
+    private currentChanged: ISignal<unknown, unknown>
   ) {
     super();
     this.addClass('jp-gpualloc-status');
@@ -18,19 +24,26 @@ export class GpuStatus extends ReactWidget {
   render(): JSX.Element {
     return (
       <UseSignal signal={this.model.changed}>
-        {() => {
-          const text = statusText(this.model.slices);
-          return (
-            <button
-              className="jp-gpualloc-status-button"
-              onClick={this.open}
-              aria-label={`${text}: open the GPUs panel`}
-              title={statusTitle(this.model.slices)}
-            >
-              {text}
-            </button>
-          );
-        }}
+        {() => (
+          <UseSignal signal={this.currentChanged}>
+            {() => {
+              const text = statusText(this.model.slices, {
+                kernelPods: this.model.kernelPods,
+                currentKernelId: this.currentKernelId()
+              });
+              return (
+                <button
+                  className="jp-gpualloc-status-button"
+                  onClick={this.open}
+                  aria-label={`${text}: open the GPUs panel`}
+                  title={statusTitle(this.model.slices)}
+                >
+                  {text}
+                </button>
+              );
+            }}
+          </UseSignal>
+        )}
       </UseSignal>
     );
   }

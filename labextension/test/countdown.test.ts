@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import { formatCountdown, formatDuration, secondsLeft } from '../src/model/countdown';
-import { namedAfterNotebook, releaseQuestion, statusText, statusTitle } from '../src/model/format';
+import { kernelWaitText, namedAfterNotebook, releaseQuestion, statusText, statusTitle } from '../src/model/format';
 import { LeaseEntry } from '../src/model/types';
 
 describe('idle countdown', () => {
@@ -52,6 +52,38 @@ describe('status-bar text', () => {
     expect(statusText([granted])).toBe('GPU 1g.10gb · 9.5 GiB');
     expect(statusText([{ ...granted, used_mib: 3174 }])).toBe('GPU 1g.10gb · 3.1/9.5 GiB');
     expect(statusText([granted, { ...granted, id: 'b' }])).toBe('GPU 1g.10gb · 9.5 GiB +1');
+  });
+
+  it('shows a GPU kernel’s wait for its slice first where kernels run in pods of their own', () => {
+    const queued = (id: string, kernelId: string, position: number | null): LeaseEntry => ({
+      ...granted,
+      id,
+      holder: `kernel:${kernelId}`,
+      state: 'queued',
+      slice: null,
+      position
+    });
+    const pods = { kernelPods: true, currentKernelId: null };
+    // the lowest position when the current notebook's kernel does not wait (a first start is not known yet)
+    const server = { ...queued('s', 'x', 1), holder: 'server' };
+    const slices = [granted, queued('b', 'k-b', 3), queued('c', 'k-c', 2), server];
+    expect(statusText(slices, pods)).toBe('waiting for a GPU slice: position 2');
+    expect(statusText(slices, { kernelPods: true, currentKernelId: 'k-other' })).toBe(
+      'waiting for a GPU slice: position 2'
+    );
+    // the current notebook's kernel when it waits
+    expect(statusText(slices, { kernelPods: true, currentKernelId: 'k-b' })).toBe(
+      'waiting for a GPU slice: position 3'
+    );
+    expect(kernelWaitText([queued('b', 'k-b', null), queued('c', 'k-c', 4)], null)).toBe(
+      'waiting for a GPU slice: position 4'
+    );
+    expect(kernelWaitText([queued('b', 'k-b', null)], null)).toBe('waiting for a GPU slice');
+    // no kernel waits: the slices as before
+    expect(statusText([granted, server], pods)).toBe('GPU 1g.10gb · 9.5 GiB');
+    // on one machine a kernel's queued request reads as before
+    expect(statusText(slices)).toBe('GPU 1g.10gb · 9.5 GiB');
+    expect(statusText([queued('b', 'k-b', 3)])).toBe('GPU queued #3');
   });
 
   it('explains "+1" in its tooltip: each slice and who holds it', () => {

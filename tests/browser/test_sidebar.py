@@ -425,3 +425,67 @@ def test_slice_and_job_outputs_outlive_their_kernel(lab, page):
     ended.wait_for(timeout=60_000)
     assert "ended" in ended.inner_text()
     assert "model not found" not in page.locator(".jp-Notebook").inner_text()
+
+
+def test_restart_as_a_gpu_kernel_where_kernels_run_in_pods(lab, page):
+    """Where GPU kernels run in pods of their own (Kubernetes kernel pods, faked here: the browser's
+    offers sheet, request and slices are answered by the test), the Request button restarts the
+    notebook's kernel as a GPU kernel after a dialog, shows the server's note, and the status bar
+    shows the restarted kernel's place in the queue."""
+    write_notebook(lab.root / "pod.ipynb")
+    posted = []
+    note = "the kernel of pod.ipynb restarts in a pod of its own with a MIG 1g.5gb slice"
+    sheet = {"offers": [{**OFFERS[0], "available": 0}], "kernel_pods": True,
+             "refused_holders": {"kernel": "on Kubernetes a running kernel cannot get a GPU slice"}}
+
+    def fulfill(route, status: int, body) -> None:
+        route.fulfill(status=status, content_type="application/json", body=json.dumps(body))
+
+    def request(route) -> None:
+        posted.append(json.loads(route.request.post_data))
+        fulfill(route, 202, {"kernel_id": posted[-1]["kernel_id"], "restarting": True,
+                             "offer": posted[-1]["offer"], "note": note})
+
+    def slices(route) -> None:
+        if not posted:
+            fulfill(route, 200, {"slices": []})
+            return
+        kernel_id = posted[-1]["kernel_id"]
+        fulfill(route, 200, {"slices": [{
+            "id": "pod-lease", "user": "me", "holder": f"kernel:{kernel_id}", "spec": OFFERS[0]["spec"],
+            "priority": "interactive", "state": "queued", "slice": None, "created_at": 0, "reason": "",
+            "position": 2, "kernel": None}]})
+
+    page.route(re.compile(r"/gpualloc/api/offers\?"), lambda route: fulfill(route, 200, sheet))
+    page.route(re.compile(r"/gpualloc/api/request\?"), request)
+    page.route(re.compile(r"/gpualloc/api/slices\?"), slices)
+    page.goto(f"{lab.url}lab/tree/pod.ipynb?token={TOKEN}", timeout=120_000)
+    page.wait_for_function(
+        "() => window.jupyterapp?.shell.currentWidget?.context?.path === 'pod.ipynb'"
+        " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
+    [kernel] = lab.call("GET", "api/kernels")[1]
+    open_panel(page)
+    panel = page.locator(".jp-gpualloc-panel")
+    restart = panel.get_by_role("button", name="Restart pod.ipynb as a GPU kernel with MIG 1g.5gb")
+    assert restart.inner_text() == "Restart as a GPU kernel…" and restart.is_enabled()
+
+    # the dialog says what a restart costs; Cancel asks the server nothing
+    restart.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.get_by_text("Restart pod.ipynb as a GPU kernel?").wait_for()
+    assert "runs in a pod of its own" in dialog.inner_text() and "variables are lost" in dialog.inner_text()
+    dialog.get_by_role("button", name="Cancel").click()
+    dialog.wait_for(state="detached")
+    assert posted == []
+
+    restart.click()
+    dialog.get_by_role("button", name="Restart with MIG 1g.5gb").click()
+    dialog.wait_for(state="detached")
+    queued = panel.locator('.jp-gpualloc-slice[data-state="queued"]')
+    queued.wait_for(timeout=30_000)
+    assert posted == [{"offer": "mig-1g.5gb", "kernel_id": kernel["id"], "restart": True}]
+    assert "pod.ipynb" in queued.inner_text() and note in queued.inner_text()
+    page.wait_for_function(
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent"
+        " === 'waiting for a GPU slice: position 2'", timeout=30_000)
+    assert panel.get_by_text("The kernel of pod.ipynb already has a slice or a request.").count() == 1

@@ -10,6 +10,7 @@ import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import React from 'react';
 
 import { GpuModel } from '../gpumodel';
+import { restartNoteOf } from '../model/request';
 import { useNow } from './common';
 import { IJobActions, JobItem } from './jobs';
 import { ISliceActions, SliceItem } from './slices';
@@ -57,6 +58,7 @@ function LeaseOutputBody(props: { model: GpuModel; actions: ISliceActions; lease
           warning={model.stream.warnings[leaseId]}
           deadlineWarned={leaseId in model.stream.deadlineWarnings}
           note={model.notes[leaseId] ?? lease.note}
+          restartNote={restartNoteOf(model.restarts, lease)}
           actions={props.actions}
         />
       </ul>

@@ -1,6 +1,6 @@
 import React, { useState } from 'react';
 
-import { requestHint } from '../model/request';
+import { KernelRules, requestAction, requestButtonLabel, requestButtonText } from '../model/request';
 import { Offer } from '../model/types';
 import { Action } from './common';
 
@@ -13,9 +13,11 @@ export function Request(props: {
   offers: Offer[];
   notebook: ICurrentNotebook | null;
   held: boolean;
-  /** Each kind of holder that gets no slice here, with why: a refused 'kernel' disables the button and says why. */
-  refusedHolders: Record<string, string>;
+  /** A refused 'kernel' disables the button and says why, unless GPU kernels run in pods of their own:
+   * then the button restarts the notebook's kernel as one. */
+  rules: KernelRules;
   request: (offer: string, kernelId: string) => void;
+  restart: (offer: Offer, notebookPath: string, kernelId: string) => void;
 }): JSX.Element {
   const [choice, setChoice] = useState('');
   const offers = props.offers;
@@ -23,8 +25,9 @@ export function Request(props: {
     return <p className="jp-gpualloc-muted">No offers.</p>;
   }
   const selected = offers.find(o => o.name === choice) ?? offers[0];
-  const kernelId = props.notebook?.kernelId ?? null;
-  const hint = requestHint(props.notebook?.path ?? null, kernelId, props.held, props.refusedHolders);
+  const path = props.notebook?.path ?? null;
+  const action = requestAction(path, props.notebook?.kernelId ?? null, props.held, props.rules);
+  const refused = !props.rules.kernelPods && !!props.rules.refusedHolders.kernel;
   return (
     <div className="jp-gpualloc-request">
       <ul className="jp-gpualloc-offers" aria-label="offers">
@@ -59,15 +62,21 @@ export function Request(props: {
         </select>
       </label>
       <Action
-        label={props.notebook ? `Request ${selected.label} for ${props.notebook.path}` : 'Request a slice'}
-        disabled={!kernelId || hint !== ''}
-        onClick={() => kernelId && props.request(selected.name, kernelId)}
+        label={requestButtonLabel(props.rules, path, selected)}
+        disabled={action.kind === 'none'}
+        onClick={() => {
+          if (action.kind === 'restart') {
+            props.restart(selected, action.notebookPath, action.kernelId);
+          } else if (action.kind === 'request') {
+            props.request(selected.name, action.kernelId);
+          }
+        }}
       >
-        Request for this notebook
+        {requestButtonText(props.rules)}
       </Action>
-      {hint && (
-        <p className="jp-gpualloc-muted" data-refused={props.refusedHolders.kernel ? 'kernel' : undefined}>
-          {hint}
+      {action.kind === 'none' && (
+        <p className="jp-gpualloc-muted" data-refused={refused ? 'kernel' : undefined}>
+          {action.why}
         </p>
       )}
     </div>

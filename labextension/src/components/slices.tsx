@@ -2,7 +2,8 @@ import React from 'react';
 
 import { deadlineView } from '../model/deadline';
 import { EndedSlice, IdleWarning } from '../model/events';
-import { capInForce, gib, holderName, isolation, sliceName } from '../model/format';
+import { capInForce, gib, holderName, isolation, kernelOfHolder, sliceName } from '../model/format';
+import { PendingRestart, restartNoteOf } from '../model/request';
 import { Deadline, LeaseEntry } from '../model/types';
 import { Action, Countdown, useNow } from './common';
 
@@ -52,7 +53,7 @@ function TimeLimit(props: { deadline: Deadline; warned: boolean }): JSX.Element 
 
 /** Where a holder runs, for people: its notebook when open here, else "kernel 1a2b3c4d", "this server". */
 function whereOf(holder: string, actions: ISliceActions): string {
-  const kernelId = holder.startsWith('kernel:') ? holder.slice(7) : null;
+  const kernelId = kernelOfHolder(holder);
   return (kernelId ? actions.notebookOf(kernelId) : null) ?? holderName(holder);
 }
 
@@ -61,10 +62,12 @@ export function SliceItem(props: {
   warning?: IdleWarning;
   deadlineWarned: boolean;
   note?: string;
+  /** The server's note on the kernel's restart as a GPU kernel, while it waits for its slice. */
+  restartNote?: string;
   actions: ISliceActions;
 }) {
   const { lease, warning, note, actions } = props;
-  const kernelId = lease.kernel?.id ?? (lease.holder.startsWith('kernel:') ? lease.holder.slice(7) : null);
+  const kernelId = lease.kernel?.id ?? kernelOfHolder(lease.holder);
   const notebook = kernelId ? actions.notebookOf(kernelId) : null;
   const where = notebook ?? holderName(lease.holder);
   const deadline = lease.deadline ?? null;
@@ -78,6 +81,7 @@ export function SliceItem(props: {
           waiting: position {lease.position ?? '?'} in the queue
           {lease.reason ? ` (${lease.reason})` : ''}
         </div>
+        {props.restartNote && <div className="jp-gpualloc-note">{props.restartNote}</div>}
         <div className="jp-gpualloc-actions">
           <Action label={`Cancel the request for ${where}`} onClick={() => actions.release(lease)}>
             Cancel
@@ -155,12 +159,16 @@ export function MySlices(props: {
   deadlineWarnings: Record<string, number | null>;
   ended: EndedSlice[];
   notes: Record<string, string>;
+  /** Restarts as GPU kernels asked for here, by kernel id. */
+  restarts: Record<string, PendingRestart>;
   actions: ISliceActions;
 }): JSX.Element {
   const mine = props.slices.filter(l => !l.holder.startsWith('job:'));
+  const listed = new Set(mine.map(l => kernelOfHolder(l.holder)));
+  const unlisted = Object.entries(props.restarts).filter(([kernelId]) => !listed.has(kernelId));
   return (
     <>
-      {mine.length === 0 ? (
+      {mine.length === 0 && unlisted.length === 0 ? (
         <p className="jp-gpualloc-muted">No GPU slices.</p>
       ) : (
         <ul className="jp-gpualloc-list">
@@ -171,8 +179,17 @@ export function MySlices(props: {
               warning={props.warnings[lease.id]}
               deadlineWarned={lease.id in props.deadlineWarnings}
               note={props.notes[lease.id] ?? lease.note}
+              restartNote={restartNoteOf(props.restarts, lease)}
               actions={props.actions}
             />
+          ))}
+          {unlisted.map(([kernelId, restart]) => (
+            <li key={kernelId} className="jp-gpualloc-slice" data-restart={kernelId} data-state="restarting">
+              <div className="jp-gpualloc-slice-title">
+                <strong>{whereOf(`kernel:${kernelId}`, props.actions)}</strong>: restarting as a GPU kernel
+              </div>
+              <div className="jp-gpualloc-note">{restart.note}</div>
+            </li>
           ))}
         </ul>
       )}

@@ -19,6 +19,11 @@ export function sliceName(slice: SliceInfo): string {
   return `whole ${slice.model ?? 'GPU'}${count > 1 ? ` ×${count}` : ''}`;
 }
 
+/** The kernel id of a kernel's lease holder ("kernel:<id>"), else null. */
+export function kernelOfHolder(holder: string): string | null {
+  return holder.startsWith('kernel:') ? holder.slice('kernel:'.length) : null;
+}
+
 /** Who holds a lease, for people: "kernel abc123…", "this server", "job 42". */
 export function holderName(holder: string): string {
   const [kind, id] = holder.split(/:(.*)/s, 2);
@@ -62,8 +67,37 @@ export function capInForce(lease: LeaseEntry): string {
   return caps.length ? caps.join(' + ') : 'none';
 }
 
-/** The status bar's text: "GPU 1g.10gb · 3.1/9.5 GiB", "GPU 1g.10gb +1", "GPU queued #2" or "no GPU". */
-export function statusText(slices: LeaseEntry[]): string {
+/** Whether GPU kernels run in pods of their own (a queued kernel's lease then holds back its start),
+ * and the current notebook's kernel, whose wait is shown first. */
+export interface KernelStarts {
+  kernelPods: boolean;
+  currentKernelId: string | null;
+}
+
+const NO_KERNEL_PODS: KernelStarts = { kernelPods: false, currentKernelId: null };
+
+/** "waiting for a GPU slice: position 2" while a kernel of mine waits for its slice: the current
+ * notebook's when it waits (a kernel starting for the first time is not known here yet), else the
+ * first in line; null when none waits. */
+export function kernelWaitText(slices: LeaseEntry[], currentKernelId: string | null): string | null {
+  const waiting = slices.filter(l => l.state === 'queued' && kernelOfHolder(l.holder) !== null);
+  const inLine = (lease: LeaseEntry) => lease.position ?? Infinity;
+  const shown =
+    waiting.find(l => currentKernelId !== null && kernelOfHolder(l.holder) === currentKernelId) ??
+    [...waiting].sort((a, b) => inLine(a) - inLine(b))[0];
+  if (!shown) {
+    return null;
+  }
+  return shown.position ? `waiting for a GPU slice: position ${shown.position}` : 'waiting for a GPU slice';
+}
+
+/** The status bar's text: "GPU 1g.10gb · 3.1/9.5 GiB", "GPU 1g.10gb +1", "GPU queued #2" or "no GPU";
+ * where GPU kernels run in pods of their own, "waiting for a GPU slice: position 2" while one waits to start. */
+export function statusText(slices: LeaseEntry[], kernels: KernelStarts = NO_KERNEL_PODS): string {
+  const waiting = kernels.kernelPods ? kernelWaitText(slices, kernels.currentKernelId) : null;
+  if (waiting) {
+    return waiting;
+  }
   const granted = slices.filter(l => l.state === 'granted' && l.slice);
   if (granted.length === 0) {
     const queued = slices.find(l => l.state === 'queued');
@@ -91,9 +125,16 @@ export function statusTitle(slices: LeaseEntry[]): string {
   return [...lines, 'Click to open the GPUs panel'].join('\n');
 }
 
+/** A question asked before an action that cannot be undone: `accept` is the text of its warn button. */
+export interface Question {
+  title: string;
+  body: string;
+  accept: string;
+}
+
 /** The question asked before releasing a slice, or null when it needs none: releasing the slice
  * of a JupyterHub server stops that server (its kernels end). */
-export function releaseQuestion(lease: LeaseEntry): { title: string; body: string; accept: string } | null {
+export function releaseQuestion(lease: LeaseEntry): Question | null {
   const [kind] = lease.holder.split(':', 1);
   if (kind !== 'server' || lease.state !== 'granted') {
     return null;

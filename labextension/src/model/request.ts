@@ -1,21 +1,101 @@
-/** Why the sidebar's Request button cannot be used now, or '' when it can. */
-export function requestHint(
+/** What the sidebar's Request button does for the current notebook, and what it asks first. */
+
+import { kernelOfHolder, Question } from './format';
+import { LeaseEntry, Offer } from './types';
+
+/** What the offers sheet says of kernels here. */
+export interface KernelRules {
+  /** Each kind of holder ('kernel', 'job') that gets no slice here, with why (Kubernetes). */
+  refusedHolders: Record<string, string>;
+  /** GPU kernels run in pods of their own (Kubernetes): a running kernel gets a slice only by restarting into one. */
+  kernelPods: boolean;
+}
+
+/** Ask for a slice for the notebook's running kernel, restart that kernel as a GPU kernel, or nothing,
+ * with why. Every action names a kernel: the button never asks for a slice for the server itself. */
+export type RequestAction =
+  | { kind: 'request' | 'restart'; notebookPath: string; kernelId: string }
+  | { kind: 'none'; why: string };
+
+export function requestAction(
   notebookPath: string | null,
   kernelId: string | null,
   held: boolean,
-  refusedHolders: Record<string, string>
-): string {
-  if (refusedHolders.kernel) {
-    return refusedHolders.kernel;
+  rules: KernelRules
+): RequestAction {
+  const why = (text: string): RequestAction => ({ kind: 'none', why: text });
+  if (!rules.kernelPods && rules.refusedHolders.kernel) {
+    return why(rules.refusedHolders.kernel);
   }
   if (notebookPath === null) {
-    return 'Open a notebook to request a slice for its kernel.';
+    return why(
+      rules.kernelPods
+        ? 'Open a notebook to restart its kernel as a GPU kernel.'
+        : 'Open a notebook to request a slice for its kernel.'
+    );
   }
   if (!kernelId) {
-    return `${notebookPath} has no running kernel.`;
+    return why(`${notebookPath} has no running kernel.`);
   }
   if (held) {
-    return `The kernel of ${notebookPath} already has a slice or a request.`;
+    return why(`The kernel of ${notebookPath} already has a slice or a request.`);
   }
-  return '';
+  return { kind: rules.kernelPods ? 'restart' : 'request', notebookPath, kernelId };
+}
+
+/** The Request button's text. */
+export function requestButtonText(rules: KernelRules): string {
+  return rules.kernelPods ? 'Restart as a GPU kernel…' : 'Request for this notebook';
+}
+
+/** The Request button's name for screen readers and its tooltip. */
+export function requestButtonLabel(rules: KernelRules, notebookPath: string | null, offer: Offer): string {
+  if (rules.kernelPods) {
+    return notebookPath ? `Restart ${notebookPath} as a GPU kernel with ${offer.label}` : 'Restart as a GPU kernel';
+  }
+  return notebookPath ? `Request ${offer.label} for ${notebookPath}` : 'Request a slice';
+}
+
+/** The question asked before restarting a notebook's kernel as a GPU kernel. */
+export function restartQuestion(notebookPath: string, offer: Offer): Question {
+  const wait =
+    offer.available > 0
+      ? `It may still wait in the queue for the ${offer.label} slice.`
+      : `No ${offer.label} slice is free now: it waits in the queue for one.`;
+  return {
+    title: `Restart ${notebookPath} as a GPU kernel?`,
+    body:
+      'A GPU kernel on Kubernetes runs in a pod of its own, so the kernel of this notebook restarts: ' +
+      `its variables are lost and its cells need to run again. ${wait}`,
+    accept: `Restart with ${offer.label}`
+  };
+}
+
+/** A restart as a GPU kernel asked for here: the server's note, and whether the kernel's lease was listed since. */
+export interface PendingRestart {
+  note: string;
+  leaseSeen: boolean;
+}
+
+/** The note of a pending restart as a GPU kernel, for the lease of that kernel. */
+export function restartNoteOf(restarts: Record<string, PendingRestart>, lease: LeaseEntry): string | undefined {
+  const kernelId = kernelOfHolder(lease.holder);
+  return kernelId === null ? undefined : restarts[kernelId]?.note;
+}
+
+/** The restarts still pending (by kernel id) after a fresh list of my slices: one is over once its
+ * kernel's slice is granted, or once its listed request is gone (withdrawn, refused). */
+export function settleRestarts(
+  restarts: Record<string, PendingRestart>,
+  slices: LeaseEntry[]
+): Record<string, PendingRestart> {
+  const pending: Record<string, PendingRestart> = {};
+  for (const [kernelId, restart] of Object.entries(restarts)) {
+    const lease = slices.find(l => kernelOfHolder(l.holder) === kernelId);
+    if (lease?.state === 'granted' || (!lease && restart.leaseSeen)) {
+      continue;
+    }
+    pending[kernelId] = { ...restart, leaseSeen: restart.leaseSeen || lease !== undefined };
+  }
+  return pending;
 }

@@ -123,10 +123,21 @@ export interface Offer {
   over_usage_quota?: string | null;
 }
 
-/** The offers payload: the offers, and each kind of holder ('kernel', 'job') that gets no slice here, with why. */
+/** The offers payload: the offers, each kind of holder ('kernel', 'job') that gets no slice here, with why,
+ * and whether GPU kernels run in pods of their own (Kubernetes; absent from servers that predate them). */
 export interface OfferSheet {
   offers: Offer[];
   refused_holders: Record<string, string>;
+  kernel_pods?: boolean;
+}
+
+/** The answer (202) to a request to restart a kernel as a GPU kernel: the server restarts it into a pod of its own. */
+export interface KernelRestart {
+  kernel_id: string;
+  restarting: boolean;
+  offer: string;
+  /** One line for people on what happens now. */
+  note: string;
 }
 
 /** A reservation the caller may use (REST API v1's Reservation), with its one-line summary. */
