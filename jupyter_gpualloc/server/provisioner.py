@@ -19,8 +19,8 @@ granted; the start waits, logging its place in the queue, then connects to the p
 shutdown ends the lease and the pod; its process is the pod (polled through the service). No
 signal reaches another pod: it is interrupted by an `interrupt_request` message. A service that
 restarted forgets the request: the provisioner tells it again (`resume`), and the service takes
-back the kernel's lease and pod as they are. A restart moving a kernel into a pod, out of it or to
-another pod takes fresh ports: jupyter_server re-opens its clients' channels only when they change.
+back the kernel's lease and pod as they are. A restart into a pod (from the server's own, or from
+another pod) takes fresh ports: jupyter_server re-opens its clients' channels only when they change.
 """
 
 from __future__ import annotations

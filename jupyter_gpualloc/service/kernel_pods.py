@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from ..core.devices.kubernetes import LEASE_LABEL
 from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from ..core.holders import kernel_holder, kernel_of
-from ..core.model import Event, LeaseState, PriorityClass, SliceSpec, SpecError
+from ..core.model import Event, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
 from ..core.scheduler import Scheduler
 from .handlers import ApiError, ApiHandler
 from .user_pods import UserPods, api_message
@@ -106,7 +106,7 @@ class KernelPods:
         made = any(pod.lease_id == lease.id for pod in self.watch.own_pods())
         return self._keep(user, kernel_id, lease, template, body, made=made)
 
-    def _keep(self, user: str, kernel_id: str, lease: Any, template: dict[str, Any], body: Mapping[str, Any],
+    def _keep(self, user: str, kernel_id: str, lease: Lease, template: dict[str, Any], body: Mapping[str, Any],
               made: bool = False) -> dict[str, Any]:
         """Keep what the pod is made from; a granted lease's pod is made next (unless `made`)."""
         self._requests[kernel_id] = KernelPodRequest(
