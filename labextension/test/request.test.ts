@@ -9,7 +9,8 @@ import {
   restartQuestion,
   settleRestarts
 } from '../src/model/request';
-import { LeaseEntry, Offer } from '../src/model/types';
+import { Offer } from '../src/model/types';
+import { kernelLease } from './leases';
 
 const REFUSED = {
   kernel: 'on Kubernetes a kernel cannot get a GPU slice: a running pod cannot gain a device, and GPU kernels need kernel pods of their own, which are not available yet; start your server with a GPU instead'
@@ -106,21 +107,6 @@ describe('the Request button where GPU kernels run in pods of their own', () => 
     );
   });
 });
-
-function kernelLease(kernelId: string, state: 'queued' | 'granted', position: number | null = null): LeaseEntry {
-  return {
-    id: `lease-${kernelId}`,
-    user: 'me',
-    holder: `kernel:${kernelId}`,
-    spec: { kind: 'mig', profile: '1g.10gb' },
-    priority: 'interactive',
-    state,
-    slice: null,
-    created_at: 0,
-    reason: '',
-    position
-  };
-}
 
 describe('pending restarts as GPU kernels', () => {
   const asked = { k1: { note: 'restarting in a pod of its own', leaseSeen: false } };

@@ -15,24 +15,10 @@ import { GpuModel } from '../src/gpumodel';
 import { ApiError } from '../src/model/errors';
 import { Question } from '../src/model/format';
 import { KernelRestart, LeaseEntry, Offer, OfferSheet } from '../src/model/types';
+import { kernelLease } from './leases';
 
 const OFFER: Offer = { name: 'mig-1g', label: '1g.10gb', spec: { kind: 'mig', profile: '1g.10gb' }, available: 0 };
 const NOTE = 'the kernel of a.ipynb restarts in a pod of its own with a 1g.10gb slice';
-
-function kernelLease(kernelId: string, state: 'queued' | 'granted', position: number | null): LeaseEntry {
-  return {
-    id: `lease-${kernelId}`,
-    user: 'me',
-    holder: `kernel:${kernelId}`,
-    spec: OFFER.spec,
-    priority: 'interactive',
-    state,
-    slice: null,
-    created_at: 0,
-    reason: '',
-    position
-  };
-}
 
 /** Let the fetch the model starts after each call (in the background) finish first. */
 const settled = () => new Promise(resolve => setTimeout(resolve));
