@@ -332,12 +332,18 @@ class GpuAllocProvisioner(LocalProvisioner):
 
     async def cleanup(self, restart: bool = False) -> None:
         """At shutdown, its process ended: report the kernel gone; a restart keeps its lease. A kernel in
-        a pod of its own has ended its pod's lease (kill); the pod's end returns the slice."""
+        a pod of its own ends its pod's lease, at a restart too (a pod whose kernel exited by itself may
+        hold it still, and the next start asks for a new one); the pod's end returns the slice."""
         await super().cleanup(restart=restart)
         link = current_link()
         if self.in_pod:
-            if link is not None and link.monitor is not None:
-                link.monitor.detach(self.kernel_id)
+            if link is not None:
+                try:
+                    await self._end_pod(link)
+                except GpuAllocError as err:  # its pod's deletion or absence ends the lease all the same
+                    self.log.warning("kernel %s: cannot end its pod's lease now: %s", self.kernel_id, err)
+                if link.monitor is not None:
+                    link.monitor.detach(self.kernel_id)
             if restart and self.local_ip:  # the kernel manager starts kernels on local addresses only
                 self.parent.ip = self.local_ip
                 self._fresh_ports()
