@@ -6,8 +6,9 @@ asked what the extension registered: a route it serves that the matrix lacks fai
 method a handler implements is called with no credentials, with malformed ones, as another user
 on every id-based route, as a plain user on every route whose handler can require the admin, and
 in embedded mode with a foreign Host and a foreign Origin: each answer is a 4xx, never a 2xx, and
-no answer (nor another user's event stream) shows the owner's lease or holder. The relay
-answers only the token its server gave its kernels: not the server's own, nor another user's.
+no answer (nor another user's event stream) shows the owner's lease or holder. The kernels' paths
+(the event relay, a kernel's restart as a GPU kernel) answer only the token its server gave its
+kernels: not the server's own, nor another user's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tornado import web
 from tornado.routing import Router
 
 from jupyter_gpualloc.server.handlers import SidebarHandler, routes as sidebar_routes
-from jupyter_gpualloc.server.relay import EVENTS_PATH, KernelEventsHandler
+from jupyter_gpualloc.server.gpu_restart import RESTART_PATH, KernelRestartHandler
+from jupyter_gpualloc.server.relay import EVENTS_PATH, RELAY_ROOT, KernelEventsHandler
 from jupyter_gpualloc.service.app import ROUTES
 from jupyter_gpualloc.service.handlers import ApiHandler
 
@@ -57,7 +59,8 @@ def needs_admin(handler: type, method: str) -> bool:
 V1 = [(template, method, handler) for template, handler, _ in ROUTES for method in implemented(handler, ApiHandler)]
 SIDEBAR = [(path, method) for path, handler in sidebar_routes()
            for method in implemented(handler, SidebarHandler)]
-RELAY = [("/" + EVENTS_PATH, method) for method in implemented(KernelEventsHandler, web.RequestHandler)]
+RELAY = [("/" + EVENTS_PATH, method) for method in implemented(KernelEventsHandler, web.RequestHandler)] + \
+    [("/" + RELAY_ROOT + RESTART_PATH, method) for method in implemented(KernelRestartHandler, web.RequestHandler)]
 
 
 def fill(template: str, ids: dict[str, str]) -> str:
@@ -242,9 +245,14 @@ def test_relay_answers_only_the_token_its_server_gave_its_kernels(remote, path, 
         response = requests.request(method, url, headers={**bearer(USER), **foreign}, timeout=30)
         assert_refused(response, what=(method, path, foreign), allowed=(403,))
         assert response.json()["field"] == "Host"
-    with requests.request(method, url, headers=bearer(USER), stream=True, timeout=30) as response:
-        assert response.status_code == 200, response.text[:300]
-        assert next(response.iter_lines()) == b": connected"
+    if path.endswith("/restart"):  # a kernel restarting as a GPU kernel: this server has no kernel "x"
+        response = requests.request(method, url, headers=bearer(USER), json={"spec": {"kind": "shared", "memory_gib": 1}},
+                                    timeout=30)
+        assert response.status_code == 404 and response.json()["field"] == "kernel_id", response.text[:300]
+    else:
+        with requests.request(method, url, headers=bearer(USER), stream=True, timeout=30) as response:
+            assert response.status_code == 200, response.text[:300]
+            assert next(response.iter_lines()) == b": connected"
     for other in sorted({m.upper() for m in METHODS} - {m for p, m in RELAY if p == path}):
         response = requests.request(other, url, headers=bearer(USER), timeout=30)
         assert_refused(response, what=(other, path), allowed=(403, 405))  # 403: the server's XSRF check
