@@ -1,6 +1,6 @@
 """From a job's submit to its Kubernetes Job's pod Running, beside a plain pod, on the local control plane.
 
-    python benchmarks/k8s_job_pods.py [--runs 20] [--out FILE]
+    python benchmarks/k8s_kernels.py [--runs 20] [--out FILE]
 
 Needs the control plane built (`make k8s-build`). It starts one with the demo fleet
 (examples/fleets/k8s-demo.yaml), the service as a process (--backend kubernetes,
