@@ -1,14 +1,13 @@
-"""From a request to a runnable GPU kernel pod, and to a Running job pod, beside KubeSpawner starting
-a plain pod, on the local control plane.
+"""From request to a runnable GPU kernel pod and to a Running job pod, beside KubeSpawner's start().
 
     python benchmarks/k8s_kernels.py [--runs 20] [--out FILE]
 
-Needs the control plane built (`make k8s-build`). It starts one with the demo fleet
+Needs the local control plane built (`make k8s-build`). It starts one with the demo fleet
 (examples/fleets/k8s-demo.yaml), the service as a process (--backend kubernetes, SQLite,
 c.GpuAllocService.kernel_pods and job_pods on) and alice's CPU-only server pod as KubeSpawner
 makes it, then, after one round that is not counted (KubeSpawner's pod and event watches start,
-the service's code paths warm), alternates --runs rounds of, each asking for one whole L4 on
-gpu-l4-1 and each ended (its pod gone) before the next starts:
+the service's code paths warm), runs --runs rounds of these, in this order, each asking for one
+whole L4 on gpu-l4-1 and each ended (its pod gone) before the next starts:
 
 - KubeSpawner starts a plain pod (the baseline): jupyterhub-kubespawner's own `KubeSpawner`, its
   `start()` from the call to its return with the pod's URL, which is when its pod watch (its
@@ -25,11 +24,13 @@ gpu-l4-1 and each ended (its pod gone) before the next starts:
   kernel: `POST /api/v1/kernels/{id}/pod` with the body its `launch_kernel` builds (the slice, the
   server, the kernelspec's argv with `{connection_file}` and `--ext=jupyter_gpualloc`, the GPUALLOC_
   env, the workdir, the connection key and ports), alice's token, then `GET` every 10 ms until
-  the state is "running" (the pod Running with its IP: the provisioner connects to it then). It
-  includes the lease's grant, the pod written, kube-scheduler and kwok. The service writes the
-  pod's Secret (connection file, env) just after the pod; kwok may run the pod before the Secret
-  is there, where a kubelet would wait to mount it: a line under the table says in how many runs
-  it was not there yet when the pod was reported running. Then `DELETE` (the kernel's shutdown).
+  the state is "running" (the pod Running with its IP: the provisioner connects to it then; the
+  provisioner itself asks again once a second, and the POST never answers "running", so a real
+  kernel start sees it 1 s after its POST at the earliest). It includes the lease's grant, the
+  pod written, kube-scheduler and kwok. The service writes the pod's Secret (connection file,
+  env) just after the pod; kwok may run the pod before the Secret is there, where a kubelet would
+  wait to mount it: a line under the table says in how many runs it was not there yet when the
+  pod was reported running. Then `DELETE` (the kernel's shutdown).
 - kernel answers: the same start, on until a kernel_info reply from the kernel at the pod's IP.
   kwok runs no process, so once the pod is Running and its Secret there this process plays the
   kubelet with tests/k8s/test_kernel_pods.py's helper: it reads the Secret and starts the pod's
