@@ -41,6 +41,7 @@ from ..lease_env import IN_A_POD_VARIABLE, SLICE_ENV_NAMES, slice_env
 from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
+FIRST_POD_POLL_SECONDS = 0.05  # where a kernel's pod is: asked this soon after the request, then twice as long each time up to POLL_SECONDS
 MAGIC_EXTENSION = "jupyter_gpualloc"
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
@@ -210,7 +211,7 @@ class GpuAllocProvisioner(LocalProvisioner):
         """Until the kernel's pod runs: its place in the queue is logged; past the wait timeout in the
         queue the request is withdrawn and the start fails saying so."""
         timeout = self.wait_timeout if self.wait_timeout is not None else link.wait_timeout
-        deadline, said = time.monotonic() + timeout, None
+        deadline, said, pause = time.monotonic() + timeout, None, FIRST_POD_POLL_SECONDS
         what = self.offer or self.spec
         while pod["state"] != "running":
             if pod["state"] == "ended":
@@ -226,7 +227,8 @@ class GpuAllocProvisioner(LocalProvisioner):
             if where != said:
                 self.log.info("kernel %s: %s", self.kernel_id, where)
                 said = where
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, POLL_SECONDS)
             try:
                 pod = await self._pod_view(link)
             except ServiceUnavailable as err:  # e.g. the service restarts: the request is told again after

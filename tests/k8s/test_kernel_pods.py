@@ -83,7 +83,11 @@ async def play_the_kubelet(api, namespace: str, kernel_id: str, log: Path, not_p
                      and not p.metadata.deletion_timestamp and p.metadata.name != not_pod), None)
 
     pod = await until(running, timeout=90, what="the kernel's pod Running")
-    secret = await core.read_namespaced_secret(pod.metadata.name, namespace)
+
+    async def secret_made():  # the pod is made first (the Secret is owned by it): a kubelet waits to mount it
+        secrets = (await core.list_namespaced_secret(namespace, field_selector=f"metadata.name={pod.metadata.name}")).items
+        return secrets[0] if secrets else None
+    secret = await until(secret_made, what="the kernel pod's Secret")
     data = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
     connection = {**json.loads(data["connection.json"]), "ip": pod.status.pod_ip}  # its own network's address
     path = log.parent / f"kernel-{kernel_id}.json"
