@@ -679,6 +679,11 @@ class FragmentationAwarePolicy(_StateScored):
     the only home of the biggest demands (openb multigpu40: 8-GPU pods asking for 120 cores fit only
     the 39 G3 nodes, and lost about 12 a seed). A node whose CPU would strand GPUs scores several
     steps lower and still loses; a CPU-only demand goes as scored (key 4 sends it where the CPU is).
+
+    When a used node is best for a whole single GPU, ties go to the least free CPU, then the lowest
+    index: the GPU takes its CPU from the node that has least of it to spare, and nodes with more
+    CPU keep it for their own free GPUs (openb multigpu40, 10 seeds: 96.893 before, 96.907 after;
+    fewer G2 GPUs stranded without CPU at 100% arrived, e.g. 12.2 -> 6.7 GPUs on seed 45).
     """
 
     name = "default"
@@ -713,6 +718,10 @@ class FragmentationAwarePolicy(_StateScored):
         if best[1] == 0 or not demand.num_gpu:  # a used node is best, or no GPU asked: as scored
             tied = [sid for sid, score in zip(unique, scores) if score == best]
             hits = sids == tied[0] if len(tied) == 1 else np.isin(sids, tied)
+            if demand.num_gpu == 1 and not demand.is_share:  # a whole GPU: the least free CPU
+                pool = candidates[hits]
+                if pool.size > 1:
+                    return int(pool[np.lexsort((pool, view.cpu_free[pool]))[0]])
             return candidates[int(np.argmax(hits))]
         return self._open_idle(view, candidates, sids, unique, scores)
 

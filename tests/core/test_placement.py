@@ -242,6 +242,22 @@ def test_default_opens_the_smallest_idle_node_unless_a_smaller_one_strands_gpus(
     assert policy.choose(view, big_pod)[0] == 0
 
 
+def test_default_gives_a_whole_gpu_the_used_node_with_least_free_cpu():
+    """Among used nodes that tie on every key, a whole single GPU goes to the least free CPU (then the
+    lowest index), leaving the CPU where GPUs would strand without it; a share still takes the
+    lowest index (openb multigpu40, 10 seeds: 96.893 -> 96.907)."""
+    nodes = [node("a", 2, cpu=64_000), node("b", 2, cpu=32_000), node("c", 2, cpu=16_000),
+             node("d", 2, cpu=8000)]
+    view = ClusterView(nodes)
+    for n in range(3):
+        view.allocate(n, (0,), share(500, cpu=0))  # a, b, c used alike; d idle
+    policy = get_policy("default", typical=[])
+    assert policy.choose(view, Demand(cpu_milli=4000, num_gpu=1, gpu_milli=1000)) == (2, (1,))
+    view.allocate(2, (1,), Demand(num_gpu=1, gpu_milli=1000))  # c's last whole GPU gone
+    assert policy.choose(view, Demand(cpu_milli=4000, num_gpu=1, gpu_milli=1000)) == (1, (1,))
+    assert policy.choose(view, share(300, cpu=0)) == (0, (0,))
+
+
 def test_unknown_policy_and_bad_demand():
     with pytest.raises(ValueError):
         get_policy("nope")
