@@ -78,6 +78,12 @@ scores several steps lower and still loses; CPU-only pods go as scored (key 4 se
 small nodes with the most CPU per GPU). The slack of one step is measured, not derived: multigpu40,
 10 seeds: 0 steps 96.77, 1 and 2: 96.89, 3 and 4: 96.77 (at 3 it merges real CPU stranding).
 
+When a used node is best for a whole single-GPU pod and several used nodes tie on every key, the one
+with the least free CPU takes it, then the lowest index (issue 28, part 2b): the pod's cores come from
+the node with least to spare, and the others keep theirs for their own free GPUs. On multigpu40 (10
+seeds) it took `default` from 96.893 to 96.907, with fewer GPUs stranded without CPU on G2 nodes at
+100% arrived; shares and multi-GPU pods keep the lowest index (least free CPU for them: 96.88-96.90).
+
 Ties decide most placements: whole-GPU and CPU-only pods change the fragmentation measure by the same
 amount on almost every node, so after key 1 the packing keys and the fixed node order choose. Breaking
 them at random spreads pods over empty nodes (FGD falls to about 90%); exact float scores replace the
