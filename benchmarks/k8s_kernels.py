@@ -25,8 +25,8 @@ whole L4 on gpu-l4-1 and each ended (its pod gone) before the next starts:
   server, the kernelspec's argv with `{connection_file}` and `--ext=jupyter_gpualloc`, the GPUALLOC_
   env, the workdir, the connection key and ports), alice's token, then `GET` every 10 ms until
   the state is "running" (the pod Running with its IP: the provisioner connects to it then; the
-  provisioner itself asks again once a second, and the POST never answers "running", so a real
-  kernel start sees it 1 s after its POST at the earliest). It includes the lease's grant, the
+  provisioner itself asks 50 ms after its POST, then twice as long after each answer, so a real
+  kernel start sees it a few tens of ms later). It includes the lease's grant, the
   pod written, kube-scheduler and kwok. The service writes the pod's Secret (connection file,
   env) just after the pod; kwok may run the pod before the Secret is there, where a kubelet would
   wait to mount it: a line under the table says in how many runs it was not there yet when the
