@@ -87,9 +87,10 @@ class UserPods(LoggingConfigurable):
         slice_ = lease["slice"]
         copied = dict(template.get("container") or {})
         url = service_url or env_value(copied.get("env", []), "GPUALLOC_URL")
-        container_env = [e for e in copied.get("env", []) if e.get("name") not in SLICE_ENV_NAMES]
+        own = {e["name"] for e in env}  # `env` wins over the server's and the slice's variables of its names
+        container_env = [e for e in copied.get("env", []) if e.get("name") not in {*SLICE_ENV_NAMES, *own}]
         container_env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=url,
-                                                                        visible_devices=False).items()]
+                                                                        visible_devices=False).items() if k not in own]
         resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
         gpus = resource_limits(slice_, mig_strategy=self.mig_strategy, shared_resources=self.shared_resources,
                                gpu_resource=self.gpu_resource)

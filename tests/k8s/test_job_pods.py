@@ -284,6 +284,7 @@ def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_output
     assert spec.termination_grace_period_seconds == PREEMPT_GRACE
     names = [e.name for e in container.env]
     assert "JUPYTERHUB_API_TOKEN" not in names and "TEAM_SETTING" in names and "CUDA_VISIBLE_DEVICES" not in names
+    assert len(names) == len(set(names)), names
     secret_ref = next(e for e in container.env if e.name == "GPUALLOC_TOKEN").value_from.secret_key_ref
     secret = k8s_cluster.run(lambda api: client.CoreV1Api(api).read_namespaced_secret(secret_ref.name, namespace))
     assert [(o.kind, o.uid) for o in secret.metadata.owner_references] == [("Job", kube_job.metadata.uid)]

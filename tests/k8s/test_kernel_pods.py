@@ -146,6 +146,8 @@ def test_a_gpu_kernel_starts_in_its_own_pod_queued_first_runs_code_and_its_shutd
         assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.10gb"] == "1"
         assert [o.kind for o in pod.metadata.owner_references] == ["Pod"]  # the server's: it takes them along
         assert pod.spec.automount_service_account_token is False
+        names = [var.name for var in pod.spec.containers[0].env]
+        assert len(names) == len(set(names)), names  # the kernel's own GPUALLOC_URL, not the server's beside it
         out = await run_code(km, "import os\nprint(os.environ['GPUALLOC_SLICE_KIND'], os.getcwd())")
         assert out.strip() == f"mig {tmp_path}", out
 
