@@ -20,7 +20,7 @@ from .errors import StoreFailed
 from .fleet_state import FleetState, GpuState
 from .model import Event, Lease, MigInstance
 from .placement import Demand
-from .store import DeadlineRecord, Store, StoreError, UsageSegment
+from .store import DeadlineRecord, Store, StoreError, TakenGroup, UsageSegment
 
 
 class Record(Protocol):
@@ -147,6 +147,23 @@ class _Staged:
     destroyed: list[tuple[tuple, Event]]  # removals of destroyed instances it carried (see SchedulerJournal)
 
 
+@dataclass
+class GroupWrite:
+    """A group taken to be written off the owner's thread (SchedulerJournal.take_group)."""
+
+    staged: list[_Staged]
+    events: list[Event]
+    callbacks: list[Callable[[StoreFailed | None], None]]
+    to_destroy: dict[str, GpuState]
+    store: Store
+    taken: TakenGroup | None  # the store's writes; None: the group wrote nothing
+
+    def write(self) -> None:
+        """Write the group's transaction, on any thread; SchedulerJournal.settle_group() tells the outcome."""
+        if self.taken is not None:
+            self.store.write_taken(self.taken)
+
+
 class SchedulerJournal:
     """The scheduler's unit of work over leases, GPUs, MIG instances and drains.
 
@@ -155,10 +172,12 @@ class SchedulerJournal:
     deadlines', whose writes it takes too: `write_usage`, `write_deadline`); `commit` writes it
     in one transaction and announces its events, or, while the store holds a group
     (`Store.hold()`), stages it for `write_group`, which writes the group, announces it, or
-    undoes every staged change, newest first. `rollback` puts a change back: the
+    undoes every staged change, newest first. A group may also be written on another thread
+    (`take_group`, `GroupWrite.write`, then `settle_group` here) while the next one gathers; if
+    the store refuses it, the changes staged since are undone with it. `rollback` puts a change back: the
     fleet and the inverses here, the leases by the owner's `put_back_leases(restored)` (see
-    UndoLog.put_back); `on_released(instances, now, settle)` hears of the MIG instances a durable
-    group released.
+    UndoLog.put_back); `on_released(instances, now, settle)` hears of the MIG instances a settled
+    group released (a refused one's are back with their leases, but for those carried).
     """
 
     def __init__(self, store: Store, backend: DeviceBackend, fleet: FleetState, listeners: Listeners,
@@ -188,6 +207,10 @@ class SchedulerJournal:
         self._staged: list[_Staged] = []  # changes committed into the store's waiting group
         self._staged_events: list[Event] = []
         self._group_callbacks: list[Callable[[StoreFailed | None], None]] = []
+        self._in_flight: GroupWrite | None = None  # taken, not yet settled (take_group)
+        # Instances a durable group released that a change still staged took again: the settle of its
+        # group destroys them if that change is undone (MigInstances.destroy_released).
+        self.carried: dict[str, GpuState] = {}
 
     def restart(self, seq: int, intents: list[str]) -> None:
         """Go on from the stored sequence number and the MIG intents still listed (recovery)."""
@@ -265,7 +288,7 @@ class SchedulerJournal:
         self.usage.clear()
         self.intents.clear()
         self.undo = Undo(self.seq)
-        if self._staged and not self.store.holding:  # written above, with the group before it
+        if (self._staged or self._in_flight) and not self.store.holding:  # written above, with the group before it
             self._staged_events += events  # announced after the group's own
             events = []
             self.write_group(settle=False)  # inside a change: its caller schedules
@@ -282,29 +305,63 @@ class SchedulerJournal:
         self._group_callbacks.append(callback)
 
     def write_group(self, settle: bool) -> None:
-        """Write the waiting group, announce it, then pass on the instances it released (`settle`:
-        the owner may run a scheduling pass); if the store refuses, undo every staged change,
-        newest first, and raise StoreFailed."""
-        staged, self._staged = self._staged, []
-        events, self._staged_events = self._staged_events, []
-        callbacks, self._group_callbacks = self._group_callbacks, []
-        to_destroy, self.to_destroy = self.to_destroy, {}
+        """Write the waiting group now, on this thread, after settling the one being written elsewhere
+        (see settle_group); StoreFailed, everything staged undone, if the store refuses either."""
+        if self._in_flight is not None:
+            self.settle_group(self._in_flight, settle=False)
+        write = self.take_group()
+        write.write()
+        self.settle_group(write, settle)
+
+    def take_group(self) -> GroupWrite:
+        """Take the waiting group (its staged changes, events, callbacks, released instances and the
+        store's writes) for GroupWrite.write(), on any thread, while the next group gathers; the
+        owner then calls settle_group(). One group at a time is taken."""
+        if self._in_flight is not None:
+            raise RuntimeError("the group taken before is not settled")
+        write = GroupWrite(self._staged, self._staged_events, self._group_callbacks, self.to_destroy,
+                           self.store, self.store.take_group())
+        self._staged, self._staged_events, self._group_callbacks, self.to_destroy = [], [], [], {}
+        self._in_flight = write
+        return write
+
+    def settle_group(self, write: GroupWrite, settle: bool) -> None:
+        """Finish a taken group, on the owner's thread, once written (it waits for that): announce it,
+        call its callbacks, then pass on the instances it released (`settle`: the owner may run a
+        scheduling pass). If the store refused it, undo it and every change staged since, newest
+        first, call every callback with the failure and raise StoreFailed. Nothing if settled before."""
+        if self._in_flight is not write:
+            return
+        self._in_flight = None
+        released, self.carried = {**self.carried, **write.to_destroy}, {}
         try:
-            self.store.commit_group()
+            if write.taken is not None:
+                self.store.settle_taken(write.taken)  # refused: the store drops the writes staged since too
         except StoreError as err:
             failed = refused(err)
+            staged, self._staged, self._staged_events = write.staged + self._staged, [], []
+            callbacks, self._group_callbacks = write.callbacks + self._group_callbacks, []
+            released.update(self.to_destroy)
+            self.to_destroy = {}
             for change in reversed(staged):
                 self.undo, self.intents = change.undo, change.intents
                 self.rollback(change.now)
                 self.destroyed[:0] = change.destroyed  # still to be written
             for callback in callbacks:
                 callback(failed)
+            if released:  # given back to their leases, or, released by a durable group and taken again by an undone change, free
+                self._on_released(released, staged[-1].now if staged else 0.0, settle)
             raise failed from err
-        self.listeners.announce(events)
-        for callback in callbacks:
+        self.listeners.announce(write.events)
+        for callback in write.callbacks:
             callback(None)
-        if to_destroy:
-            self._on_released(to_destroy, staged[-1].now if staged else 0.0, settle)
+        if released:
+            self._on_released(released, write.staged[-1].now if write.staged else 0.0, settle)
+
+    @property
+    def gathering(self) -> bool:
+        """Whether changes wait, staged, for a group commit (none of them durable yet)."""
+        return bool(self._staged)
 
     # ---------------------------------------------------------------- undoing
     def rollback(self, now: float) -> None:

@@ -83,11 +83,16 @@ class MigInstances:
                                                          "start": inst.start})
 
     def destroy_released(self, to_destroy: dict[str, GpuState], now: float) -> None:
-        """Destroy the instances a durable group released and nobody took since: O(those instances);
-        their records' removal waits for the next commit, which then announces them."""
+        """Destroy the instances a settled group released and nobody took since: O(those instances);
+        their records' removal waits for the next commit, which then announces them. One taken again
+        by a change still staged is carried to that change's group (undone, it frees the instance)."""
         for mig_uuid, gs in to_destroy.items():
-            if mig_uuid in gs.owner or mig_uuid not in gs.created:
-                continue  # granted again in the group, or destroyed meanwhile
+            if mig_uuid in gs.owner:
+                if self.journal.gathering:
+                    self.journal.carried[mig_uuid] = gs
+                continue  # granted again, by a durable change or by one whose group decides
+            if mig_uuid not in gs.created:
+                continue  # destroyed meanwhile
             destroyed = self.unmake(gs, mig_uuid, now)
             if destroyed is not None:
                 self.journal.destroyed.append(((gs.gpu.uuid, mig_uuid, None, False), destroyed))

@@ -33,7 +33,7 @@ from .fleet_state import FleetState, GpuState
 from .holders import JOB, KERNEL, parse_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
-from .journal import Listeners, SchedulerJournal, unreadable
+from .journal import GroupWrite, Listeners, SchedulerJournal, unreadable
 from .model import Event, Lease, LeaseState, MigMode, Node, OutsideUse, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_holder, check_name
 from .placement import get_policy
@@ -140,8 +140,20 @@ class Scheduler:
         leases), and raise StoreFailed."""
         self._journal.write_group(settle=True)
 
+    def take_group(self) -> GroupWrite:
+        """The waiting group, taken to be written off this thread (`write()` on any thread) while the
+        next one gathers; `settle_group()` finishes it. Changes made meanwhile stand on it: if the
+        store refuses it, they are undone with it."""
+        return self._journal.take_group()
+
+    def settle_group(self, write: GroupWrite) -> None:
+        """Finish a written group as commit_group() does (waiting for its write): announce it,
+        destroy what it released, grant what now fits; if the store refused it, undo it and every
+        change staged since, newest first, and raise StoreFailed. Nothing if settled before."""
+        self._journal.settle_group(write, settle=True)
+
     def _destroy_released(self, to_destroy: dict[str, GpuState], now: float, settle: bool) -> None:
-        """A durable group released these instances: destroy them (MigInstances.destroy_released).
+        """A settled group released these instances: destroy them (MigInstances.destroy_released).
         Room was made on their GPUs, so a waiting queue gets a scheduling pass (if `settle`)."""
         self._instances.destroy_released(to_destroy, now)
         self._fleet.moved()

@@ -6,12 +6,17 @@ rebuilds itself from `load()` when it starts again.
 Group commit: while `hold()` is in effect the writes wait in a group, and `commit_group()` writes
 the whole group in one transaction (one fsync). A write made outside `hold()` while a group waits
 takes the group into its own transaction, so nothing is ever durable before a change it follows.
+A group may also be taken (`take_group()`) and written on another thread (`write_taken()`) while
+the next one gathers: a write on the owner's thread then waits for it, and is refused with it,
+and the owner settles it (`settle_taken()`), which refuses the waiting group too if it was refused.
+MIG intents have a connection of their own, so that they never wait for a group being written.
 Reads see only what has been written.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager
 from functools import lru_cache, partial
 from dataclasses import dataclass, field
@@ -210,6 +215,16 @@ def sqlite_url(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
+class TakenGroup:
+    """A group taken to be written off the owner's thread (Store.take_group): `written` is set once
+    write_taken() is done, `refusal` its StoreError if the store refused it."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.written = threading.Event()
+        self.refusal: StoreError | None = None
+
+
 class StoreError(Exception):
     """The database did not take a write or answer a read (unreachable, a value it cannot encode,
     a table gone): nothing of that transaction was written. `kind` names the driver's error; the cause is chained."""
@@ -285,11 +300,15 @@ class Store:
         # Writes go through one connection kept open: a pool checkout per transaction cost about as much
         # CPU as the transaction's statements on SQLite, and a pre-ping round trip on a server.
         self._writer: Connection | None = None
+        self._intent_writer: Connection | None = None  # MIG intents': see record_intent
+        self._taken: TakenGroup | None = None  # a group being written by write_taken()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        for name in ("_writer", "_intent_writer"):
+            conn = getattr(self, name)
+            if conn is not None:
+                conn.close()
+                setattr(self, name, None)
         self.engine.dispose()
 
     def checkpoint(self) -> None:
@@ -322,14 +341,43 @@ class Store:
     def commit_group(self) -> None:
         """Write the waiting group in one transaction. StoreError, and nothing of it written, if that
         fails; the group is dropped either way (its changes are the caller's to undo)."""
+        taken = self.take_group()
+        if taken is not None:
+            self.write_taken(taken)
+            self.settle_taken(taken)
+
+    def take_group(self) -> TakenGroup | None:
+        """The waiting group, taken out for write_taken() (None if nothing waits); the writes after
+        it wait in a new group. Until settle_taken(), a write on this thread first waits for it."""
+        if self._taken is not None:
+            raise RuntimeError("the group taken before is not settled")
         group, self._group = self._group, Group()
-        if group:
-            try:
-                self._in_transaction(partial(group.write, store=self))
-            except StoreError:
-                for undo in reversed(group.refused):
-                    undo()
-                raise
+        if not group:
+            return None
+        self._taken = TakenGroup(group)
+        return self._taken
+
+    def write_taken(self, taken: TakenGroup) -> None:
+        """Write a taken group in one transaction, on any thread; settle_taken() tells the outcome."""
+        try:
+            self._in_transaction(partial(taken.group.write, store=self), after_taken=False)
+        except Exception as err:  # anything but a refusal is a bug, and refuses the group all the same
+            taken.refusal = err if isinstance(err, StoreError) else StoreError(err)
+        finally:
+            taken.written.set()
+
+    def settle_taken(self, taken: TakenGroup) -> None:
+        """On the owner's thread, once write_taken() ran (it waits for that): nothing if the group is
+        written; if it was refused, the group and every write waiting after it are dropped, newest
+        first (their changes are the caller's to undo), and StoreError."""
+        taken.written.wait()
+        if self._taken is taken:
+            self._taken = None
+        if taken.refusal is not None:
+            waiting, self._group = self._group, Group()
+            for undo in [*reversed(waiting.refused), *reversed(taken.group.refused)]:
+                undo()
+            raise taken.refusal
 
     def if_refused(self, undo: Callable[[], None]) -> None:
         """While held: call `undo` if the waiting group is refused (what the write it follows changed in memory)."""
@@ -346,18 +394,26 @@ class Store:
             self._in_transaction(partial(group.write, store=self))
             self._group = Group()
 
-    def _in_transaction(self, write: Callable[[Connection], None]) -> None:
-        """Call `write` in one transaction on the kept writer connection, committed when it returns;
-        the driver's refusals come out as StoreError. A kept connection that failed is rolled back by
+    def _in_transaction(self, write: Callable[[Connection], None], *, after_taken: bool = True,
+                        writer: str = "_writer") -> None:
+        """Call `write` in one transaction on the kept connection `writer`, committed when it returns;
+        the driver's refusals come out as StoreError. `after_taken`: first wait for a group being
+        written elsewhere, refused (StoreError) if it was. A kept connection that failed is rolled back by
         begin(), and one the driver invalidated reconnects at its next use. A connection found dead
         before the commit (a database server restarted, an idle connection dropped) costs one
         reconnect and a second try, not an error: nothing of the first try was committed."""
+        taken = self._taken if after_taken else None
+        if taken is not None:
+            taken.written.wait()
+            if taken.refusal is not None:
+                raise taken.refusal
         for last_try in (False, True):
             written = False  # once True, a failure came at the commit, whose outcome is unknown: no second try
             try:
-                conn = self._writer
+                conn = getattr(self, writer)
                 if conn is None:
-                    conn = self._writer = self.engine.connect()
+                    conn = self.engine.connect()
+                    setattr(self, writer, conn)
                 with conn.begin():
                     write(conn)
                     written = True
@@ -420,7 +476,8 @@ class Store:
         self._insert_deadline.run_many(conn, [row for row in records.deadlines.values() if row is not None])
 
     def record_intent(self, intent: MigIntent) -> None:
-        """Write, in its own transaction (never in a group), that the core is about to create a MIG
+        """Write, in its own transaction (never in a group) on a connection of its own (never waiting for
+        a group being written elsewhere: no group writes this row), that the core is about to create a MIG
         instance. On PostgreSQL without waiting for the WAL's flush (`synchronous_commit` off for this
         transaction only): the intent survives the service's crash at once, and a crash of the
         database server only once the next durable commit (the group's, which records the instance)
@@ -431,12 +488,14 @@ class Store:
             if self._intent_setting:
                 conn.exec_driver_sql(self._intent_setting)
             self._insert_intent.run(conn, row)
-        self._in_transaction(write)
+        self._in_transaction(write, after_taken=False, writer="_intent_writer")
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
-        """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
+        """Forget intents whose instance was destroyed again before any commit recorded it (own transaction,
+        on the intents' connection)."""
         rows = [{"id": intent_id} for intent_id in intent_ids]
-        self._in_transaction(partial(self._delete_intent.run_many, rows=rows))
+        self._in_transaction(partial(self._delete_intent.run_many, rows=rows), after_taken=False,
+                             writer="_intent_writer")
 
     def save_jobs(self, changed: list[Job]) -> None:
         """One transaction: upsert job records. StoreError, and nothing written, if it fails."""

@@ -39,6 +39,7 @@ from ..core.policy import SchedulerPolicy
 from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
 from . import handlers as h
+from .group_commit import GroupCommit
 from .auth import ADMIN_SCOPE, HubAuthenticator, JobTokenAuthenticator, TokenAuthenticator, oauth_login_url
 from .checkpoint import WalCheckpointer
 from .cluster import ClusterReconciler
@@ -279,6 +280,13 @@ class GpuAllocService(Application):
         from a thread of their own (with synchronous NORMAL, about what a power loss can take). 0:
         SQLite's own, from the commit that takes the WAL past 1,000 pages, on the IOLoop's thread.""",
     ).tag(config=True)
+    commit_in_background = Bool(
+        None, allow_none=True, help="""Write each group of changes on a thread of its own while the
+        IOLoop decides the next group's (docs/reliability.md, group commit): the IOLoop no longer
+        waits for the commit, and a refused group takes the changes made since with it. Default:
+        on for a database server (its commit waits for the server's fsync), off for SQLite (whose
+        commit is the IOLoop's own CPU, unless sqlite_synchronous is FULL).""",
+    ).tag(config=True)
     auth = Unicode(
         "", help="""How callers authenticate: 'hub' (JupyterHub tokens and OAuth cookies) or 'tokens'
         (the api_tokens map). Default: hub when $JUPYTERHUB_API_TOKEN is set, else tokens.""",
@@ -459,9 +467,15 @@ class GpuAllocService(Application):
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
             authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster, job_pods=self.job_runner_pods,
             kernel_pods=self.gpu_kernel_pods,
+            group=GroupCommit(self.scheduler, in_background=self._commits_in_background()),
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None
         self.web_app = make_app(self.ctx, self.base_url, self.hub_auth, secret, self.trusted_proxies)
+
+    def _commits_in_background(self) -> bool:
+        if self.commit_in_background is not None:
+            return self.commit_in_background
+        return not self.store.url.startswith("sqlite") or self.sqlite_synchronous.upper() == "FULL"
 
     def tick(self) -> None:
         with self.metrics.timed("tick"):
@@ -506,6 +520,7 @@ class GpuAllocService(Application):
                 await pods.close()
         if self.cluster is not None:
             await self.cluster.close()
+        self.ctx.group.close()
         self.broker.close()
         if checkpointer is not None:
             checkpointer.stop()
