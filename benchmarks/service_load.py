@@ -563,7 +563,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the raw figures here")
     parser.add_argument("--before", help="raw figures of an earlier run (--json), shown as 'before'")
     parser.add_argument("--render", action="store_true", help="only print the table of --json (and --before)")
-    parser.add_argument("--profile", help="py-spy: record the SQLite service under the alloc mix at this rate")
+    parser.add_argument("--profile", help="py-spy: record each service asked for (--servers) under the alloc mix at this rate")
     parser.add_argument("--rates", action="append", default=[], metavar="MIX=RATE,...",
                         help="offered rates of one mix (e.g. touch=1000,2000), instead of its sweep")
     parser.add_argument("--quick", action="store_true",

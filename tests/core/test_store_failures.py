@@ -33,7 +33,8 @@ class FlakyStore(Store):
     def __init__(self, url: str):
         super().__init__(url)
         self.fail_next: set[str] = set()
-        event.listen(self.engine, "before_cursor_execute", self._maybe_fail)
+        for engine in {self.engine, self._intent_engine}:  # on a server, MIG intents have an engine of their own
+            event.listen(engine, "before_cursor_execute", self._maybe_fail)
 
     def _maybe_fail(self, conn, cursor, statement: str, parameters, context, executemany) -> None:
         for what in list(self.fail_next):

@@ -79,6 +79,19 @@ def test_intents_are_forgotten_by_id(store):
     assert [i.id for i in store.load().intents] == ["b"]
 
 
+def test_an_intent_is_one_statement_and_on_a_server_commits_without_waiting_for_the_flush(store):
+    sent = []
+    for engine in {store.engine, store._intent_engine}:
+        event.listen(engine, "before_cursor_execute", lambda conn, cursor, sql, *args: sent.append(sql.split()[0]))
+    store.record_intent(MigIntent("a", "GPU-0", 19, 0))
+    assert sent == ["INSERT"]  # no SET, no BEGIN: the statement commits by itself
+    if store.url.startswith("postgresql"):
+        with store._intent_engine.connect() as intents, store.engine.connect() as groups:
+            assert intents.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
+            assert groups.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"  # groups stay durable
+    assert [i.id for i in store.load().intents] == ["a"]
+
+
 def test_a_group_whose_second_row_is_refused_writes_none_of_it(store):
     store.save([full_lease("A")], [], 1)
     with store.hold():
