@@ -9,7 +9,7 @@ takes the group into its own transaction, so nothing is ever durable before a ch
 A group may also be taken (`take_group()`) and written on another thread (`write_taken()`) while
 the next one gathers: a write on the owner's thread then waits for it, and is refused with it,
 and the owner settles it (`settle_taken()`), which refuses the waiting group too if it was refused.
-MIG intents have a connection of their own, so that they never wait for a group being written.
+On a database server MIG intents have a connection of their own, so that they never wait for it.
 Reads see only what has been written.
 """
 
@@ -269,7 +269,10 @@ class Store:
         self._insert = sqlite_insert if is_sqlite else pg_insert
         # MIG intents' connections: on a server, each intent one statement committed by itself, without
         # waiting for the WAL's flush (see record_intent): one round trip, where a transaction took four.
+        # SQLite's intents share the writer connection: a second writer would make each connection drop
+        # its page cache whenever the other wrote.
         self._intent_engine = self.engine
+        self._intent_writer_name = "_writer" if is_sqlite else "_intent_writer"
         if not is_sqlite:
             self._intent_engine = create_engine(url, pool_pre_ping=True, isolation_level="AUTOCOMMIT")
             event.listen(self._intent_engine, "connect", _commits_without_flush)
@@ -482,21 +485,25 @@ class Store:
         self._insert_deadline.run_many(conn, [row for row in records.deadlines.values() if row is not None])
 
     def record_intent(self, intent: MigIntent) -> None:
-        """Write, in its own transaction (never in a group) on a connection of its own (never waiting for
-        a group being written elsewhere: no group writes this row), that the core is about to create a MIG
-        instance. On PostgreSQL without waiting for the WAL's flush (`synchronous_commit` off on the
+        """Write, in its own transaction (never in a group), that the core is about to create a MIG
+        instance: on a server, on a connection of its own, never waiting for a group being written
+        elsewhere (no group writes this row); on SQLite, after it (see _write_intents). On PostgreSQL without waiting for the WAL's flush (`synchronous_commit` off on the
         intents' connections only): the intent survives the service's crash at once, and a crash of the
         database server only once the next durable commit (the group's, which records the instance)
         has flushed it, as SQLite's NORMAL keeps every commit (docs/reliability.md)."""
         row = {"id": intent.id, "gpu_uuid": intent.gpu_uuid, "profile_id": intent.profile_id, "start": intent.start}
-        self._in_transaction(partial(self._insert_intent.run, row=row), after_taken=False, writer="_intent_writer")
+        self._write_intents(partial(self._insert_intent.run, row=row))
 
     def clear_intents(self, intent_ids: Sequence[str]) -> None:
-        """Forget intents whose instance was destroyed again before any commit recorded it (own transaction,
-        on the intents' connection)."""
+        """Forget intents whose instance was destroyed again before any commit recorded it (own transaction)."""
         rows = [{"id": intent_id} for intent_id in intent_ids]
-        self._in_transaction(partial(self._delete_intent.run_many, rows=rows), after_taken=False,
-                             writer="_intent_writer")
+        self._write_intents(partial(self._delete_intent.run_many, rows=rows))
+
+    def _write_intents(self, write: Callable[[Connection], None]) -> None:
+        """On a server, on the intents' own connection, never waiting for a group being written; on
+        SQLite, on the writer connection, after it."""
+        shared = self._intent_writer_name == "_writer"
+        self._in_transaction(write, after_taken=shared, writer=self._intent_writer_name)
 
     def save_jobs(self, changed: list[Job]) -> None:
         """One transaction: upsert job records. StoreError, and nothing written, if it fails."""

@@ -22,17 +22,17 @@ class PausedWrites:
 
     def __init__(self, store: FlakyStore):
         self.started = threading.Event()
-        self._go = threading.Event()
+        self.went = threading.Event()
         self._owner = threading.get_ident()
         event.listen(store.engine, "before_cursor_execute", self._wait)
 
     def _wait(self, *args) -> None:
         if threading.get_ident() != self._owner:
             self.started.set()
-            assert self._go.wait(10), "the test never let the write go on"
+            assert self.went.wait(10), "the test never let the write go on"
 
     def go(self) -> None:
-        self._go.set()
+        self.went.set()
 
 
 @pytest.fixture
@@ -184,3 +184,22 @@ def test_an_instance_released_by_a_durable_group_and_taken_by_an_undone_change_i
     assert picture(again) == picture(s)
     assert [r for r in again.store.load().instances if r.instance.uuid == instance] == []
     again.store.close()
+
+
+def test_a_mig_intent_waits_for_the_group_being_written_only_on_sqlite(setup):
+    url, backend, store, s, seen, outcomes = setup
+    paused = PausedWrites(store)
+    with store.hold():
+        s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
+    write, writer = start_writing(s)
+    assert paused.started.wait(10)
+    threading.Timer(0.3, paused.go).start()
+    with store.hold():
+        s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")  # its intent is written before the device call
+    on_a_server = not url.startswith("sqlite")
+    # a server's intents have a connection of their own; SQLite's share the writer's, after the group
+    assert paused.went.is_set() is not on_a_server
+    writer.join()
+    s.settle_group(write)
+    s.commit_group()
+    assert [l.id for l in store.load().leases] == ["A", "B"] and store.load().intents == []
