@@ -9,12 +9,10 @@ import threading
 import pytest
 from sqlalchemy import event
 
-from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.model import LeaseState
-from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
 
-from .test_store_failures import FLEET, MIG_3G, POLICY, SHARED, FlakyStore, device_instances, picture, restart
+from .test_store_failures import MIG_3G, SHARED, FlakyStore, device_instances, flaky_scheduler, picture, restart
 
 
 class PausedWrites:
@@ -37,10 +35,7 @@ class PausedWrites:
 
 @pytest.fixture
 def setup(store_urls):
-    url = store_urls.fresh()
-    backend = SimulatedBackend(FLEET)
-    store = FlakyStore(url)
-    s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
+    url, backend, store, s = flaky_scheduler(store_urls)
     seen, outcomes = [], []
     s.subscribe(seen.append)
     yield url, backend, store, s, seen, outcomes

@@ -56,12 +56,17 @@ def device_instances(backend: SimulatedBackend) -> set[str]:
     return {i.uuid for n in backend.discover() for g in n.gpus for i in g.instances}
 
 
-@pytest.fixture
-def setup(store_urls):
+def flaky_scheduler(store_urls) -> tuple[str, SimulatedBackend, FlakyStore, Scheduler]:
+    """A fresh store that can be told to refuse, and a scheduler of the simulated fleet on it."""
     url = store_urls.fresh()
     backend = SimulatedBackend(FLEET)
     store = FlakyStore(url)
-    s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
+    return url, backend, store, Scheduler(backend, store, SchedulerPolicy(**POLICY))
+
+
+@pytest.fixture
+def setup(store_urls):
+    url, backend, store, s = flaky_scheduler(store_urls)
     yield url, backend, store, s
     store.close()
 

@@ -12,15 +12,12 @@ from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import NotFound, Scheduler, StoreFailed
 from jupyter_gpualloc.core.store import Store, sqlite_url
 
-from .test_store_failures import FLEET, MIG_3G, POLICY, SHARED, FlakyStore, device_instances, picture, restart
+from .test_store_failures import FLEET, MIG_3G, POLICY, SHARED, FlakyStore, device_instances, flaky_scheduler, picture, restart
 
 
 @pytest.fixture
 def setup(store_urls):
-    url = store_urls.fresh()
-    backend = SimulatedBackend(FLEET)
-    store = FlakyStore(url)
-    s = Scheduler(backend, store, SchedulerPolicy(**POLICY))
+    url, backend, store, s = flaky_scheduler(store_urls)
     commits = []
     event.listen(store.engine, "commit", lambda conn: commits.append(1))
     yield url, backend, store, s, commits
