@@ -178,14 +178,22 @@ class Server:
             self.proc.wait()
 
 
-def start_hello(workdir: Path, core: int) -> Server:
+def hello_command(workdir: Path) -> tuple[list[str], int, list[str]]:
+    """The hello app's command line, port and (unused) tokens; its script written into `workdir`."""
     script = workdir / "hello.py"
     script.write_text(HELLO)
     port = free_port()
-    return Server("hello", [sys.executable, str(script), str(port)], port, core, workdir, ["none"] * USERS)
+    return [sys.executable, str(script), str(port)], port, ["none"] * USERS
 
 
-def start_service(name: str, workdir: Path, core: int, db_url: str, gpus: int) -> Server:
+def start_hello(workdir: Path, core: int) -> Server:
+    argv, port, tokens = hello_command(workdir)
+    return Server("hello", argv, port, core, workdir, tokens)
+
+
+def service_command(workdir: Path, db_url: str, gpus: int) -> tuple[list[str], int, list[str]]:
+    """`jupyter-gpualloc serve`'s command line, port and users' tokens; its fleet and configuration
+    written into `workdir`."""
     tokens = {secrets.token_hex(16): {"user": f"user{n}"} for n in range(USERS)}
     (workdir / "fleet.yaml").write_text(fleet_yaml(gpus))
     (workdir / "gpualloc_config.py").write_text(
@@ -194,7 +202,12 @@ def start_service(name: str, workdir: Path, core: int, db_url: str, gpus: int) -
     argv = [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--port", str(port),
             "--fleet", str(workdir / "fleet.yaml"), "--db", db_url, "-f", str(workdir / "gpualloc_config.py"),
             "--audit-log", str(workdir / "audit.jsonl"), "--log-level", "WARN"]
-    return Server(name, argv, port, core, workdir, list(tokens))
+    return argv, port, list(tokens)
+
+
+def start_service(name: str, workdir: Path, core: int, db_url: str, gpus: int) -> Server:
+    argv, port, tokens = service_command(workdir, db_url, gpus)
+    return Server(name, argv, port, core, workdir, tokens)
 
 
 # ------------------------------------------------------------------ client
