@@ -640,7 +640,6 @@ def _sqlite_pragmas(synchronous: str, autocheckpoint: bool, dbapi_conn, _record)
     cur.close()
 
 
-@lru_cache(maxsize=4096)
 def _commits_without_flush(dbapi_conn, _record) -> None:
     """PostgreSQL: this session's commits do not wait for the WAL's flush (see Store.record_intent)."""
     with dbapi_conn.cursor() as cursor:
@@ -648,6 +647,7 @@ def _commits_without_flush(dbapi_conn, _record) -> None:
     dbapi_conn.commit()
 
 
+@lru_cache(maxsize=4096)
 def _json_text(value: SliceSpec | tuple[str, ...]) -> str:
     """A spec's or a groups tuple's JSON as a lease row keeps it, worked out once (few distinct ones)."""
     return json.dumps(value.to_json() if isinstance(value, SliceSpec) else list(value))
