@@ -248,8 +248,9 @@ class ClusterView:
     def _refresh(self, node: int) -> None:
         row = np.where(self._enabled[node], self._gpu_real[node], -1)
         self.gpu_vis[node] = row
-        self.gpu_free_total[node] = int(row[row > 0].sum())
-        self.gpu_count[node] = int((row >= 0).sum())
+        shares = row.tolist()  # a node's few GPUs: Python sums them in half numpy's call overhead
+        self.gpu_free_total[node] = sum(share for share in shares if share > 0)
+        self.gpu_count[node] = sum(share >= 0 for share in shares)
         self.state_id[node] = self._intern(node)
 
     def _intern(self, node: int) -> int:
