@@ -28,6 +28,31 @@ REPO = Path(__file__).resolve().parents[2]
 SERVER_TOKEN = "server-token-123456"
 
 
+HEARTBEAT_GRACE = 10.0  # s without a heartbeat before a test's kernel client calls its kernel dead
+
+
+def ready_kernel_client(connection_file: Path, server: "JupyterServerProcess", timeout: float):
+    """A client of a kernel the server started, from its connection file, once the kernel answers
+    kernel_info; else the test fails with the server's log.
+
+    Such a client judges the kernel alive by heartbeats alone, and by default calls it dead after
+    one unanswered 1 s ping. A kernel still importing on a loaded machine (CI's three test workers
+    on two cores) may not answer one yet, and wait_for_ready() then raised "Kernel died before
+    replying to kernel_info"."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=str(connection_file))
+    client.load_connection_file()
+    client.hb_channel.time_to_dead = HEARTBEAT_GRACE
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=timeout)
+    except RuntimeError as err:
+        client.stop_channels()
+        pytest.fail(f"{connection_file.name}: {err}\n{server.log_tail()}")
+    return client
+
+
 class JupyterServerProcess:
     """`jupyter server` with the shipped jupyter-config enabling the extension, plus `config`."""
 
@@ -171,8 +196,6 @@ while True:
 
 @pytest.mark.parametrize("mode", ["embedded", "remote"])
 def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_promptly(tmp_path, servers, mode):
-    from jupyter_client import BlockingKernelClient
-
     # the lease's time limit: the kernel must be up and in its stubborn cell first, on a loaded machine too
     # (CI's three test workers on two cores once took more than 10 s to bring a kernel to kernel_info)
     policy = {"offers": OFFERS, "max_duration": {"kernel": 20}}
@@ -191,12 +214,8 @@ def test_sigterm_while_an_expired_kernel_is_being_shut_down_stops_the_server_pro
         servers.append(server.start())
         status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
         assert status == 201, kernel
-        client = BlockingKernelClient(
-            connection_file=str(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json"))
-        client.load_connection_file()
-        client.start_channels()
+        client = ready_kernel_client(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json", server, 30)
         try:
-            client.wait_for_ready(timeout=30)
             client.execute(STUBBORN_CELL)
             deadline = time.monotonic() + 40
             while f"shutting down kernel {kernel['id']}" not in server.log_tail():
@@ -246,8 +265,6 @@ def established_ports(pid: int) -> list[int]:
 
 
 def test_kernels_follow_their_leases_events_through_the_servers_one_stream(tmp_path, servers):
-    from jupyter_client import BlockingKernelClient
-
     service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config=(
         "c.GpuAllocService.tick_interval = 0.5\nc.SchedulerPolicy.max_duration = {'kernel': 60}\n"
         f"c.SchedulerPolicy.deadline_warning = 35\nc.SchedulerPolicy.offers = {OFFERS!r}\n")).start()
@@ -264,12 +281,8 @@ def test_kernels_follow_their_leases_events_through_the_servers_one_stream(tmp_p
             status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
             assert status == 201, kernel
             kernel_ids.append(kernel["id"])
-            client = BlockingKernelClient(
-                connection_file=str(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json"))
-            client.load_connection_file()
-            client.start_channels()
+            client = ready_kernel_client(tmp_path / "server" / "runtime" / f"kernel-{kernel['id']}.json", server, 60)
             clients.append(client)
-            client.wait_for_ready(timeout=60)
             stdout, stderr = run_cell(client, "%gpu status")  # the kernel holds its lease: notices follow it
             assert "1g.5gb" in stdout and not stderr, (stdout, stderr)
         # each kernel prints its own lease's deadline warning (25 s after its grant, while its cell sleeps
@@ -298,8 +311,6 @@ def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_sl
     """A kernel start queued for a slice, still waiting (or failed at its wait timeout) when the server stops."""
     import threading
 
-    from jupyter_client import BlockingKernelClient
-
     wait = 300.0 if when == "waiting" else 1.0
     config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}",
                                     "tick_interval": 0.2, "kernel_wait_timeout": wait},
@@ -308,10 +319,8 @@ def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_sl
     servers.append(server.start())
     status, first = server.call("POST", "api/kernels", {"name": BIG_KERNEL})  # the whole A100
     assert status == 201, first
-    client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{first['id']}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)  # (a kernel interrupted while it imports prints a traceback of its own)
+    # (a kernel interrupted while it imports prints a traceback of its own)
+    client = ready_kernel_client(tmp_path / "runtime" / f"kernel-{first['id']}.json", server, 60)
     client.stop_channels()
     answers: list = []
 
