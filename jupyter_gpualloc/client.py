@@ -301,15 +301,18 @@ class GpuAllocClient:
     async def lease(self, lease_id: str) -> dict:
         return await self.call("GET", f"leases/{quote(lease_id, safe='')}")
 
-    async def request_lease(self, spec: Mapping[str, Any], holder: str, *, priority: str = "interactive",
-                            wait: float | None = None, preemptible: bool | None = None,
-                            idle_timeout: float | None = None) -> dict:
-        """Ask for a slice: the lease, granted or queued (see its `state` and `position`).
+    async def request_lease(self, spec: Mapping[str, Any] | None, holder: str, *, offer: str | None = None,
+                            priority: str = "interactive", wait: float | None = None,
+                            preemptible: bool | None = None, idle_timeout: float | None = None) -> dict:
+        """Ask for a slice, by `offer` name or by `spec`: the lease, granted or queued (see its `state`
+        and `position`). Its idle timeout and time limit are the policy's for the offer;
+        `idle_timeout` may only shorten it.
 
         `wait`: None queues without waiting, 0 raises NoCapacity if nothing fits now, N long-polls
         up to N seconds for the grant.
         """
-        body: dict[str, Any] = {"spec": dict(spec), "holder": holder, "priority": priority}
+        body: dict[str, Any] = {"offer": offer} if offer is not None else {"spec": dict(spec or {})}
+        body.update(holder=holder, priority=priority)
         for name, value in (("wait", wait), ("preemptible", preemptible), ("idle_timeout", idle_timeout)):
             if value is not None:
                 body[name] = value

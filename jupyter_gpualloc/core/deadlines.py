@@ -16,7 +16,8 @@ from typing import Iterable
 from .journal import SchedulerJournal
 from .model import Lease
 from .store import DeadlineRecord, Store
-from .usage import OfferNames, holder_kind
+from .offers import Offers
+from .usage import holder_kind
 
 
 class ExtensionRefused(Exception):
@@ -54,24 +55,17 @@ def describe_seconds(seconds: float) -> str:
 class Deadlines:
     """The deadlines of granted leases, decided from policy and offers, kept in the store."""
 
-    def __init__(self, store: Store, policy, offer_of: OfferNames, journal: SchedulerJournal):
-        """`offer_of`: the offers, and the offer each spec was made from (the usage ledger's);
-        `journal`: the scheduler's, whose changes give, move and end deadlines."""
+    def __init__(self, store: Store, policy, offers: Offers, journal: SchedulerJournal):
+        """`offers`: the scheduler's, whose terms give each lease its time limit; `journal`: the
+        scheduler's, whose changes give, move and end deadlines."""
         self._journal = journal
         self.policy = policy
-        self._by_name = {o["name"]: o for o in offer_of.offers}
-        self._offer_of = offer_of
+        self._offers = offers
         self._records: dict[str, DeadlineRecord] = {r.lease_id: r for r in store.load_deadlines()}
 
     def max_duration(self, lease: Lease) -> float | None:
         """Seconds this lease may last: its offer's max_duration, else the policy's for its holder kind."""
-        return self.for_offer(self._by_name.get(self._offer_of(lease.spec)), holder_kind(lease.holder))
-
-    def for_offer(self, offer: dict | None, kind: str = "server") -> float | None:
-        """Seconds a lease of this holder kind on this offer (or on a request of its own) may last; None: no limit."""
-        if offer is not None and offer.get("max_duration") is not None:
-            return float(offer["max_duration"]) or None
-        return float(self.policy.max_duration.get(kind, 0)) or None
+        return self._offers.max_duration(holder_kind(lease.holder), lease.spec)
 
     def of(self, lease_id: str) -> DeadlineRecord | None:
         return self._records.get(lease_id)

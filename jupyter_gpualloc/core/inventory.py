@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Sequence
 
 from . import mig
-from .deadlines import Deadlines
 from .devices.base import UnusableNode
 from .fleet_state import FleetState, GpuState
 from .indexes import ActiveLeases
-from .model import MILLI_PER_GPU, Lease, LeaseState, MigInstance, MigMode, PriorityClass, SliceKind, SliceSpec
+from .model import MILLI_PER_GPU, Lease, LeaseState, MigInstance, MigMode, PriorityClass, SliceKind
+from .offers import Offer, Offers
 from .plans import Plan
 from .policy import SchedulerPolicy
 from .quotas import quota_block
@@ -37,21 +37,21 @@ def inventory(fleet: FleetState, active: Mapping[str, Lease], returning: Mapping
             "over_committed": [{"outside": key, "unplaced": what} for key, what in (over_committed or {}).items()]}
 
 
-def offers(offer_plans: Iterable[tuple[dict, SliceSpec, tuple[Plan, ...]]], fleet: FleetState,
-           policy: SchedulerPolicy, active: ActiveLeases, deadlines: Deadlines, user: str | None,
-           groups: Sequence[str], used_up: QuotaStatus | None) -> list[dict]:
+def offers(offer_plans: Iterable[tuple[Offer, tuple[Plan, ...]]], fleet: FleetState, policy: SchedulerPolicy,
+           active: ActiveLeases, offer_terms: Offers, user: str | None, groups: Sequence[str],
+           used_up: QuotaStatus | None) -> list[dict]:
     """The offers `user` (in `groups`) may take, each with how many could be granted now, the quota
-    that never allows one, its time limit and extensions, and the usage quota `used_up` (if any)."""
+    that never allows one, the idle timeout and time limit a kernel's lease on it gets (what the
+    policy decides: shown, never sent back), its extensions, and the usage quota `used_up` (if any)."""
     out = []
-    for offer, spec, plans in offer_plans:
-        allowed = offer.get("groups")
-        if allowed and not set(allowed) & set(groups):
+    for offer, plans in offer_plans:
+        if not offer.open_to(groups):
             continue
         never = quota_block(policy, active, user, groups, plans, None, assume_empty=True) if user else None
-        max_duration = deadlines.for_offer(offer)
-        out.append({"name": offer["name"], "label": offer.get("label", offer["name"]),
-                    "spec": spec.to_json(), "idle_timeout": offer.get("idle_timeout"),
-                    "max_duration": max_duration, "available": count_available(fleet, plans),
+        max_duration = offer_terms.max_duration("server", offer=offer)
+        out.append({"name": offer.name, "label": offer.label, "spec": offer.spec.to_json(),
+                    "idle_timeout": offer.idle_timeout, "max_duration": max_duration,
+                    "available": count_available(fleet, plans),
                     "over_quota": never.limit_text if never else None,
                     "max_extensions": policy.max_extensions if max_duration else None,
                     "over_usage_quota": used_up.sentence() if used_up else None})

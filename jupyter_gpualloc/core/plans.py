@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from . import names
 from .model import (
@@ -23,6 +23,7 @@ from .model import (
     SliceSpec,
     SpecError,
 )
+from .offers import Offer
 from .placement import Demand
 
 CACHE_LIMIT = 4096  # specs (and host shapes) remembered; requests of many odd sizes start over
@@ -168,7 +169,7 @@ class Plans:
         return SpecError("spec.cpu_milli", f"no node with {what} has both {spec.cpu_milli} milli-CPU and "
                                            f"{spec.host_memory_mib} MiB of host memory")
 
-    def derived_offers(self, shared_offer_gib: Sequence[float]) -> list[dict]:
+    def derived_offers(self, shared_offer_gib: Sequence[float]) -> list[Offer]:
         """Without configured offers: every MIG profile, the policy's share sizes and whole GPUs, per model."""
         offers = []
         for group in self.groups:
@@ -177,35 +178,34 @@ class Plans:
             if group.is_mig:
                 for p in sorted(group.profiles.values(), key=lambda p: (p.memory_mib, p.compute_slices)):
                     if not p.media_extensions:
-                        offers.append({"name": f"mig-{p.name}-{slug}", "label": f"MIG {p.name} on {model}",
-                                       "spec": {"kind": "mig", "profile": p.name, "model": model}})
+                        offers.append(Offer(f"mig-{p.name}-{slug}", f"MIG {p.name} on {model}",
+                                            SliceSpec.from_json({"kind": "mig", "profile": p.name, "model": model})))
                 continue
             for gib in shared_offer_gib:
                 if gib * MIB_PER_GIB < group.memory_mib:
-                    offers.append({"name": f"shared-{gib:g}gb-{slug}", "label": f"Shared {gib:g} GiB on {model}",
-                                   "spec": {"kind": "shared", "memory_gib": gib, "model": model}})
-            offers.append({"name": f"whole-{slug}", "label": f"Whole {model}",
-                           "spec": {"kind": "whole", "model": model}})
+                    offers.append(Offer(f"shared-{gib:g}gb-{slug}", f"Shared {gib:g} GiB on {model}",
+                                        SliceSpec.from_json({"kind": "shared", "memory_gib": gib, "model": model})))
+            offers.append(Offer(f"whole-{slug}", f"Whole {model}",
+                                SliceSpec.from_json({"kind": "whole", "model": model})))
         return offers
 
-    def offer_plans(self, offers: Sequence[dict]) -> list[tuple[dict, SliceSpec, tuple[Plan, ...]]]:
-        """Each offer with its parsed spec and plans; the ones this fleet cannot satisfy left out."""
+    def offer_plans(self, offers: Iterable[Offer]) -> list[tuple[Offer, tuple[Plan, ...]]]:
+        """Each offer with its plans; the ones this fleet cannot satisfy left out."""
         out = []
         for offer in offers:
-            spec = SliceSpec.from_json(offer["spec"])
             try:
-                out.append((offer, spec, self.of(spec)))
+                out.append((offer, self.of(offer.spec)))
             except SpecError:
                 continue
         return out
 
-    def typical_demands(self, offers: Sequence[dict]) -> list[tuple[Demand, float]]:
+    def typical_demands(self, offers: Iterable[Offer]) -> list[tuple[Demand, float]]:
         """The workload a fragmentation-aware policy plans for: the non-MIG offers, equally weighted."""
         typical = []
-        for _, spec, plans in self.offer_plans(offers):
+        for offer, plans in self.offer_plans(offers):
             plain = [p for p in plans if p.kind is not SliceKind.MIG]
             if plain:
-                typical.append((demand(plain[0], spec), 1.0))
+                typical.append((demand(plain[0], offer.spec), 1.0))
         return typical
 
 

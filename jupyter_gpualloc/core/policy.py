@@ -7,8 +7,6 @@ from typing import Any
 from traitlets import Bool, Dict, Float, Int, List, Unicode, validate
 from traitlets.config import Configurable
 
-from .holders import is_server, job_of
-
 QUOTA_KEYS = ("slices", "memory_gib", "whole_gpus")
 
 
@@ -89,7 +87,14 @@ class SchedulerPolicy(Configurable):
 
     batch_preemptible = Bool(
         True,
-        help="Whether batch leases are preemptible unless the request says otherwise.",
+        help="Whether batch leases (jobs, batch requests) are preemptible.",
+    ).tag(config=True)
+
+    allow_non_preemptible = Bool(
+        False,
+        help="""Whether a batch request may ask not to be preempted ("preemptible": false,
+        `%%gpu job --no-preemptible`). Off, such a request is refused: the policy decides, and a
+        request may only make itself preemptible.""",
     ).tag(config=True)
 
     preempt_grace = Float(
@@ -122,8 +127,12 @@ class SchedulerPolicy(Configurable):
     offers = List(
         help="""Slice choices offered to users (spawner form, %gpu offers, sidebar). Each is
         {"name": "mig-1g.10gb", "label": "MIG 1g.10gb", "spec": {...REST spec...},
-        "idle_timeout": seconds (optional), "groups": [...] (optional: only these groups)}.
-        Empty: offers are derived from the fleet (each MIG profile, shares and whole GPUs per model).""",
+        "idle_timeout": seconds (optional; 0: never idle-released), "max_duration": seconds
+        (optional; 0: no time limit), "groups": [...] (optional: only these groups)}. A lease on
+        an offer (one that names it, or whose spec is its spec) gets the offer's idle timeout and
+        time limit, else the policy's for its holder kind; a request may only ask for a shorter
+        idle timeout. Empty: offers are derived from the fleet (each MIG profile, shares and whole
+        GPUs per model).""",
     ).tag(config=True)
 
     shared_offer_gib = List(
@@ -208,6 +217,15 @@ class SchedulerPolicy(Configurable):
             raise ValueError("mig_changes must be 'dynamic' or 'static'")
         return proposal["value"]
 
+    @validate("offers")
+    def _check_offers(self, proposal: dict[str, Any]) -> list:
+        from .offers import Offer
+        names = [Offer.from_config(entry, f"offers[{i}]").name for i, entry in enumerate(proposal["value"])]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"offers: the name {repeated[0]!r} is used more than once")
+        return proposal["value"]
+
     @validate("usage_quotas")
     def _check_usage_quotas(self, proposal: dict[str, Any]) -> dict:
         from .usage import parse_quota
@@ -250,12 +268,3 @@ class SchedulerPolicy(Configurable):
 
     def user_quota(self, user: str) -> dict[str, float]:
         return dict(self.quotas.get(user, self.quotas.get("*", {})))
-
-    def idle_timeout_for(self, holder: str, offer_timeout: float | None) -> float | None:
-        """The idle timeout for a new lease of this holder; None when idle release does not apply."""
-        if job_of(holder) is not None:
-            return None
-        if offer_timeout is not None:
-            return offer_timeout or None
-        base = self.server_idle_timeout if is_server(holder) else self.idle_timeout
-        return base or None

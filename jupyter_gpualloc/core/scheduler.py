@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Callable, ContextManager, Iterable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 from . import mig, preemption
 from .deadlines import Deadlines, ExtensionRefused
@@ -40,6 +40,7 @@ from .placement import get_policy
 from .plans import Plan, Plans, demand, host_demand, slice_demand
 from .policy import SchedulerPolicy
 from .mig_instances import MigInstances
+from .offers import Offer, Offers
 from .fleet_changes import FleetChanges
 from .queue_order import QueueOrder
 from .quotas import quota_block
@@ -89,23 +90,25 @@ class Scheduler:
         self._changes = FleetChanges(self, self._fleet, self._book, self._journal)
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
-        offers = self._plan_fleet()
-        self.usage = UsageLedger(store, self.policy, offers, self._journal, now=now)
-        self.deadlines = Deadlines(store, self.policy, self.usage.offer_of, self._journal)
+        self._offers = Offers(self.policy)
+        self._plan_fleet()
+        self.usage = UsageLedger(store, self.policy, self._offers, self._journal, now=now)
+        self.deadlines = Deadlines(store, self.policy, self._offers, self._journal)
         self.reservations = Reservations(store, self._fleet, self._plans, self._fit, self._book, self.deadlines,
                                          self._listeners)
         self.subscribe(self.reservations.on_lease_event)
         self._recover(now)
 
-    def _plan_fleet(self) -> list[dict]:
-        """What shapes requests take on the fleet as loaded, the searches over it and the queue's
-        order (their typical demands come from the offers, which it returns)."""
+    def _plan_fleet(self) -> None:
+        """What shapes requests take on the fleet as loaded, the offers on it (configured, or derived
+        from the fleet), the searches over it and the queue's order (their typical demands come from
+        the offers)."""
         self._plans = Plans(self._fleet.nodes, self._fleet.profiles())
-        offers = self._offers()
-        placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(offers))
+        configured = [Offer.from_config(entry) for entry in self.policy.offers]
+        self._offers.replace(configured or self._plans.derived_offers(self.policy.shared_offer_gib))
+        placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(self._offers))
         self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
-        return offers
 
     # ------------------------------------------------------- change journal
     def subscribe(self, listener: Callable[[Event], None]) -> Callable[[], None]:
@@ -190,6 +193,8 @@ class Scheduler:
                lease_id: str | None = None, idle_timeout: float | None = None, own_pod: bool = False) -> Lease:
         """Ask for a slice: the lease comes back granted, queued (wait) or rejected (no wait). `own_pod`:
         the holder will run in a pod made for the lease (a kernel pod), so no kind of holder is refused.
+        Its terms are the policy's for its offer (`Offers.terms`): `idle_timeout` and `preemptible`
+        may only ask for less; a spec that is an offer only some groups may take is refused to others.
 
         O(the user's and its groups' leases) for the holder and quota checks, O(1) for its plans
         (after the first lease of the spec), one placement search (see `_find_fit`) and the store's
@@ -205,14 +210,14 @@ class Scheduler:
         if lease_id is not None and (lease_id in self._book.by_id or self._stored_lease(lease_id)):
             raise SpecError("id", f"lease {lease_id} already exists")
         plans = self._plans.of(spec)
-        if preemptible is None:
-            preemptible = priority is PriorityClass.BATCH and self.policy.batch_preemptible
+        self._offers.check_open(self._offers.of_spec(spec), groups)
+        terms = self._offers.terms(holder, spec, priority, idle_timeout=idle_timeout, preemptible=preemptible)
         self._journal.seq += 1
         lease = Lease(
             id=lease_id or secrets.token_hex(8), user=user, holder=holder, spec=spec,
             priority=priority, state=LeaseState.QUEUED, created_at=now, seq=self._journal.seq,
-            groups=tuple(groups), preemptible=preemptible, heartbeat_at=now, last_activity=now,
-            idle_timeout=self.policy.idle_timeout_for(holder, idle_timeout))
+            groups=tuple(groups), preemptible=terms.preemptible, heartbeat_at=now, last_activity=now,
+            idle_timeout=terms.idle_timeout)
         blocked = self._admit(lease, plans, now, wait)
         with self._journal.atomic(now):
             self._record_lease(lease)
@@ -483,8 +488,8 @@ class Scheduler:
         that never allows one (`over_quota`), how often a time-boxed one may be extended, and (at
         `now`) the usage quota that would refuse a request now (`over_usage_quota`)."""
         used_up = self.usage.refusal(user, groups, now) if user and now is not None else None
-        return offers(self._plans.offer_plans(self._offers()), self._fleet, self.policy, self._book.active,
-                      self.deadlines, user, groups, used_up)
+        return offers(self._plans.offer_plans(self._offers), self._fleet, self.policy, self._book.active,
+                      self._offers, user, groups, used_up)
 
     def refused_holders(self) -> dict[str, str]:
         """Each kind of holder that can get no slice on this backend, with why (empty where every kind can):
@@ -494,9 +499,9 @@ class Scheduler:
         refused = {kind: why for kind, why in NOT_IN_A_POD.items() if kind not in self.own_pod_holders}
         return {**refused, **{kind: IN_A_KERNEL_POD[kind] for kind in self.own_pod_holders & IN_A_KERNEL_POD.keys()}}
 
-    def _offers(self) -> list[dict]:
-        """The configured offers, or without any, those derived from the fleet."""
-        return self.policy.offers or self._plans.derived_offers(self.policy.shared_offer_gib)
+    def requested_spec(self, request: Mapping[str, Any], groups: Sequence[str] = ()) -> SliceSpec:
+        """The spec a request (a REST body) asks for: its offer's, by name, or its own; SpecError naming the field."""
+        return self._offers.spec_of(request, groups)
 
     def deadline(self, lease_id: str) -> dict | None:
         """A time-boxed lease's deadline, extensions used and left (None without a time limit)."""

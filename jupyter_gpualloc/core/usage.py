@@ -32,7 +32,8 @@ from typing import Iterable, Mapping, Sequence
 
 from . import mig
 from .journal import SchedulerJournal
-from .model import MIB_PER_GIB, Lease, SliceKind, SliceSpec
+from .model import MIB_PER_GIB, Lease, SliceKind
+from .offers import Offers
 from .store import Store, StoreError, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
@@ -67,34 +68,6 @@ def memory_gib(sl) -> float:
 def holder_kind(holder: str) -> str:
     """'server', 'kernel' or 'job'."""
     return holder.split(":", 1)[0]
-
-
-def offer_name(spec: SliceSpec, offers: Iterable[dict]) -> str:
-    """The name of the offer whose spec this request is (empty for a request of its own)."""
-    asked = spec.to_json()
-    for offer in offers:
-        try:
-            if SliceSpec.from_json(offer["spec"]).to_json() == asked:
-                return offer["name"]
-        except (KeyError, ValueError):
-            continue
-    return ""
-
-
-class OfferNames:
-    """`offer_name` over fixed offers, remembered per spec: O(1) after a spec's first lease."""
-
-    def __init__(self, offers: Iterable[dict]):
-        self.offers = list(offers)
-        self._known: dict[SliceSpec, str] = {}
-
-    def __call__(self, spec: SliceSpec) -> str:
-        name = self._known.get(spec)
-        if name is None:
-            if len(self._known) >= 4096:  # requests of many odd sizes: start over
-                self._known.clear()
-            name = self._known[spec] = offer_name(spec, self.offers)
-        return name
 
 
 # --------------------------------------------------------------------- time
@@ -270,13 +243,13 @@ class _Totals:
 class UsageLedger:
     """Accrues granted leases into the store and answers reports and usage quotas."""
 
-    def __init__(self, store: Store, policy, offers: Sequence[dict], journal: SchedulerJournal, *, now: float):
-        """`journal`: the scheduler's, whose changes start and stop accrual."""
+    def __init__(self, store: Store, policy, offers: Offers, journal: SchedulerJournal, *, now: float):
+        """`offers`: the scheduler's, to which each lease's usage is accounted; `journal`: the
+        scheduler's, whose changes start and stop accrual."""
         self.store = store
         self._journal = journal
         self.policy = policy
-        self.offers = list(offers)
-        self.offer_of = OfferNames(self.offers)
+        self._offers = offers
         self._running: dict[str, _Accrual] = {}
         self._gpu: dict[str, _GpuSignal] = {}
         self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
@@ -294,7 +267,7 @@ class UsageLedger:
         sl = lease.slice
         template = UsageSegment(
             lease_id=lease.id, start=now, end=now, day=utc_day(now), user=lease.user, groups=tuple(lease.groups),
-            model=sl.model, kind=sl.kind.value, offer=self.offer_of(lease.spec),
+            model=sl.model, kind=sl.kind.value, offer=self._offers.name_of(lease.spec),
             holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
         self._running[lease.id] = _Accrual(template, now, now)
         self._journal.on_undo(partial(self._running.pop, lease.id, None))

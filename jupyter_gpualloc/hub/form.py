@@ -25,7 +25,7 @@ class OptionsError(ValueError):
 
 def no_gpu_offer(label: str = "No GPU") -> dict[str, Any]:
     """The choice of a server without a GPU slice."""
-    return {"name": NO_GPU, "label": label, "spec": None, "idle_timeout": None, "available": None}
+    return {"name": NO_GPU, "label": label, "spec": None, "available": None}
 
 
 def hours_text(seconds: float) -> str:

@@ -10,7 +10,7 @@ the old, found by its note).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.scopes import get_scopes_for
@@ -80,11 +80,10 @@ class ServiceLink:
         """Where the user stands against each of their usage quotas (GET /usage's `quotas`)."""
         return (await self.client.usage())["quotas"]
 
-    async def submit(self, spec: Mapping[str, Any], holder: str, *, idle_timeout: float | None = None,
-                     wait: float | None = None) -> dict:
-        """An interactive lease for `holder`: granted, or queued (wait None) / long-polled (wait N)."""
-        return await self.client.request_lease(spec, holder, priority="interactive", wait=wait,
-                                               idle_timeout=idle_timeout)
+    async def submit(self, offer: str, holder: str, *, wait: float | None = None) -> dict:
+        """An interactive lease on the offer called `offer` for `holder` (its terms are the policy's):
+        granted, or queued (wait None) / long-polled (wait N)."""
+        return await self.client.request_lease(None, holder, offer=offer, priority="interactive", wait=wait)
 
     async def lease(self, lease_id: str) -> dict | None:
         """The lease, or None when the service does not know it."""

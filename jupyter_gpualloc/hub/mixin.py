@@ -488,11 +488,11 @@ class GPUSpawnerMixin(Spawner):
         """Submit the lease; a stale lease of the same server (a crashed earlier start) is replaced."""
         try:
             try:
-                return await link.submit(offer["spec"], self.gpu_holder, idle_timeout=offer.get("idle_timeout"))
+                return await link.submit(offer["name"], self.gpu_holder)
             except HolderBusy as err:
                 self.log.warning("%s: releasing the stale lease %s of this server", self._log_name, err.lease_id)
                 await link.release(err.lease_id)
-                return await link.submit(offer["spec"], self.gpu_holder, idle_timeout=offer.get("idle_timeout"))
+                return await link.submit(offer["name"], self.gpu_holder)
         except QuotaExceeded as err:
             if offer.get("over_quota"):
                 raise spawn_error(f"Your quota never allows {a_what}: {err}.", "quota", 403) from None

@@ -46,9 +46,9 @@ class GpuKernelRestarts:
         self.log = log or logging.getLogger(__name__)
         self.restarts: dict[str, asyncio.Task] = {}
 
-    async def start(self, kernel_id: str, spec: Mapping[str, Any], *, offer: str = "",
-                    idle_timeout: float | None = None) -> str:
-        """Give the kernel's provisioner the slice and restart the kernel soon; the note for people."""
+    async def start(self, kernel_id: str, spec: Mapping[str, Any], *, offer: str = "") -> str:
+        """Give the kernel's provisioner the slice (`offer`, a name, or else `spec`) and restart the
+        kernel soon; the note for people."""
         if kernel_id not in self.kernel_manager:
             raise RestartRefused(404, f"no kernel {kernel_id} on this server")
         link = current_link()
@@ -69,9 +69,7 @@ class GpuKernelRestarts:
             raise RestartRefused(409, "this kernel is a GPU kernel in a pod of its own already (or becoming one): "
                                       "shut it down to give its slice back, then start another")
         what = offer or slice_words(spec, with_model=True)
-        provisioner.spec, provisioner.offer = dict(spec), what
-        if idle_timeout is not None:
-            provisioner.idle_timeout = idle_timeout
+        provisioner.spec, provisioner.offer = dict(spec), offer
         task = self.restarts[kernel_id] = asyncio.ensure_future(self._restart(kernel_id, provisioner))
         task.add_done_callback(lambda _: self.restarts.pop(kernel_id, None))
         return (f"restarting this kernel as a GPU kernel ({what}) in a pod of its own: its variables are lost; "

@@ -201,14 +201,12 @@ class RequestHandler(SidebarHandler):
         unknown = set(body) - {"offer", "spec", "kernel_id", "wait", "restart"}
         if unknown:
             raise web.HTTPError(400, f"unknown field {sorted(unknown)[0]!r}")
-        spec = body.get("spec")
-        idle_timeout = None
-        if "offer" in body:
+        spec, offer = body.get("spec"), body.get("offer")
+        if offer is not None:  # its spec is shown to people; the service resolves the name (and its terms) itself
             offers = {o["name"]: o for o in await self.service(self.ext.client.offers())}
-            offer = offers.get(body["offer"])
-            if offer is None:
-                raise web.HTTPError(400, f"no offer {body['offer']!r}")
-            spec, idle_timeout = offer["spec"], offer.get("idle_timeout")
+            if offer not in offers:
+                raise web.HTTPError(400, f"no offer {offer!r}")
+            spec = offers[offer]["spec"]
         if not isinstance(spec, dict):
             raise web.HTTPError(400, "give an offer name or a spec object")
         kernel_id = body.get("kernel_id")
@@ -217,7 +215,7 @@ class RequestHandler(SidebarHandler):
         if body.get("restart") is not None and not isinstance(body["restart"], bool):
             raise web.HTTPError(400, "restart must be true or false")
         if body.get("restart"):
-            await self._restart_as_gpu_kernel(kernel_id, spec, body.get("offer", ""), idle_timeout)
+            await self._restart_as_gpu_kernel(kernel_id, spec, offer or "")
             return
         sheet = await self.service(self.ext.client.offer_sheet())
         refused = sheet.get("refused_holders", {})
@@ -230,7 +228,7 @@ class RequestHandler(SidebarHandler):
         wait = body.get("wait")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
             raise web.HTTPError(400, "wait must be a number of seconds")
-        lease = await self.service(self.ext.client.request_lease(spec, holder, wait=wait, idle_timeout=idle_timeout))
+        lease = await self.service(self.ext.client.request_lease(spec, holder, offer=offer, wait=wait))
         if kernel_id and lease["state"] == "granted":
             self.ext.monitor.attach(kernel_id, lease)
         elif not kernel_id:
@@ -244,14 +242,13 @@ class RequestHandler(SidebarHandler):
         self.finish(json.dumps(entry))
 
 
-    async def _restart_as_gpu_kernel(self, kernel_id: str | None, spec: dict, offer: str,
-                                     idle_timeout: float | None) -> None:
+    async def _restart_as_gpu_kernel(self, kernel_id: str | None, spec: dict, offer: str) -> None:
         if not kernel_id:
             raise web.HTTPError(400, "restart needs a kernel_id: the kernel that restarts as a GPU kernel")
         if self.ext.gpu_restarts is None:
             raise web.HTTPError(409, "no GPU allocator is configured for this server")
         try:
-            note = await self.ext.gpu_restarts.start(kernel_id, spec, offer=offer, idle_timeout=idle_timeout)
+            note = await self.ext.gpu_restarts.start(kernel_id, spec, offer=offer)
         except RestartRefused as err:
             raise web.HTTPError(err.status, str(err)) from None
         self.set_status(202)

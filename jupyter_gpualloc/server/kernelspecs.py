@@ -45,8 +45,6 @@ def kernelspecs_for_offers(offers: Iterable[Mapping[str, Any]], argv: list[str] 
     for offer in offers:
         words = slice_words(offer["spec"], with_model=plain[slice_words(offer["spec"])] > 1)
         config: dict[str, Any] = {"spec": dict(offer["spec"]), "offer": offer["name"]}
-        if offer.get("idle_timeout") is not None:
-            config["idle_timeout"] = offer["idle_timeout"]
         specs[kernel_name(offer)] = {
             "argv": argv, "display_name": f"{label} (GPU {words})", "language": language,
             "metadata": {"kernel_provisioner": {"provisioner_name": PROVISIONER, "config": config},

@@ -112,9 +112,9 @@ class GpuAllocProvisioner(LocalProvisioner):
     """A local kernel with its GPU slice (when its kernelspec asks for one) and the %gpu magic's env."""
 
     spec = Dict(help="The slice this kernel asks for (REST API v1 spec); empty: no slice at launch.").tag(config=True)
-    offer = Unicode("", help="The offer the kernelspec was made from (for messages).").tag(config=True)
+    offer = Unicode("", help="""The name of the offer the kernelspec was made from: the kernel asks for it by
+        name, and its lease gets the offer's idle timeout and time limit (empty: it asks for `spec`).""").tag(config=True)
     priority = Unicode("interactive", help="Priority class of the kernel's lease.").tag(config=True)
-    idle_timeout = Float(None, allow_none=True, help="The offer's idle timeout in seconds (None: policy's).").tag(config=True)
     wait_timeout = Float(
         None, allow_none=True, help="Seconds a kernel start waits for a queued slice (None: the extension's).",
     ).tag(config=True)
@@ -128,6 +128,10 @@ class GpuAllocProvisioner(LocalProvisioner):
     @property
     def holder(self) -> str:
         return kernel_holder(self.kernel_id)
+
+    def slice_request(self) -> dict[str, Any]:
+        """What the kernel asks for: its offer, by name, or its spec."""
+        return {"offer": self.offer} if self.offer else {"spec": self.spec}
 
     @property
     def has_process(self) -> bool:
@@ -159,8 +163,8 @@ class GpuAllocProvisioner(LocalProvisioner):
                            self.kernel_id, err)
             return kwargs  # a kernel that asks for no slice starts all the same
         if lease is None and self.spec:
-            lease = await link.client.request_lease(self.spec, self.holder, priority=self.priority,
-                                                    idle_timeout=self.idle_timeout)
+            lease = await link.client.request_lease(self.spec, self.holder, offer=self.offer or None,
+                                                    priority=self.priority)
         if lease is not None and lease["state"] == "queued":
             lease = await self._wait_for_grant(link, lease)
         if lease is not None:
@@ -185,11 +189,9 @@ class GpuAllocProvisioner(LocalProvisioner):
         # the server's event relay listens on its own loopback: a kernel in a pod follows the service's events
         env = {k: v for k, v in kwargs.get("env", {}).items() if k.startswith("GPUALLOC_") and k != "GPUALLOC_EVENTS_URL"}
         env[IN_A_POD_VARIABLE] = "1"  # the %gpu magic's own words for a kernel in a pod
-        request = {"spec": self.spec, "server": link.client.server, "priority": self.priority, "argv": argv,
+        request = {**self.slice_request(), "server": link.client.server, "priority": self.priority, "argv": argv,
                    "env": env, "workdir": kwargs.get("cwd") or "",
                    "connection": {"key": key, "signature_scheme": connection["signature_scheme"], **ports}}
-        if self.idle_timeout is not None:
-            request["idle_timeout"] = self.idle_timeout
         self.pod_request = request
         pod = await link.client.request_kernel_pod(self.kernel_id, request)
         self.pod_state = pod["state"]

@@ -21,7 +21,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.log import app_log
 
-from ..core.model import Lease, LeaseState, PriorityClass, SliceSpec, SpecError
+from ..core.model import Lease, LeaseState, PriorityClass, SpecError
 from ..core.errors import HolderBusy, NotFound, QuotaExceeded, StoreFailed
 from ..core.holders import job_holder
 from ..core.scheduler import Scheduler
@@ -321,9 +321,9 @@ class LeasesHandler(ApiHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        spec = SliceSpec.from_json(body["spec"])
         wait = body.get("wait")
         def submit() -> Lease:
+            spec = self.scheduler.requested_spec(body, self.identity.groups)
             with self.ctx.metrics.timed("submit"):
                 return self.scheduler.submit(
                     self.identity.user, body["holder"], spec, PriorityClass(body.get("priority", "interactive")),
@@ -332,7 +332,7 @@ class LeasesHandler(ApiHandler):
         try:
             lease = await self.ctx.group.change(submit)
         except SpecError as err:
-            field = field_as_asked(err.field, body["spec"])
+            field = field_as_asked(err.field, body.get("spec") or {})
             raise ApiError(400, f"{field}: {err.message}", field=field) from None
         if lease.state is LeaseState.QUEUED and wait:
             await self.ctx.broker.wait_for_change(lease.id, min(wait, self.ctx.max_wait))

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 from ..core.devices.kubernetes import LEASE_LABEL
 from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from ..core.holders import kernel_holder, kernel_of
-from ..core.model import Event, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
+from ..core.model import Event, Lease, LeaseState, PriorityClass, SpecError
 from ..core.scheduler import Scheduler
 from .handlers import ApiError, ApiHandler
 from .user_pods import UserPods, api_message
@@ -79,7 +79,7 @@ class KernelPods:
         if not KERNEL_ID.fullmatch(kernel_id):
             raise SpecError("kernel_id", "must be a kernel's id as Jupyter makes them (lower-case letters, digits "
                                          "and '-', at most 56): it names the kernel's pod")
-        spec = SliceSpec.from_json(body.get("spec"))
+        spec = self.scheduler.requested_spec(body, groups)
         template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"))
         if body.get("resume"):
             return self._resume(user, kernel_id, template, body)

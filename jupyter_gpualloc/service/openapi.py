@@ -62,6 +62,13 @@ SPEC_RULES = [
            "not": {"anyOf": [{"required": ["memory_gib"]}, {"required": ["memory_mib"]}]}}),
 ]
 
+# What a request may choose of its lease's terms: only less than the policy gives (core/offers.py)
+IDLE_TIMEOUT = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS,
+                "description": "A shorter idle timeout (seconds) than the policy's for the offer; a request can "
+                               "never lengthen it, nor turn idle release off."}
+ONE_SLICE = {"oneOf": [{"required": ["spec"]}, {"required": ["offer"]}], "x-field": "offer",
+             "x-rule": "give either an offer's name or a spec"}
+
 # An event's id: `<epoch>-<n>`, n counting one service run's events from 1 (the epoch changes with each run).
 EVENT_ID_PATTERN = r"^([0-9a-z]{1,32})-(0|[1-9][0-9]{0,18})$"
 EVENT_ID = {"type": "string", "maxLength": 52, "pattern": EVENT_ID_PATTERN}
@@ -132,17 +139,25 @@ SCHEMAS: dict[str, Any] = {
     "LeaseList": {"type": "object", "required": ["leases"],
                   "properties": {"leases": {"type": "array", "items": _ref("Lease")}}},
     "LeaseRequest": {
-        "type": "object", "required": ["spec", "holder"], "additionalProperties": False,
+        "type": "object", "required": ["holder"], "additionalProperties": False,
+        "description": "What a user may choose: the slice (an offer's name, or a spec of their own), the holder, "
+                       "whether to wait, and less than the policy gives (a shorter idle timeout, a preemptible "
+                       "lease). The idle timeout and time limit a lease gets come from the admin's policy for "
+                       "its offer (docs/usage.md).",
         "properties": {
+            "offer": {**NAME, "description": "An offer's name (GET /offers): its spec, idle timeout and time limit."},
             "spec": _ref("SliceSpec"),
             "holder": HOLDER,
             "priority": {"enum": ["interactive", "batch"], "default": "interactive"},
             "wait": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS,
                      "description": "Seconds to long-poll for a grant (at most the service's max_wait). "
                                     "Absent: queue and answer at once; 0: reject (409) if nothing fits now."},
-            "preemptible": {"type": "boolean"},
-            "idle_timeout": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
+            "preemptible": {"type": "boolean", "description": (
+                "true makes the lease preemptible; false (not to be preempted) is refused for batch work "
+                "unless the policy allows it (allow_non_preemptible).")},
+            "idle_timeout": IDLE_TIMEOUT,
         },
+        "allOf": [ONE_SLICE],
     },
     "Touch": {
         "type": "object", "additionalProperties": False,
@@ -496,11 +511,12 @@ OPERATIONS.update({
 _PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 SCHEMAS.update({
     "KernelPodRequest": {
-        "type": "object", "required": ["spec", "argv", "connection"], "additionalProperties": False,
+        "type": "object", "required": ["argv", "connection"], "additionalProperties": False, "allOf": [ONE_SLICE],
         "properties": {
+            "offer": {**NAME, "description": "An offer's name (GET /offers): its spec, idle timeout and time limit."},
             "spec": _ref("SliceSpec"), "server": RUNNER,
             "priority": {"enum": ["interactive", "batch"], "default": "interactive"},
-            "idle_timeout": {"type": "number", "minimum": 0, "maximum": MAX_SECONDS},
+            "idle_timeout": IDLE_TIMEOUT,
             "argv": {"type": "array", "minItems": 1, "maxItems": 100, "items": {"type": "string", "maxLength": 4096},
                      "description": "The kernel's command line; '{connection_file}' is where its connection file goes."},
             "env": {"type": "object", "maxProperties": 50,

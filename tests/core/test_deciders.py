@@ -87,7 +87,7 @@ def test_plans_refuse_what_the_fleet_can_never_hold(plans):
 
 
 def test_plans_derive_one_offer_per_profile_share_size_and_whole_gpu(plans):
-    names = [o["name"] for o in plans.derived_offers([8, 100])]
+    names = [o.name for o in plans.derived_offers([8, 100])]
     assert names[0] == "mig-1g.5gb-a100-sxm4-40gb" and names[-2:] == ["shared-8gb-l4", "whole-l4"]
 
 

@@ -225,7 +225,7 @@ def test_reservation_stops_backfill_after_reserve_after(harness):
 
 
 def test_interactive_preempts_newest_preemptible_batch(harness):
-    h = harness(fleet({"model": "L4", "count": 2}))
+    h = harness(fleet({"model": "L4", "count": 2}), allow_non_preemptible=True)
     s = h.scheduler
     old = s.submit("b", "job:1", whole(), BATCH, now=0)
     new = s.submit("b", "job:2", whole(), BATCH, now=1)

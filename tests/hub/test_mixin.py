@@ -62,7 +62,9 @@ def take_both_l4(service) -> str:
 
 
 def offer(spec: dict) -> dict:
-    return {"name": "x", "label": "x", "spec": spec, "idle_timeout": None}
+    """The service's offer (derived from the tests' fleet) a spawner would ask for by name."""
+    name = {"whole": "whole-l4", "mig": "mig-1g.5gb-a100-sxm4-40gb"}[spec["kind"]]
+    return {"name": name, "label": name, "spec": spec}
 
 
 def test_waiting_past_the_start_timeout_is_a_capacity_error_and_withdraws(service):

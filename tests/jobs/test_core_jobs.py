@@ -93,11 +93,20 @@ def test_jobs_wait_behind_each_other_and_interactive_requests_go_first(core):
     assert core.jobs.job(first.id).state is JobState.SUCCEEDED
 
 
-def test_a_non_preemptible_job_is_not_preempted(core):
+def test_a_non_preemptible_job_is_not_preempted_where_the_policy_allows_one(tmp_path):
+    core = Core(tmp_path, allow_non_preemptible=True)
     job = core.jobs.submit("alice", request(preemptible=False), now=1.0)
     core.jobs.start(job.id, now=2.0)
     waiting = core.scheduler.submit("bob", "kernel:k1", SliceSpec.from_json(WHOLE), now=3.0)
     assert waiting.state is LeaseState.QUEUED and job.state is JobState.RUNNING
+    core.store.close()
+
+
+def test_a_job_cannot_opt_out_of_preemption_by_default_and_nothing_is_recorded(core):
+    with pytest.raises(SpecError) as refused:
+        core.jobs.submit("alice", request(preemptible=False), now=1.0)
+    assert refused.value.field == "preemptible"
+    assert core.jobs.jobs("alice") == [] and core.scheduler.leases("alice") == []
 
 
 def test_retries_then_failure_and_timeout(core):

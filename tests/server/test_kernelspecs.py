@@ -26,8 +26,9 @@ def test_display_names_name_the_model_only_where_two_offers_look_alike():
         "gpualloc-whole-l4": "Python 3 (GPU whole L4)",
     }
     stanza = specs["gpualloc-mig-1g.10gb-h100"]["metadata"]["kernel_provisioner"]
+    # the kernel asks for its offer by name: the offer's idle timeout is the core's to give, never the kernelspec's
     assert stanza == {"provisioner_name": "gpualloc", "config": {
-        "spec": OFFERS[1]["spec"], "offer": "mig-1g.10gb-h100", "idle_timeout": 600}}
+        "spec": OFFERS[1]["spec"], "offer": "mig-1g.10gb-h100"}}
 
 
 def test_install_replaces_kernelspecs_no_longer_offered(tmp_path, monkeypatch):

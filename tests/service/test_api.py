@@ -123,7 +123,11 @@ def test_quota_holder_busy_and_input_errors(service):
         ({"spec": {"colour": "red"}, "holder": "kernel:x"}, "spec.colour"),
         ({"spec": "big", "holder": "kernel:x"}, "spec"),
         ({"spec": {"profile": "9g.99gb"}, "holder": "kernel:x"}, "spec.profile"),
-        ({"holder": "kernel:x"}, "spec"),
+        ({"holder": "kernel:x"}, "offer"),
+        ({"spec": MIG, "offer": "whole-l4", "holder": "kernel:x"}, "offer"),
+        ({"offer": "no-such-offer", "holder": "kernel:x"}, "offer"),
+        ({"spec": MIG, "holder": "kernel:x", "idle_timeout": 0}, "idle_timeout"),
+        ({"spec": MIG, "holder": "kernel:x", "idle_timeout": -1}, "idle_timeout"),
         ({"spec": MIG}, "holder"),
         ({"spec": MIG, "holder": "laptop"}, "holder"),
         ({"spec": MIG, "holder": "kernel:x", "priority": "urgent"}, "priority"),
@@ -177,6 +181,32 @@ def test_users_cannot_see_or_act_on_other_users_leases(service):
     assert [l["id"] for l in service.call("GET", "leases?all=1", token=ROOT).json()["leases"]] == [lease["id"]]
     assert service.call("GET", path, token=ROOT).status == 200
     assert service.call("DELETE", path, token=ROOT).json()["reason"] == "released by root"
+
+
+def test_a_lease_gets_the_idle_timeout_of_the_admins_policy_whatever_the_request_says(fresh_service):
+    """The admin's idle_timeout = 4, idle_grace = 2: a request asking for no idle release (0) is
+    refused, one asking for a longer timeout gets the policy's and is released after 6 s like
+    any other; a shorter one is honoured; an offer asked by name gets the offer's terms."""
+    svc = fresh_service(config="c.SchedulerPolicy.idle_timeout = 4\nc.SchedulerPolicy.idle_grace = 2\n"
+                               "c.SchedulerPolicy.heartbeat_ttl = 3600\nc.SchedulerPolicy.wait_for_holders = False\n"
+                               "c.SchedulerPolicy.offers = [{'name': 'small', 'spec': {'kind': 'mig', 'profile': "
+                               "'1g.5gb'}, 'idle_timeout': 3, 'max_duration': 600}]\n").start()
+    refused = svc.call("POST", "leases", {"spec": WHOLE_L4, "holder": "kernel:k0", "idle_timeout": 0}, ALICE)
+    assert refused.status == 400 and refused.json()["field"] == "idle_timeout"
+    longer = grant(svc, ALICE, WHOLE_L4, "kernel:k1", idle_timeout=10_000_000)
+    plain = grant(svc, BOB, {"kind": "shared", "memory_gib": 4, "model": "L4"}, "kernel:k2")
+    shorter = grant(svc, CAROL, {"kind": "shared", "memory_gib": 2, "model": "L4"}, "kernel:k3", idle_timeout=1)
+    named = svc.call("POST", "leases", {"offer": "small", "holder": "kernel:k4", "idle_timeout": 100}, DAVE).json()
+    assert (longer["idle_timeout"], plain["idle_timeout"], shorter["idle_timeout"]) == (4, 4, 1)
+    assert named["spec"]["profile"] == "1g.5gb" and named["idle_timeout"] == 3 and named["deadline"] is not None
+    deadline = time.monotonic() + 30
+    states = {}
+    while time.monotonic() < deadline:
+        states = {l["holder"]: l["state"] for l in svc.call("GET", "leases?all=1", token=ROOT).json()["leases"]}
+        if not states:
+            break
+        time.sleep(0.5)
+    assert states == {}, f"still held after 30 s: {states}"
 
 
 def test_touch_and_heartbeat(service):
