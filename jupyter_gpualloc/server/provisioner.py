@@ -115,6 +115,8 @@ class GpuAllocProvisioner(LocalProvisioner):
     offer = Unicode("", help="""The name of the offer the kernelspec was made from: the kernel asks for it by
         name, and its lease gets the offer's idle timeout and time limit (empty: it asks for `spec`).""").tag(config=True)
     priority = Unicode("interactive", help="Priority class of the kernel's lease.").tag(config=True)
+    idle_timeout = Float(None, allow_none=True, help="""A shorter idle timeout (seconds) for the kernel's lease than
+        the policy's for its offer; it can only shorten it (None: the policy's).""").tag(config=True)
     wait_timeout = Float(
         None, allow_none=True, help="Seconds a kernel start waits for a queued slice (None: the extension's).",
     ).tag(config=True)
@@ -130,8 +132,11 @@ class GpuAllocProvisioner(LocalProvisioner):
         return kernel_holder(self.kernel_id)
 
     def slice_request(self) -> dict[str, Any]:
-        """What the kernel asks for: its offer, by name, or its spec."""
-        return {"offer": self.offer} if self.offer else {"spec": self.spec}
+        """What the kernel asks for: its offer, by name, or its spec (and a shorter idle timeout)."""
+        request: dict[str, Any] = {"offer": self.offer} if self.offer else {"spec": self.spec}
+        if self.idle_timeout is not None:
+            request["idle_timeout"] = self.idle_timeout
+        return request
 
     @property
     def has_process(self) -> bool:
@@ -164,7 +169,7 @@ class GpuAllocProvisioner(LocalProvisioner):
             return kwargs  # a kernel that asks for no slice starts all the same
         if lease is None and self.spec:
             lease = await link.client.request_lease(self.spec, self.holder, offer=self.offer or None,
-                                                    priority=self.priority)
+                                                    priority=self.priority, idle_timeout=self.idle_timeout)
         if lease is not None and lease["state"] == "queued":
             lease = await self._wait_for_grant(link, lease)
         if lease is not None:

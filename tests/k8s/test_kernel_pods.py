@@ -483,9 +483,12 @@ async def test_idle_release_and_preemption_end_a_kernels_pod_and_the_server_shut
     pod, and the server's monitor shuts the kernel down; it is not started again into a new slice."""
     from jupyter_gpualloc.server.kernelspecs import kernelspecs_for_offers
 
-    specs = kernelspecs_for_offers([{"name": "idle", "spec": MIG_1G, "idle_timeout": 3},
-                                    {"name": "batch", "spec": MIG_1G}])
-    specs["gpualloc-batch"]["metadata"]["kernel_provisioner"]["config"]["priority"] = "batch"
+    specs = kernelspecs_for_offers([{"name": "idle", "spec": MIG_1G}, {"name": "batch", "spec": MIG_1G}])
+    for name, config in (("idle", {"idle_timeout": 3}), ("batch", {"priority": "batch"})):
+        # a spec of their own (the service offers no "idle" or "batch"); the idle kernel asks for a shorter timeout
+        stanza = specs[f"gpualloc-{name}"]["metadata"]["kernel_provisioner"]["config"]
+        del stanza["offer"]
+        stanza.update(config)
     for name, spec in specs.items():
         (jp_kernel_dir / name).mkdir(parents=True)
         (jp_kernel_dir / name / "kernel.json").write_text(json.dumps(spec))
