@@ -253,6 +253,8 @@ class Jobs:
         With `pod` (the submitting server's pod template) the job runs in Kubernetes Jobs (runner 'pod')."""
         if request.priority is PriorityClass.INTERACTIVE and not self.policy.interactive_jobs:
             raise SpecError("priority", "jobs run in the batch class here (policy: interactive_jobs is off)")
+        if request.retries > self.policy.max_job_retries:
+            raise SpecError("retries", f"a job may be retried at most {self.policy.max_job_retries} times here")
         preemptible = request.preemptible
         if preemptible is None:
             preemptible = request.priority is PriorityClass.BATCH and self.policy.batch_preemptible

@@ -109,6 +109,11 @@ class SchedulerPolicy(Configurable):
         heartbeat): requeued to run again (True) or failed (False).""",
     ).tag(config=True)
 
+    max_job_retries = Int(
+        10,
+        help="The most retries a job may ask for (`%%gpu job --retries N`); a request for more is refused.",
+    ).tag(config=True)
+
     interactive_jobs = Bool(
         False,
         help="Whether a job may ask for the interactive priority class (by default jobs are batch).",

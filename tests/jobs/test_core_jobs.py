@@ -102,11 +102,13 @@ def test_a_non_preemptible_job_is_not_preempted_where_the_policy_allows_one(tmp_
     core.store.close()
 
 
-def test_a_job_cannot_opt_out_of_preemption_by_default_and_nothing_is_recorded(core):
-    with pytest.raises(SpecError) as refused:
-        core.jobs.submit("alice", request(preemptible=False), now=1.0)
-    assert refused.value.field == "preemptible"
+def test_a_job_cannot_opt_out_of_preemption_nor_retry_past_the_policy_and_nothing_is_recorded(core):
+    for asked, field in [({"preemptible": False}, "preemptible"), ({"retries": 11}, "retries")]:
+        with pytest.raises(SpecError) as refused:
+            core.jobs.submit("alice", request(**asked), now=1.0)
+        assert refused.value.field == field
     assert core.jobs.jobs("alice") == [] and core.scheduler.leases("alice") == []
+    assert core.jobs.submit("alice", request(retries=10), now=1.0).retries == 10
 
 
 def test_retries_then_failure_and_timeout(core):
