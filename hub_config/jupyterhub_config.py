@@ -92,7 +92,9 @@ try:
     c.Spawner.default_url = "/lab"
 except ImportError:
     pass
-c.Spawner.start_timeout = 120
+# A start may wait in the GPU queue for start_timeout less gpu_start_reserve (585 s); the progress
+# page says when it gives up (the README's dave waits for bob's Whole H100)
+c.Spawner.start_timeout = 600
 c.Spawner.http_timeout = 60
 c.GPUSpawnerMixin.gpu_heartbeat_interval = 20
 

@@ -11,10 +11,11 @@
   granted to a user keeps starting servers without a GPU (the form says why).
 - The form also says where the user stands against their usage quotas and how long a time-boxed
   offer lasts; offers a used-up usage quota refuses are greyed out with the sentence.
-- `start()` submits a `server` lease and waits while it is queued, reporting the queue position
-  (and, once granted, the slice's deadline) through `progress()`; past `start_timeout` (less
-  `gpu_start_reserve`), or beyond the user's quota, it withdraws the lease and raises
-  SpawnException(reason="capacity", 503).
+- `start()` submits a `server` lease and waits while it is queued, reporting the queue position,
+  the core's reason and when the start gives up (and, once granted, the slice's deadline) through
+  `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's quota, it
+  withdraws the lease and raises SpawnException(reason="capacity", 503), and the progress page
+  then shows no step of a server start that never began.
 - The server's env gets the slice (see env.slice_env) and the service URL; the lease id is kept
   in the spawner's state, heartbeats keep the lease alive while the server runs (and resume
   after a hub restart), and `stop()` or a `poll()` that finds the server dead release it.
@@ -53,6 +54,15 @@ def spawn_error(message: str, reason: str, status: int) -> SpawnException:
     error = SpawnException(message, reason=reason, status_code=status)
     error.jupyterhub_message = message
     return error
+
+
+def queue_words(a_what: str, position: int | None, reason: str, gives_up: str, patience: float) -> str:
+    """What the progress page says while the server's request waits: its place, why it waits
+    (when the core's reason says more than that it waits), and when the start gives up."""
+    words = f"waiting for {a_what}: position {position} in queue"
+    if reason and not reason.startswith("waiting for"):
+        words += f" ({reason})"
+    return f"{words}; this start gives up at {gives_up} ({patience:g} s after asking) if none frees"
 
 
 def capacity_error(message: str) -> SpawnException:
@@ -163,6 +173,7 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_events: list[dict] = []
             self._gpu_signal = asyncio.Event()
             self._gpu_done = True
+            self._gpu_failed = False
             self._gpu_granted = ""
             self._gpu_stop_task: asyncio.Future | None = None
 
@@ -354,6 +365,8 @@ class GPUSpawnerMixin(Spawner):
                 break
             self._gpu_signal.clear()
             await self._gpu_signal.wait()
+        if self._gpu_failed:  # no server is being started: its own steps would never happen
+            return
         async for event in super().progress():
             if self._gpu_granted and event.get("message") and not event.get("html_message"):
                 event = {**event, "message": f"{event['message']} ({self._gpu_granted})"}
@@ -396,7 +409,7 @@ class GPUSpawnerMixin(Spawner):
     def start(self):
         """Begin at once (as KubeSpawner does), so progress() follows this start from its first step."""
         self._gpu_init()
-        self._gpu_events, self._gpu_granted, self._gpu_done = [], "", False
+        self._gpu_events, self._gpu_granted, self._gpu_done, self._gpu_failed = [], "", False, False
         return asyncio.ensure_future(self._start_on_slice())
 
     async def _start_on_slice(self):
@@ -406,6 +419,9 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_offer = None
             if offer.get("spec"):
                 await self.acquire_slice(offer)
+        except BaseException:
+            self._gpu_failed = True
+            raise
         finally:
             self._gpu_done = True
             self._gpu_signal.set()
@@ -443,22 +459,26 @@ class GPUSpawnerMixin(Spawner):
         link = self.gpu_link()
         what, a_what = describe_spec(offer["spec"]), describe_spec(offer["spec"], article=True)
         started = time.monotonic()
-        deadline = started + max(self.start_timeout - self.gpu_start_reserve, 1.0)
+        patience = max(self.start_timeout - self.gpu_start_reserve, 1.0)
+        deadline = started + patience
+        gives_up = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + patience))
         self._gpu_progress(f"asking for {a_what}", 5)
         lease = await self._submit(link, offer, a_what)
         self.gpu_lease_id = lease["id"]
         try:
-            last_position, beat = None, started
+            last_said, beat = None, started
             while lease["state"] == "queued":
                 position = lease.get("position")
-                if position != last_position:
-                    self._gpu_progress(f"waiting for {a_what}: position {position} in queue", 10)
-                    last_position = position
+                said = queue_words(a_what, position, lease.get("reason", ""), gives_up, patience)
+                if said != last_said:
+                    self._gpu_progress(said, 10)
+                    last_said = said
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise capacity_error(
-                        f"No {what} became free within {self.start_timeout:g} seconds (you were number "
-                        f"{position} in the queue). Try again later, or choose a smaller slice.")
+                        f"No {what} became free within {patience:g} seconds (this hub's start timeout of "
+                        f"{self.start_timeout:g} s, less {self.gpu_start_reserve:g} s to start the server; you "
+                        f"were number {position} in the queue). Try again later, or choose a smaller slice.")
                 await asyncio.sleep(min(self.gpu_poll_interval, left))
                 if time.monotonic() - beat >= self.gpu_heartbeat_interval:
                     await link.heartbeat(self.gpu_holder)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import sys
 import time
@@ -74,9 +75,12 @@ def test_waiting_past_the_start_timeout_is_a_capacity_error_and_withdraws(servic
     with pytest.raises(SpawnException) as caught:
         asyncio.run(spawner.acquire_slice(offer(WHOLE_L4)))
     assert caught.value.status_code == 503 and caught.value.reason == "capacity"
-    assert "No whole GPU on L4 became free within 3 seconds (you were number 1 in the queue)" in caught.value.message
-    assert [e["message"] for e in spawner._gpu_events] == [
-        "asking for a whole GPU on L4", "waiting for a whole GPU on L4: position 1 in queue"]
+    assert ("No whole GPU on L4 became free within 1.5 seconds (this hub's start timeout of 3 s, less 1.5 s to "
+            "start the server; you were number 1 in the queue)") in caught.value.message
+    asking, waiting = [e["message"] for e in spawner._gpu_events]
+    assert asking == "asking for a whole GPU on L4"
+    assert re.fullmatch(r"waiting for a whole GPU on L4: position 1 in queue; this start gives up at "
+                        r"\d\d:\d\d:\d\d UTC \(1.5 s after asking\) if none frees", waiting), waiting
     assert service.call("GET", "leases", token=BOB).json()["leases"] == []
     assert spawner.gpu_lease_id == ""
 
@@ -204,10 +208,31 @@ def test_progress_follows_a_start_from_its_first_step(service):
 
     url, messages = asyncio.run(scenario())
     assert url == "http://127.0.0.1:1"
-    assert messages[:2] == ["asking for a whole GPU on L4", "waiting for a whole GPU on L4: position 1 in queue"]
+    assert messages[0] == "asking for a whole GPU on L4"
+    assert messages[1].startswith("waiting for a whole GPU on L4: position 1 in queue; this start gives up at ")
     assert messages[2].startswith("granted a whole GPU on L4 after")
     assert messages[3:] == ["Spawning server... (on your whole GPU on L4)"]
     asyncio.run(spawner.release_slice("test over"))
+
+
+def test_a_queued_start_past_its_deadline_says_when_it_gives_up_and_shows_no_server_step(service):
+    take_both_l4(service)
+    spawner = spawner_for(service, "bob", BOB, spawner_class=QuickSpawner, start_timeout=3,
+                          gpu_start_reserve=1.5, gpu_poll_interval=0.2)
+    spawner.user_options = {"gpu": "whole-l4"}
+
+    async def scenario():
+        started = spawner.start()
+        messages = [event["message"] async for event in spawner.progress()]
+        with pytest.raises(SpawnException) as caught:
+            await started
+        return messages, caught.value
+
+    messages, error = asyncio.run(scenario())
+    assert len(messages) == 2 and "this start gives up at" in messages[1] and "(1.5 s after asking)" in messages[1]
+    assert not any("Spawning server" in m for m in messages), messages  # the server was never started
+    assert error.reason == "capacity" and "within 1.5 seconds" in error.message
+    assert service.call("GET", "leases", token=BOB).json()["leases"] == []
 
 
 # ------------------------------------------------------------ a server's lease ends
