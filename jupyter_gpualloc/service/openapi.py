@@ -10,10 +10,9 @@ import copy
 from typing import Any
 
 from ..core.holders import GRAMMAR, KINDS, SERVER, SERVER_GRAMMAR
-from ..core.model import NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
+from ..core.model import MAX_EPOCH, MIN_EPOCH, NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
 
 API_VERSION = "1"
-MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 MAX_SECONDS = 10 ** 9
 MAX_HOLDERS = 1000
 
@@ -147,7 +146,7 @@ SCHEMAS: dict[str, Any] = {
     "Touch": {
         "type": "object", "additionalProperties": False,
         "properties": {
-            "last_activity": {"oneOf": [{"type": "number", "minimum": 0, "maximum": MAX_EPOCH},
+            "last_activity": {"oneOf": [{"type": "number", "minimum": MIN_EPOCH, "maximum": MAX_EPOCH},
                                         {"type": "string", "format": "date-time", "maxLength": 64}],
                               "description": "Epoch seconds or an RFC 3339 time; a time after now counts as now."},
             "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
@@ -704,10 +703,11 @@ OPERATIONS["/leases/{lease_id}/extend"] = {
 }
 SCHEMAS["Lease"]["properties"]["reservation"] = {
     "type": ["string", "null"], "description": "The reservation it was granted from (it ends with its window); null if none."}
-_WHEN = {"anyOf": [{"type": "number"}, {"type": "string", "pattern": (
-             r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?"
+_WHEN = {"anyOf": [{"type": "number", "minimum": MIN_EPOCH, "maximum": MAX_EPOCH}, {"type": "string", "pattern": (
+             r"^(19[7-9]\d|[2-9]\d{3})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?"
              r"(Z|[+-]([01]\d|2[0-3]):?[0-5]\d)?$")}],
-         "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset)."}
+         "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset), "
+                        "from 1970-01-01 to 9999-12-31T23:59:59Z."}
 _NAMES = {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}
 SCHEMAS.update({
     "ReservationRequest": {
