@@ -215,7 +215,17 @@ SCHEMAS: dict[str, Any] = {
                               "backend": {"type": "string"}, "gpus": {"type": "integer"},
                               "cluster": {"type": "string", "description": (
                                   "With the kubernetes backend: 'current', or 'stale since <UTC time>' while "
-                                  "the API server cannot be reached (the service decides from its last view).")}}},
+                                  "the API server cannot be reached (the service decides from its last view).")},
+                              "broken_rules": {"type": "array", "description": (
+                                  "Rules of the scheduler's tick that fail now (dead holders, idle release, usage "
+                                  "quotas, time limits, reservation, reservation displacement, scheduling pass): "
+                                  "each is undone and skipped while the others go on; a reservation's is "
+                                  "'reservation', without its name. The service log says why once; the metric "
+                                  "gpualloc_tick_errors_total counts each failure."),
+                                  "items": {"type": "object", "required": ["rule", "since"],
+                                            "properties": {"rule": {"type": "string"},
+                                                           "since": {"type": "number",
+                                                                     "description": "Epoch seconds."}}}}}},
     "Identity": {"type": "object", "required": ["user", "admin", "groups"],
                  "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
                                 "groups": {"type": "array", "items": {"type": "string"}}}},
@@ -739,8 +749,12 @@ SCHEMAS.update({
                      "gpu_hours", "summary"],
         "properties": {
             "name": {"type": "string"}, "owner": {"type": "string"},
-            "users": {"type": "array", "items": {"type": "string"}},
-            "groups": {"type": "array", "items": {"type": "string"}}, "spec": _ref("SliceSpec"),
+            "users": {"type": "array", "items": {"type": "string"},
+                      "description": "Its members by name; another user reads 'other' unless the caller is an admin."},
+            "groups": {"type": "array", "items": {"type": "string"},
+                       "description": "Its member groups; one the caller is not in reads 'other' unless the caller "
+                                      "is an admin."},
+            "spec": _ref("SliceSpec"),
             "count": {"type": "integer"}, "start": {"type": "number"}, "end": {"type": "number"},
             "weekly": {"type": "boolean"}, "lead_seconds": {"type": "number"}, "preempt_interactive": {"type": "boolean"},
             "state": {"enum": ["upcoming", "active", "ended"]},
@@ -748,7 +762,9 @@ SCHEMAS.update({
             "held": {"type": "array", "items": {"type": "string"}, "description": "UUIDs of the GPUs it holds now."},
             "in_use": {"type": "integer", "description": "Its slices granted to members now."},
             "free": {"type": "integer", "description": "Its slices members can still get now (0 outside the window)."},
-            "leases": {"type": "array", "items": {"type": "string"}},
+            "leases": {"type": "array", "items": {"type": "string"},
+                       "description": "Ids of its leases granted now; another user's reads 'other' unless the "
+                                      "caller is an admin."},
             "gpu_hours": {"type": "number", "description": "GPU-hours used inside it since it was created."},
             "summary": {"type": "string", "description": "'ml101 reservation: 22 of 30 free until 12:00 UTC'."},
             "warnings": {"type": "array", "items": {"type": "string"},
