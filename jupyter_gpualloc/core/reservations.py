@@ -131,7 +131,7 @@ class Reservation:
                    data["ended"], list(data.get("served", [])))
 
 
-OUT_OF_RANGE = "must be from 1970-01-01 to 9999-12-31T23:59:59Z (epoch seconds 0 to 253402300799)"
+OUT_OF_RANGE = f"must be from 1970-01-01 to 9999-12-31T23:59:59Z (epoch seconds {MIN_EPOCH} to {MAX_EPOCH})"
 
 
 def parse_time(value: Any, field_name: str) -> float:
