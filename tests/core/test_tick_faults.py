@@ -76,3 +76,17 @@ def test_a_rule_that_raises_half_way_is_undone_alone(harness, monkeypatch):
     again.tick(122)
     assert again.broken_rules() == [] and again.tick_failures() == {}
     assert {e.lease_id for e in h.events if e.type == "lease.idle_warning"} == {first.id, second.id}
+
+
+def test_a_stored_window_past_year_9999_can_still_be_read_and_deleted(harness):
+    """Milliseconds stored as seconds before windows were bounded: the view answers (its time as epoch
+    seconds), so GET /reservations works for everyone and the admin can delete it."""
+    h = harness(fleet({"model": "L4", "count": 2}), **POLICY)
+    h.store.save_reservations([Reservation("ms", "admin", ("stu",), (), L4, 1, 1.7e12, 1.7e12 + 3600)])
+    s = h.restart(0)
+    s.tick(10)
+    view = s.reservations.view(s.reservations.get("ms"), 10)
+    assert view["state"] == "upcoming" and "1700000000000 (epoch seconds, out of range)" in view["summary"]
+    assert s.broken_rules() == []
+    s.reservations.delete("ms", now=11)
+    assert h.store.load_reservations() == []
