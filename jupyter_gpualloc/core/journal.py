@@ -138,6 +138,37 @@ class Undo:
 
 
 @dataclass
+class _Pending:
+    """What a change wrote and must be able to undo so far (set aside by SchedulerJournal.part)."""
+
+    undo: Undo
+    events: list[Event] = field(default_factory=list)
+    instance_changes: list[tuple[str, str, MigInstance | None, bool]] = field(default_factory=list)
+    drains: dict[str, bool] = field(default_factory=dict)
+    returning_changes: dict[str, bool] = field(default_factory=dict)
+    deadlines: dict[str, DeadlineRecord | None] = field(default_factory=dict)
+    usage: list[UsageSegment] = field(default_factory=list)
+    intents: list[str] = field(default_factory=list)
+
+    def then(self, later: "_Pending") -> "_Pending":
+        """This and `later` as one: each record as it was before the first of them touched it."""
+        undo = self.undo
+        for record_id, before in later.undo.leases.before.items():
+            undo.leases.before.setdefault(record_id, before)
+        undo.leases.dirty.update(later.undo.leases.dirty)
+        for uuid, snapshot in later.undo.gpus.items():
+            undo.gpus.setdefault(uuid, snapshot)
+        undo.inverses += later.undo.inverses
+        undo.made += later.undo.made
+        return _Pending(undo, self.events + later.events, self.instance_changes + later.instance_changes,
+                        {**self.drains, **later.drains}, {**self.returning_changes, **later.returning_changes},
+                        {**self.deadlines, **later.deadlines}, self.usage + later.usage, self.intents + later.intents)
+
+
+_PENDING = ("undo", "events", "instance_changes", "drains", "returning_changes", "deadlines", "usage", "intents")
+
+
+@dataclass
 class _Staged:
     """A change committed into the store's waiting group: what commit_group() undoes if the group fails."""
 
@@ -174,7 +205,8 @@ class SchedulerJournal:
     (`Store.hold()`), stages it for `write_group`, which writes the group, announces it, or
     undoes every staged change, newest first. A group may also be written on another thread
     (`take_group`, `GroupWrite.write`, then `settle_group` here) while the next one gathers; if
-    the store refuses it, the changes staged since are undone with it. `rollback` puts a change back: the
+    the store refuses it, the changes staged since are undone with it. A `part` of a change is
+    undone alone if it raises, the rest of the change going on. `rollback` puts a change back: the
     fleet and the inverses here, the leases by the owner's `put_back_leases(restored)` (see
     UndoLog.put_back); `on_released(instances, now, settle)` hears of the MIG instances a settled
     group released (a refused one's are back with their leases, but for those carried).
@@ -211,6 +243,7 @@ class SchedulerJournal:
         # Instances a durable group released that a change still staged took again: the settle of its
         # group destroys them if that change is undone (MigInstances.destroy_released).
         self.carried: dict[str, GpuState] = {}
+        self._aside: list[_Pending] = []  # what the change did before each part now open, outermost first
 
     def restart(self, seq: int, intents: list[str]) -> None:
         """Go on from the stored sequence number and the MIG intents still listed (recovery)."""
@@ -259,12 +292,45 @@ class SchedulerJournal:
             self.rollback(now)
             raise
 
+    @contextmanager
+    def part(self, now: float) -> Iterator[None]:
+        """A part of the change being made, undone alone if it raises (then the error is raised):
+        what it changed is put back, the MIG instances it made destroyed, and what the change did
+        before it stays. A commit inside a part writes the whole change so far, which stays."""
+        before = self._set_aside()
+        self._aside.append(before)
+        try:
+            yield
+        except BaseException:
+            self.rollback(now)
+            raise
+        finally:
+            self._aside.pop()
+            self._take(before.then(self._set_aside()))
+
+    def _set_aside(self) -> _Pending:
+        """What the change did so far, taken out: the journal goes on from nothing pending."""
+        pending = _Pending(*(getattr(self, name) for name in _PENDING))
+        self._take(_Pending(Undo(self.seq)))
+        return pending
+
+    def _take(self, pending: _Pending) -> None:
+        for name in _PENDING:
+            setattr(self, name, getattr(pending, name))
+
     def commit(self, now: float = 0.0) -> None:
         """Write every change since the last commit in one transaction, then announce its events.
 
         StoreFailed when the store refuses; `atomic` then undoes the changes. While the store
         holds writes for a group commit, the change waits in the group: write_group() writes it,
-        then announces it, or undoes it."""
+        then announces it, or undoes it. Inside parts (`part`), what each set aside is written too."""
+        if self._aside:
+            whole = self._aside[0]
+            for later in [*self._aside[1:], self._set_aside()]:
+                whole = whole.then(later)
+            for aside in self._aside:
+                vars(aside).update(vars(_Pending(Undo(self.seq))))
+            self._take(whole)
         destroyed, dirty = self.destroyed, self.undo.leases.dirty
         if dirty or self.instance_changes or self.drains or self.intents or self.returning_changes or destroyed \
                 or self.deadlines or self.usage:

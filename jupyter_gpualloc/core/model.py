@@ -21,6 +21,9 @@ PROFILE_PATTERN = r"[0-9]+g\.[0-9]+gb(\+me)?"
 # The largest values a spec may ask for: far above any machine, far below float and int overflow.
 SPEC_LIMITS = {"memory_gib": 2 ** 20, "memory_mib": 2 ** 30, "count": 1024,
                "cpu_milli": 10 ** 9, "host_memory_mib": 2 ** 40}
+# The times a request may name, in epoch seconds: 1970-01-01 to 9999-12-31T23:59:59Z, the last a
+# date can show. A typo (-1e11) or milliseconds (Date.now()) is refused, never stored.
+MIN_EPOCH, MAX_EPOCH = 0, 253402300799
 # Characters no name may hold: C0/C1 controls, invisible format marks (zero-width, bidi controls
 # and isolates, BOM) and, in Python strings only, lone UTF-16 surrogates, which no store can encode.
 UNPRINTABLE = r"\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"

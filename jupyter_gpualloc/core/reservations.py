@@ -35,7 +35,8 @@ from .fit import Fit, FitSearch, PassMemo
 from .fleet_state import FleetState, GpuState
 from .journal import ChangeJournal, Listeners, refused
 from .lease_book import LeaseBook
-from .model import Event, Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec, SpecError, check_name
+from .model import MAX_EPOCH, MIN_EPOCH, Event, Lease, LeaseState, MigMode, PriorityClass, SliceKind, SliceSpec, \
+    SpecError, check_name
 from .plans import Plan, Plans
 from .store import Store, StoreError
 from .usage import gpu_share
@@ -130,19 +131,42 @@ class Reservation:
                    data["ended"], list(data.get("served", [])))
 
 
+OUT_OF_RANGE = f"must be from 1970-01-01 to 9999-12-31T23:59:59Z (epoch seconds {MIN_EPOCH} to {MAX_EPOCH})"
+
+
 def parse_time(value: Any, field_name: str) -> float:
-    """Seconds since the epoch, from a number or an ISO 8601 time (UTC unless it names its offset)."""
+    """Seconds since the epoch, from a number or an ISO 8601 time (UTC unless it names its offset),
+    from MIN_EPOCH to MAX_EPOCH."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+        return in_range(float(value), field_name)
     if not isinstance(value, str):
         raise SpecError(field_name, "must be an ISO 8601 time such as 2026-12-08T10:00 or epoch seconds")
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        seconds = parsed.timestamp()
+    except (ValueError, OverflowError):
         raise SpecError(field_name, "must be an ISO 8601 time such as 2026-12-08T10:00") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
+    return in_range(seconds, field_name)
+
+
+def in_range(seconds: Any, field_name: str) -> float:
+    """`seconds` if a time from MIN_EPOCH to MAX_EPOCH, else SpecError naming the field."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not MIN_EPOCH <= seconds <= MAX_EPOCH:
+        raise SpecError(field_name, OUT_OF_RANGE)
+    return float(seconds)
+
+
+def check_window(start: Any, end: Any, weekly: bool) -> None:
+    """SpecError naming the field of a window the core would not keep: a time out of range, an end
+    not after the start, a weekly window of a week or more."""
+    in_range(start, "start")
+    in_range(end, "end")
+    if end <= start:
+        raise SpecError("end", "must be after start")
+    if weekly and end - start >= WEEK:
+        raise SpecError("end", "a weekly window must be shorter than a week")
 
 
 def _names(data: dict, key: str) -> tuple[str, ...]:
@@ -172,13 +196,10 @@ def parse_request(data: Any, owner: str, now: float) -> Reservation:
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100000:
         raise SpecError("count", "must be a whole number of slices, at least 1")
     start, end = parse_time(data.get("start"), "start"), parse_time(data.get("end"), "end")
-    if end <= start:
-        raise SpecError("end", "must be after start")
     weekly = data.get("weekly", False)
     if not isinstance(weekly, bool):
         raise SpecError("weekly", "must be true or false")
-    if weekly and end - start >= WEEK:
-        raise SpecError("end", "a weekly window must be shorter than a week")
+    check_window(start, end, weekly)
     lead = data.get("lead_seconds", DEFAULT_LEAD)
     if isinstance(lead, bool) or not isinstance(lead, (int, float)) or not 0 <= lead <= WEEK:
         raise SpecError("lead_seconds", "must be a number of seconds from 0 to a week")
@@ -296,7 +317,9 @@ class Reservations:
     # ------------------------------------------------------------ changes
     def create(self, r: Reservation, now: float) -> list[str]:
         """Store a reservation the fleet can hold beside those overlapping it (ReservationConflict
-        names the field and how many fit); the warnings: what it cannot promise without preempting."""
+        names the field and how many fit; SpecError a window out of range); the warnings: what it
+        cannot promise without preempting."""
+        check_window(r.start, r.end, r.weekly)
         if r.name in self._by_name:
             raise ReservationConflict("name", f"reservation {r.name} exists already")
         plan = self._plan(r)
@@ -516,18 +539,22 @@ class Reservations:
                  for t in (w[0] - r.lead, w[0], w[1]) if t > now]
         return min(times, default=math.inf)
 
-    def due(self, now: float) -> list[tuple[Lease, LeaseState, str]]:
-        """Announce windows that started or ended, warn the interactive work a window will end; the
-        leases on held GPUs to end from a window's lead on: (lease, how it ends, reason)."""
-        actions: list[tuple[Lease, LeaseState, str]] = []
+    def names(self) -> list[str]:
+        """Every reservation's name, in the order they were loaded or created (the order of `due`)."""
+        return list(self._by_name)
+
+    def due(self, name: str, now: float) -> list[tuple[Lease, LeaseState, str]]:
+        """Announce that a reservation's window started or ended, warn the interactive work it will
+        end; the leases on its held GPUs to end from its window's lead on: (lease, how it ends,
+        reason). A change of its own: if anything raises, the reservation is as it was."""
+        r = self._by_name[name]
+        warned: set[str] = set()
         with self._journal.change():
-            for r in list(self._by_name.values()):
-                self._announce(r, now)
-                w = r.window(now)
-                if w is None or now < w[0] - r.lead:
-                    continue
-                gpus = self.held(now).get(r.name, frozenset())
-                actions += self._displace(r, w, gpus, now)
+            self._announce(r, now)
+            w = r.window(now)
+            gpus = self.held(now).get(r.name, frozenset()) if w is not None and now >= w[0] - r.lead else None
+            actions = [] if gpus is None else self._displace(r, w, gpus, now, warned)
+        self._warned |= warned
         return actions
 
     def _announce(self, r: Reservation, now: float) -> None:
@@ -543,9 +570,9 @@ class Reservations:
             self._emit("reservation.started", now, r, start=w[0], end=w[1])
 
     def _displace(self, r: Reservation, w: tuple[float, float], gpus: frozenset[str],
-                  now: float) -> list[tuple[Lease, LeaseState, str]]:
+                  now: float, warned: set[str]) -> list[tuple[Lease, LeaseState, str]]:
         """Preemptible work on the held GPUs leaves in the lead; with preempt_interactive, other
-        work is warned in the lead (lease.deadline_warning) and ended at the start."""
+        work is warned in the lead (lease.deadline_warning, the lease added to `warned`) and ended at the start."""
         actions = []
         when = datetime.fromtimestamp(w[0], timezone.utc).strftime("%H:%M")
         for lease in self._on(gpus):
@@ -556,8 +583,8 @@ class Reservations:
                     actions.append((lease, LeaseState.PREEMPTED, f"preempted: reservation {r.name} starts at {when} UTC"))
             elif r.preempt_interactive and now >= w[0]:
                 actions.append((lease, LeaseState.EXPIRED, f"ended for reservation {r.name}"))
-            elif r.preempt_interactive and lease.id not in self._warned:
-                self._warned.add(lease.id)
+            elif r.preempt_interactive and lease.id not in self._warned and lease.id not in warned:
+                warned.add(lease.id)
                 self._journal.events.append(Event("lease.deadline_warning", now, lease.id, lease.user, {
                     "state": lease.state.value, "holder": lease.holder, "deadline": w[0], "release_at": w[0],
                     "reason": f"reservation {r.name} takes this GPU at {when} UTC"}))
@@ -579,8 +606,15 @@ def describe(r: Reservation, in_use: int, now: float) -> str:
     if w is None:
         return f"{r.name} reservation: ended"
     if now < w[0]:
-        at = datetime.fromtimestamp(w[0], timezone.utc).strftime("%a %H:%M")
-        return f"{r.name} reservation: {r.count} {r.spec.describe()}s from {at} UTC"
-    until = datetime.fromtimestamp(w[1], timezone.utc).strftime("%H:%M")
-    return f"{r.name} reservation: {max(0, r.count - in_use)} of {r.count} free until {until} UTC"
+        return f"{r.name} reservation: {r.count} {r.spec.describe()}s from {_utc(w[0], '%a %H:%M')}"
+    return f"{r.name} reservation: {max(0, r.count - in_use)} of {r.count} free until {_utc(w[1], '%H:%M')}"
+
+
+def _utc(seconds: float, form: str) -> str:
+    """A time as UTC text; one no date can show (a window stored before times were bounded) as epoch
+    seconds, so that the reservation can still be read and deleted."""
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).strftime(form) + " UTC"
+    except (ValueError, OverflowError, OSError):
+        return f"{seconds:.0f} (epoch seconds, out of range)"
 

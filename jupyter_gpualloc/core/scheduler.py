@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Sequence
 
 from . import mig, preemption
 from .deadlines import Deadlines, ExtensionRefused
@@ -47,6 +48,7 @@ from .quotas import quota_block
 from .recovery import reconcile_instances, recover_leases, recover_returning
 from .reservations import Reservations
 from .store import Store, StoreError
+from .tick_faults import TickFaults
 from .usage import UsageLedger
 
 DRAINED = "drained"  # how the reason of a request refused as its GPUs are drained begins
@@ -82,6 +84,7 @@ class Scheduler:
         self._pass_done: tuple[int, float] | None = None  # (fleet version, valid until) of the last idle pass
         self._memo: PassMemo | None = None  # what the current scheduling pass found no room for
         self._activity_unwritten: set[str] = set()  # leases whose touches are in memory only (write_activity)
+        self._faults = TickFaults()  # the rules of tick() that raise
         self._fleet = FleetState(backend, static_mig=self.policy.mig_changes == "static")
         self._book = LeaseBook(self._fleet)
         self._journal = SchedulerJournal(store, backend, self._fleet, self._listeners, self._book.put_back,
@@ -408,34 +411,72 @@ class Scheduler:
         return announced
 
     def _tick(self, now: float, ttl: float) -> None:
-        """The tick as one change: return the slices of holders whose heartbeats stopped; end leases
-        past their heartbeat, idle, usage or time limits; grant."""
+        """The tick as one change, each rule a part of it (see _rule): return the slices of holders
+        whose heartbeats stopped and end their leases; end leases idle, past their usage quotas or
+        time limits, or displaced by a reservation's window; grant."""
+        self._faults.begin()
         with self._journal.atomic(now):
-            for lease in list(self._book.returning.values()):
-                if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
-                    self._return_slice(lease, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
-            for lease in list(self._book.by_id.values()):
-                if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
-                    self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s",
-                              holder_gone=True)  # presumed dead
-                elif lease.state is LeaseState.GRANTED and lease.idle_timeout:
-                    self._check_idle(lease, now)
+            with self._rule("dead holders", now):
+                for lease in list(self._book.returning.values()):
+                    if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
+                        self._return_slice(lease, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
+                for lease in list(self._book.by_id.values()):
+                    if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
+                        self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s",
+                                  holder_gone=True)  # presumed dead
+            with self._rule("idle release", now):
+                for lease in list(self._book.by_id.values()):
+                    if lease.state is LeaseState.GRANTED and lease.idle_timeout:
+                        self._check_idle(lease, now)
             granted = [l for l in self._book.by_id.values() if l.state is LeaseState.GRANTED]
-            for action in self.usage.enforce(granted, now):
-                self._emit(action.event, now, action.lease, **action.status.to_json())
-                if action.release:
-                    self._end(action.lease, LeaseState.EXPIRED, now,
-                              f"usage quota used up: {action.status.sentence()}")
-            for action in self.deadlines.check([l for l in granted if l.state is LeaseState.GRANTED], now):
-                if action.release:
-                    self._end(action.lease, LeaseState.EXPIRED, now,
-                              self.reservations.end_reason(action.lease, action.record.deadline) or action.reason)
-                else:
-                    self._emit("lease.deadline_warning", now, action.lease,
-                               **action.warning(self.deadlines.extensions_left(action.lease.id)))
-            for lease, state, reason in self.reservations.due(now):
-                self._end(lease, state, now, reason)
-            self._schedule(now)
+            with self._rule("usage quotas", now):
+                for action in self.usage.enforce(granted, now):
+                    self._emit(action.event, now, action.lease, **action.status.to_json())
+                    if action.release:
+                        self._end(action.lease, LeaseState.EXPIRED, now,
+                                  f"usage quota used up: {action.status.sentence()}")
+            with self._rule("time limits", now):
+                for action in self.deadlines.check([l for l in granted if l.state is LeaseState.GRANTED], now):
+                    if action.release:
+                        self._end(action.lease, LeaseState.EXPIRED, now,
+                                  self.reservations.end_reason(action.lease, action.record.deadline) or action.reason)
+                    else:
+                        self._emit("lease.deadline_warning", now, action.lease,
+                                   **action.warning(self.deadlines.extensions_left(action.lease.id)))
+            displaced: list[tuple[Lease, LeaseState, str]] = []
+            for name in self.reservations.names():
+                with self._rule(f"reservation {name}", now, kind="reservation"):
+                    displaced += self.reservations.due(name, now)
+            with self._rule("reservation displacement", now):
+                for lease, state, reason in displaced:
+                    self._end(lease, state, now, reason)
+            with self._rule("scheduling pass", now):
+                self._schedule(now)
+        self._faults.end()
+
+    @contextmanager
+    def _rule(self, rule: str, now: float, kind: str = "") -> Iterator[None]:
+        """One rule of the tick, a part of its change: if it raises, what it changed is undone, the
+        failure noted (TickFaults: logged once, shown by broken_rules) and the tick goes on. A store
+        that refuses or cannot be read is no broken rule: the whole tick is undone, as any change."""
+        try:
+            with self._journal.part(now):
+                yield
+        except (StoreFailed, StoreError):
+            raise
+        except Exception as err:
+            self._faults.failed(rule, kind or rule, err, now)
+        else:
+            self._faults.worked(rule)
+
+    def broken_rules(self) -> list[dict]:
+        """The rules of tick() failing now (each undone alone at every tick while the others go on):
+        rule, kind, last error, since when and how many ticks it failed."""
+        return [broken.to_json() for broken in self._faults.broken.values()]
+
+    def tick_failures(self) -> dict[str, int]:
+        """How often each rule of tick() has failed since the start."""
+        return dict(self._faults.failures)
 
     def drain(self, gpu_uuid: str, drained: bool = True, *, now: float) -> None:
         """Stop (or resume) granting new slices on a GPU; existing leases stay."""

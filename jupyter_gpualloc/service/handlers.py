@@ -30,7 +30,7 @@ from .auth import Forbidden, Identity
 from .events import EventBroker, parse_event_id
 from .group_commit import GroupCommit
 from .metrics import CONTENT_TYPE, ServiceMetrics
-from .openapi import MAX_EPOCH, openapi_document
+from .openapi import MAX_EPOCH, MIN_EPOCH, openapi_document
 from .validation import InputError, RequestValidator, parse_json
 
 MAX_BODY_BYTES = 64 * 1024
@@ -82,6 +82,10 @@ def _reason_phrase(status: int) -> str:
     return responses.get(status, "Error")
 
 
+def _no_form_parsing() -> None:
+    """What the API's requests do instead of tornado's HTTPServerRequest._parse_body(): nothing."""
+
+
 class ApiHandler(web.RequestHandler):
     """Base of the API: authentication, JSON bodies and JSON errors."""
 
@@ -92,6 +96,10 @@ class ApiHandler(web.RequestHandler):
         self.ctx = ctx
         self.route = route  # the path template in the OpenAPI document, e.g. /leases/{lease_id}
         self.body: dict[str, Any] = {}
+        # Bodies are JSON, read by check_request() (a multipart one is 415) or ignored where the document
+        # has none: tornado's form parsing, which it runs before prepare(), would answer a form it cannot
+        # parse (a multipart Content-Type without a body) 400, on GETs too, where no body is documented.
+        self.request._parse_body = _no_form_parsing  # type: ignore[method-assign]
 
     @property
     def scheduler(self) -> Scheduler:
@@ -234,7 +242,7 @@ def parse_timestamp(value: Any, name: str) -> float | None:
         return None
     if not isinstance(value, str):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not 0 <= value <= MAX_EPOCH:
+                or not MIN_EPOCH <= value <= MAX_EPOCH:
             raise ApiError(400, f"{name} must be epoch seconds or an RFC 3339 time", field=name)
         return float(value)
     found = _RFC3339.fullmatch(value)
@@ -244,7 +252,10 @@ def parse_timestamp(value: Any, name: str) -> float | None:
         day, minutes, seconds, fraction, offset = found.groups()
         offset = "+00:00" if offset in ("Z", "z") else offset
         text = f"{day}T{minutes}:{min(int(seconds), 59):02d}{(fraction or '')[:7]}{offset}"
-        return datetime.fromisoformat(text).timestamp()
+        moment = datetime.fromisoformat(text).timestamp()
+        if not MIN_EPOCH <= moment <= MAX_EPOCH:
+            raise ValueError(value)
+        return moment
     except (ValueError, OverflowError):
         raise ApiError(400, f"{name} must be epoch seconds or an RFC 3339 time", field=name) from None
 
@@ -264,7 +275,8 @@ class HealthHandler(ApiHandler):
 
     def get(self) -> None:
         health = {"status": "ok", "version": _package_version(), "backend": self.ctx.backend_name,
-                  "gpus": self.scheduler.gpu_count()}
+                  "gpus": self.scheduler.gpu_count(),  # a reservation's rule without its name: members' business
+                  "broken_rules": [{"rule": b["kind"], "since": b["since"]} for b in self.scheduler.broken_rules()]}
         if self.ctx.cluster is not None:
             health["cluster"] = self.ctx.cluster.status()
         self.write_json(health)

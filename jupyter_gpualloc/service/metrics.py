@@ -95,6 +95,24 @@ class UsageCollector:
         yield hours
 
 
+class TickCollector:
+    """gpualloc_tick_errors_total: the failures of each rule of the scheduler's tick (each undone
+    alone, the other rules going on); gpualloc_tick_rules_broken: how many fail now."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def collect(self):
+        errors = CounterMetricFamily("gpualloc_tick_errors", "Failures of each rule of the scheduler's tick "
+                                     "(its part undone, the other rules going on).", labels=["rule"])
+        for rule, count in sorted(self.scheduler.tick_failures().items()):
+            errors.add_metric([rule], count)
+        yield errors
+        yield GaugeMetricFamily("gpualloc_tick_rules_broken", "Rules of the scheduler's tick failing now "
+                                "(the service log says why; GET /health lists them).",
+                                value=len(self.scheduler.broken_rules()))
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
@@ -103,6 +121,7 @@ class ServiceMetrics:
         self.scheduler = scheduler
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
+        self.registry.register(TickCollector(scheduler))
         if usage is not None:
             self.registry.register(UsageCollector(usage, usage_per_user))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",

@@ -10,10 +10,9 @@ import copy
 from typing import Any
 
 from ..core.holders import GRAMMAR, KINDS, SERVER, SERVER_GRAMMAR
-from ..core.model import NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
+from ..core.model import MAX_EPOCH, MIN_EPOCH, NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
 
 API_VERSION = "1"
-MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z
 MAX_SECONDS = 10 ** 9
 MAX_HOLDERS = 1000
 
@@ -162,7 +161,7 @@ SCHEMAS: dict[str, Any] = {
     "Touch": {
         "type": "object", "additionalProperties": False,
         "properties": {
-            "last_activity": {"oneOf": [{"type": "number", "minimum": 0, "maximum": MAX_EPOCH},
+            "last_activity": {"oneOf": [{"type": "number", "minimum": MIN_EPOCH, "maximum": MAX_EPOCH},
                                         {"type": "string", "format": "date-time", "maxLength": 64}],
                               "description": "Epoch seconds or an RFC 3339 time; a time after now counts as now."},
             "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
@@ -231,7 +230,17 @@ SCHEMAS: dict[str, Any] = {
                               "backend": {"type": "string"}, "gpus": {"type": "integer"},
                               "cluster": {"type": "string", "description": (
                                   "With the kubernetes backend: 'current', or 'stale since <UTC time>' while "
-                                  "the API server cannot be reached (the service decides from its last view).")}}},
+                                  "the API server cannot be reached (the service decides from its last view).")},
+                              "broken_rules": {"type": "array", "description": (
+                                  "Rules of the scheduler's tick that fail now (dead holders, idle release, usage "
+                                  "quotas, time limits, reservation, reservation displacement, scheduling pass): "
+                                  "each is undone and skipped while the others go on; a reservation's is "
+                                  "'reservation', without its name. The service log says why once; the metric "
+                                  "gpualloc_tick_errors_total counts each failure."),
+                                  "items": {"type": "object", "required": ["rule", "since"],
+                                            "properties": {"rule": {"type": "string"},
+                                                           "since": {"type": "number",
+                                                                     "description": "Epoch seconds."}}}}}},
     "Identity": {"type": "object", "required": ["user", "admin", "groups"],
                  "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
                                 "groups": {"type": "array", "items": {"type": "string"}}}},
@@ -720,10 +729,11 @@ OPERATIONS["/leases/{lease_id}/extend"] = {
 }
 SCHEMAS["Lease"]["properties"]["reservation"] = {
     "type": ["string", "null"], "description": "The reservation it was granted from (it ends with its window); null if none."}
-_WHEN = {"anyOf": [{"type": "number"}, {"type": "string", "pattern": (
-             r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?"
+_WHEN = {"anyOf": [{"type": "number", "minimum": MIN_EPOCH, "maximum": MAX_EPOCH}, {"type": "string", "pattern": (
+             r"^(19[7-9]\d|[2-9]\d{3})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?"
              r"(Z|[+-]([01]\d|2[0-3]):?[0-5]\d)?$")}],
-         "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset)."}
+         "description": "Epoch seconds, or an ISO 8601 time such as 2026-12-08T10:00 (UTC unless it names its offset), "
+                        "from 1970-01-01 to 9999-12-31T23:59:59Z."}
 _NAMES = {"type": "array", "items": NAME, "maxItems": MAX_HOLDERS}
 SCHEMAS.update({
     "ReservationRequest": {
@@ -755,8 +765,12 @@ SCHEMAS.update({
                      "gpu_hours", "summary"],
         "properties": {
             "name": {"type": "string"}, "owner": {"type": "string"},
-            "users": {"type": "array", "items": {"type": "string"}},
-            "groups": {"type": "array", "items": {"type": "string"}}, "spec": _ref("SliceSpec"),
+            "users": {"type": "array", "items": {"type": "string"},
+                      "description": "Its members by name; another user reads 'other' unless the caller is an admin."},
+            "groups": {"type": "array", "items": {"type": "string"},
+                       "description": "Its member groups; one the caller is not in reads 'other' unless the caller "
+                                      "is an admin."},
+            "spec": _ref("SliceSpec"),
             "count": {"type": "integer"}, "start": {"type": "number"}, "end": {"type": "number"},
             "weekly": {"type": "boolean"}, "lead_seconds": {"type": "number"}, "preempt_interactive": {"type": "boolean"},
             "state": {"enum": ["upcoming", "active", "ended"]},
@@ -764,7 +778,9 @@ SCHEMAS.update({
             "held": {"type": "array", "items": {"type": "string"}, "description": "UUIDs of the GPUs it holds now."},
             "in_use": {"type": "integer", "description": "Its slices granted to members now."},
             "free": {"type": "integer", "description": "Its slices members can still get now (0 outside the window)."},
-            "leases": {"type": "array", "items": {"type": "string"}},
+            "leases": {"type": "array", "items": {"type": "string"},
+                       "description": "Ids of its leases granted now; another user's reads 'other' unless the "
+                                      "caller is an admin."},
             "gpu_hours": {"type": "number", "description": "GPU-hours used inside it since it was created."},
             "summary": {"type": "string", "description": "'ml101 reservation: 22 of 30 free until 12:00 UTC'."},
             "warnings": {"type": "array", "items": {"type": "string"},

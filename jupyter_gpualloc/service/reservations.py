@@ -28,7 +28,16 @@ class ReservationApiHandler(ApiHandler):
         return found
 
     def view(self, r: Reservation) -> dict[str, Any]:
-        return self.reservations.view(r, self.ctx.clock())
+        """The reservation as the core shows it; a member who is no admin reads 'other' for another
+        member's name, a group of theirs they are not in, and another user's lease, as in the inventory."""
+        data = self.reservations.view(r, self.ctx.clock())
+        if not self.identity.admin:
+            me, groups = self.identity.user, self.identity.groups
+            mine = {lease.id for lease in self.scheduler.leases(me)}
+            data["users"] = [u if u == me else "other" for u in data["users"]]
+            data["groups"] = [g if g in groups else "other" for g in data["groups"]]
+            data["leases"] = [i if i in mine else "other" for i in data["leases"]]
+        return data
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -78,6 +78,28 @@ def test_the_request_is_checked_field_by_field():
     assert r.end - r.start == 7200 and r.weekly and r.lead == 600
 
 
+def test_a_window_out_of_range_is_refused_naming_its_field_and_nothing_is_stored(mig_fleet):
+    """An admin's typo (-1e11), milliseconds (Date.now()), a date before 1970 or past year 9999:
+    refused as the request is read and by create() itself, and the store keeps nothing."""
+    h = mig_fleet
+    s = h.scheduler
+    for fields, field in [({"start": -1e11}, "start"), ({"end": 1.7e12}, "end"), ({"start": -1}, "start"),
+                          ({"start": "1969-12-31T23:59"}, "start"), ({"end": "9999-12-31T23:00-05:00"}, "end"),
+                          ({"start": 253402300800, "end": 253402300900}, "start")]:
+        with pytest.raises(SpecError) as refused:
+            reserve(s, **fields)
+        assert refused.value.field == field and "9999-12-31" in refused.value.message
+    typo = parse_request({"name": "ml101", "groups": ["students"], "spec": {"profile": "1g.5gb"}, "start": START,
+                          "end": END}, "admin", 0)
+    typo.start = -1e11
+    with pytest.raises(SpecError) as refused:
+        s.reservations.create(typo, 0)
+    assert refused.value.field == "start"
+    assert s.reservations.all() == [] and h.store.load_reservations() == []
+    reserve(s, start="9999-12-31T20:00", end="9999-12-31T23:59:59Z")  # the last hours a date can show
+    assert [r.name for r in h.restart(1).reservations.all()] == ["ml101"]
+
+
 def test_long_work_keeps_off_reserved_capacity_but_preemptible_work_borrows_it(l4_fleet):
     h = l4_fleet(count=2)
     s = h.scheduler
