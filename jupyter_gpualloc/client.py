@@ -26,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from .job_folder import JobFolder
+from .user_files import FILE_THREADS, Refused, read_regular
 from .lease_env import server_holder
 
 DEFAULT_SERVICE_NAME = "gpualloc"
@@ -185,6 +186,15 @@ class Availability:
         if self.down is not None:
             self.log.info("gpualloc: the GPU allocator at %s answers again", self.url)
         self.down = None
+
+
+async def _read_local_log(log: Path, offset: int) -> bytes:
+    """What a job's log on this machine's disk holds from `offset` (read as this process's user
+    would, off the IOLoop, up to its size now); nothing while it is missing or not a regular file."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(FILE_THREADS, read_regular, str(log), offset)
+    except (FileNotFoundError, Refused):
+        return b""
 
 
 class GpuAllocClient:
@@ -410,7 +420,7 @@ class GpuAllocClient:
         else from the service."""
         log = await self._local_log(job_id)
         if log is not None:
-            return log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+            return (await _read_local_log(log, 0)).decode("utf-8", "replace")
         return await self.call("GET", f"jobs/{quote(job_id, safe='')}/log")
 
     async def follow_job_log(self, job_id: str) -> AsyncIterator[str]:
@@ -439,12 +449,7 @@ class GpuAllocClient:
                 active = (await self.job(job_id))["state"] in ("queued", "running")
             except ServiceUnavailable as err:  # as a followed stream that broke
                 raise ServiceUnavailable(f"the job log from {self.url} broke: {err}") from err
-            try:
-                with log.open("rb") as file:
-                    file.seek(offset)
-                    new = file.read()
-            except FileNotFoundError:
-                new = b""
+            new = await _read_local_log(log, offset)
             if new:
                 offset += len(new)
                 yield decoder.decode(new)

@@ -15,6 +15,15 @@ from pathlib import Path
 INPUTS_DIR = Path(".gpualloc") / "inputs"  # relative to the job's working directory
 
 
+def inside(workdir: str | Path, relative: str) -> Path:
+    """`workdir/relative` for a file the job names (source.path, inputs_file); ValueError for a
+    path that could leave workdir (absolute, or with a `..` component), which the API refuses."""
+    parts = Path(relative).parts
+    if not parts or Path(relative).is_absolute() or ".." in parts:
+        raise ValueError(f"{relative!r} is not a path inside the job's working directory")
+    return Path(workdir) / relative
+
+
 class JobFolder:
     """The files of one job, under `<workdir>/.gpualloc/jobs/<id>/`."""
 

@@ -16,8 +16,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_gpualloc"
 # Each part of the package, lowest first: a part may import only the parts of lower layers.
 LAYERS = [
     {"core"},  # every decision; plain Python
-    # a lease's environment (CUDA_VISIBLE_DEVICES, caps); where a job's files lie; standard library only
-    {"lease_env", "job_folder"},
+    # a lease's environment (CUDA_VISIBLE_DEVICES, caps); where a job's files lie; how a user's files are
+    # opened; standard library only
+    {"lease_env", "job_folder", "user_files"},
     {"client"},  # the one client of the REST API
     {"jobs", "hub"},  # the job runner; the JupyterHub side
     {"kernel", "service"},  # inside the user's kernel; the core behind HTTP

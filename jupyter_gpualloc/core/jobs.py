@@ -18,7 +18,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
-from .model import NAME_MAX_LENGTH, Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec, SpecError
+from .model import (NAME_MAX_LENGTH, UNPRINTABLE, Event, Job, JobState, Lease, LeaseState, PriorityClass, SliceSpec,
+                    SpecError)
 from .errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from .holders import SERVER, SERVER_GRAMMAR, is_server, job_of
 from .journal import ChangeJournal, refused, unreadable
@@ -32,6 +33,18 @@ REQUEST_FIELDS = {"name", "spec", "priority", "preemptible", "source", "workdir"
 MAX_RETRIES = 100
 LEASE_ENDINGS = {f"lease.{state.value}" for state in LeaseState if not state.active}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The paths of a job, as the user names them. A component is neither empty, `.` nor `..`, so a
+# path is already normalised and never climbs out of where it starts; the files under `workdir`
+# (source.path, inputs_file) are relative to it and stay inside it. The OpenAPI document uses the
+# same patterns.
+PATH_SEGMENT = f"(?:[^/.{UNPRINTABLE}]|\\.[^/.{UNPRINTABLE}]|\\.\\.[^/{UNPRINTABLE}])[^/{UNPRINTABLE}]*"
+WORKDIR_PATTERN = f"^(?:/{PATH_SEGMENT})+$"
+INSIDE_WORKDIR_PATTERN = f"^{PATH_SEGMENT}(?:/{PATH_SEGMENT})*$"
+SYSTEM_DIRS_PATTERN = "^/(?:proc|sys|dev)(?:/|$)"  # the kernel's own file systems: never a job's folder
+WORKDIR_RULE = ("must be a normalised absolute path (no empty, '.' or '..' component) outside /proc, /sys and /dev, "
+                "without control or invisible formatting characters")
+INSIDE_WORKDIR_RULE = ("must be a normalised path relative to workdir (no empty, '.' or '..' component), "
+                       "without control or invisible formatting characters")
 
 
 class JobConflict(SchedulerError):
@@ -76,8 +89,9 @@ class JobRequest:
         if preemptible is not None and not isinstance(preemptible, bool):
             raise SpecError("preemptible", "must be true or false")
         workdir = data.get("workdir")
-        if not isinstance(workdir, str) or not workdir.startswith("/"):
-            raise SpecError("workdir", "must be an absolute directory path")
+        if not isinstance(workdir, str) or len(workdir) > 4096 or not re.fullmatch(WORKDIR_PATTERN, workdir) \
+                or re.match(SYSTEM_DIRS_PATTERN, workdir):
+            raise SpecError("workdir", WORKDIR_RULE)
         source = _source(data.get("source"))
         name = data.get("name") or (source.get("path") or "cell")
         if not isinstance(name, str) or len(name) > 200:
@@ -115,6 +129,8 @@ def _source(data: Any) -> dict[str, Any]:
         path = data.get("path")
         if not isinstance(path, str) or not path.endswith(".ipynb"):
             raise SpecError("source.path", "must be the path of an .ipynb file")
+        if not re.fullmatch(INSIDE_WORKDIR_PATTERN, path):
+            raise SpecError("source.path", INSIDE_WORKDIR_RULE)
         parameters = data.get("parameters", {})
         if not isinstance(parameters, dict) or not all(_IDENTIFIER.fullmatch(k) for k in parameters):
             raise SpecError("source.parameters", "must map Python identifiers to JSON values")
@@ -131,6 +147,9 @@ def _source(data: Any) -> dict[str, Any]:
     inputs_file = data.get("inputs_file")
     if names["inputs"] and not isinstance(inputs_file, str):
         raise SpecError("source.inputs_file", "is required with inputs")
+    if inputs_file is not None and (not isinstance(inputs_file, str)
+                                    or not re.fullmatch(INSIDE_WORKDIR_PATTERN, inputs_file)):
+        raise SpecError("source.inputs_file", INSIDE_WORKDIR_RULE)
     return {"kind": kind, "code": code, **names, "inputs_file": inputs_file}
 
 

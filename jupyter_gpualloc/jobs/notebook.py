@@ -9,7 +9,8 @@ from typing import Any
 import nbformat
 from nbformat import NotebookNode
 
-from ..job_folder import JobFolder
+from ..job_folder import JobFolder, inside
+from ..user_files import read_regular
 
 INJECTED_TAG = "injected-parameters"
 
@@ -18,8 +19,8 @@ def job_notebook(job: dict[str, Any]) -> NotebookNode:
     """The notebook to execute for a job (its JSON as REST API v1 gives it)."""
     source = job["source"]
     if source["kind"] == "notebook":
-        path = Path(job["workdir"]) / source["path"]
-        return with_parameters(nbformat.read(path, as_version=4), source.get("parameters") or {})
+        text = read_regular(str(inside(job["workdir"], source["path"]))).decode("utf-8")
+        return with_parameters(nbformat.reads(text, as_version=4), source.get("parameters") or {})
     return cell_notebook(source, Path(job["workdir"]), JobFolder(job["workdir"], job["id"]))
 
 
@@ -27,7 +28,7 @@ def cell_notebook(source: dict[str, Any], workdir: Path, folder: JobFolder) -> N
     """Load the inputs (a cloudpickle dict), run the cell, save the declared outputs."""
     cells = []
     if source.get("inputs"):
-        path = str(workdir / source["inputs_file"])
+        path = str(inside(workdir, source["inputs_file"]))
         cells.append(_cell(
             "import cloudpickle as _gpualloc_pickle\n"
             f"with open({path!r}, 'rb') as _gpualloc_file:\n"

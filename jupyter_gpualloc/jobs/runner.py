@@ -37,7 +37,7 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..client import Availability
 from ..lease_env import SLICE_ENV_NAMES, slice_env
-from ..job_folder import INPUTS_DIR, JobFolder
+from ..job_folder import INPUTS_DIR, JobFolder, inside
 from .notebook import job_notebook
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -139,9 +139,11 @@ class JobRunner:
             source = job.get("source") or {}
             if source.get("kind") != "cell" or not source.get("inputs_file"):
                 continue
-            folder = (Path(job["workdir"]) / INPUTS_DIR).resolve()
-            path = (Path(job["workdir"]) / source["inputs_file"]).resolve()
-            if path.parent == folder:  # only what %%gpu job wrote there
+            try:
+                path = inside(job["workdir"], source["inputs_file"])
+            except ValueError:
+                continue
+            if path.parent == Path(job["workdir"]) / INPUTS_DIR:  # only what %%gpu job wrote there
                 path.unlink(missing_ok=True)
 
     async def _recover(self, jobs: list[dict]) -> None:

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from ..job_folder import INPUTS_DIR, JobFolder
+from ..user_files import Refused, read_regular
 from .arguments import job_action_parser, job_submit_parser, spec_from_args
 from .sizes import InputError, format_duration, parse_duration
 from .status import describe_lease, error_line, is_reported, job_state_text
@@ -163,9 +164,11 @@ class KernelJobs:
             return [f"gpu: job {job_id} declared no --outputs: see {JobFolder(job['workdir'], job_id).executed}"]
         path = JobFolder(job["workdir"], job_id).outputs
         try:
-            values = cloudpickle.loads(path.read_bytes())
+            values = cloudpickle.loads(read_regular(str(path)))
         except OSError as err:
             raise InputError(f"cannot read the outputs of job {job_id} ({path}): {err.strerror}") from None
+        except Refused as err:
+            raise InputError(f"cannot read the outputs of job {job_id}: {err}") from None
         self.shell.user_ns.update(values)
         return [f"gpu: job {job_id}: loaded {', '.join(values)}"]
 

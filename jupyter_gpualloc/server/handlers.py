@@ -24,6 +24,7 @@ from ..core.devices.base import DeviceError
 from ..core.holders import KERNEL, is_server, kernel_holder, kernel_of, server_holder
 from ..service.validation import InputError, parse_json
 from ..job_folder import JobFolder
+from ..user_files import FILE_THREADS, Refused, read_regular
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
 from .gpu_restart import RestartRefused
@@ -384,10 +385,12 @@ class ExecutedNotebookHandler(SidebarHandler):
     async def get(self, job_id: str) -> None:
         job = await self.service(self.ext.client.job(job_id))
         path = JobFolder(job["workdir"], job["id"]).executed
-        if not path.is_file():
-            raise web.HTTPError(404, f"job {job_id} has no executed notebook (yet)")
+        try:  # read as this server's user would, off the IOLoop: a FIFO there never blocks it
+            notebook = await asyncio.get_running_loop().run_in_executor(FILE_THREADS, read_regular, str(path))
+        except (OSError, Refused):
+            raise web.HTTPError(404, f"job {job_id} has no executed notebook (yet)") from None
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(path.read_bytes())
+        self.finish(notebook)
 
 
 class StatusHandler(SidebarHandler):

@@ -332,6 +332,15 @@ class GpuAllocService(Application):
         pod of its own, made from its user's server pod with the lease's GPU resources and owned by the
         server pod; the server's provisioner asks for it. Without it GPU kernels are refused there.""",
     ).tag(config=True)
+    job_workdir_roots = List(
+        Unicode(), ["{home}"], help="""Where a job's working directory (`workdir`) may be, for a user with a
+        local account (found by the user's name in the system's account database) other than the service's
+        own: `{home}` stands for that account's home directory, `{user}` for the user's name, e.g.
+        ["{home}", "/scratch/{user}"]. A workdir elsewhere is refused (400). Users without a local account,
+        and the service's own account, are held only to the rules of every workdir (absolute, normalised,
+        outside /proc, /sys and /dev). The links on the path of a root are followed when a job's log is
+        read (the admin chose it); below it, none is. An empty list confines nobody.""",
+    ).tag(config=True)
     retry_after = Int(30, help="Retry-After seconds sent with 503 answers (the fleet is drained).").tag(config=True)
     authenticate_prometheus = Bool(
         True, help="Whether /metrics needs admin credentials (turn off for a scraper inside a trusted network).",
@@ -466,7 +475,7 @@ class GpuAllocService(Application):
             metrics=self.metrics, authenticator=authenticator,
             backend_name=self.device_backend.name, max_wait=self.max_wait, retry_after=self.retry_after,
             authenticate_prometheus=self.authenticate_prometheus, cluster=self.cluster, job_pods=self.job_runner_pods,
-            kernel_pods=self.gpu_kernel_pods,
+            kernel_pods=self.gpu_kernel_pods, job_workdir_roots=tuple(self.job_workdir_roots),
             group=GroupCommit(self.scheduler, in_background=self._commits_in_background()),
             connections_are_activity=self.connections_are_activity, keepalive_interval=self.keepalive_interval)
         secret = Path(self.cookie_secret_file).read_bytes().strip() if self.cookie_secret_file else None

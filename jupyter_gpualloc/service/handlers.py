@@ -62,6 +62,7 @@ class ServiceContext:
     cluster: Any = None  # service.cluster.ClusterReconciler with the kubernetes backend: the cluster's view
     job_pods: Any = None  # service.job_pods.JobPods when jobs run in Kubernetes Jobs of their own
     kernel_pods: Any = None  # service.kernel_pods.KernelPods when GPU kernels run in pods of their own
+    job_workdir_roots: tuple[str, ...] = ()  # GpuAllocService.job_workdir_roots; () confines nobody
 
     def __post_init__(self) -> None:
         if self.group is None:

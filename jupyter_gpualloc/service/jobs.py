@@ -10,7 +10,7 @@ submitting server's pod into the job, and the runner is the one in the job's pod
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import os
 from typing import Any
 
 from tornado.iostream import StreamClosedError
@@ -19,6 +19,7 @@ from ..core.jobs import OUTCOMES, JobConflict, JobRequest, Jobs
 from ..core.model import Job
 from ..core.errors import NotFound
 from ..job_folder import JobFolder
+from ..user_files import Refused, opened_owned, owner_uid, read_at, root_of, workdir_roots
 from .handlers import ApiError, ApiHandler, _reject_unknown
 
 LOG_POLL_SECONDS = 0.5
@@ -68,6 +69,9 @@ class JobsHandler(JobApiHandler):
 
     def post(self) -> None:
         request = JobRequest.from_json(self.json_body())
+        roots = workdir_roots(self.identity.user, self.ctx.job_workdir_roots)
+        if roots is not None and root_of(request.workdir, roots) is None:
+            raise ApiError(400, f"workdir must lie in {' or '.join(roots) or 'a configured root'}", field="workdir")
         job_pods = self.ctx.job_pods
         pod = job_pods.pod_template(self.identity.user, request.runner) if job_pods is not None else None
         with self.ctx.metrics.timed("job_submit"):
@@ -122,37 +126,54 @@ class JobFinishHandler(JobApiHandler):
 
 
 class JobLogHandler(JobApiHandler):
-    """The job's log as text; with ?follow=1 it streams until the job has ended."""
+    """The job's log as text, as far as it reached when the request began; with ?follow=1 what it
+    gains is streamed until the job has ended.
+
+    The file is opened as user_files.open_owned says (no link followed on its path, a regular
+    file of the job's user with one link), read in user_files' threads, and re-opened and
+    checked again at each round of a follow. A log not written yet is empty; one refused is a
+    403 (a refusal met after text was sent ends the stream with a line saying why)."""
 
     async def get(self, job_id: str) -> None:
         job = self.visible_job(job_id)
         follow = self.get_query_argument("follow", "0") not in ("0", "", "false")
-        path = JobFolder(job.workdir, job.id).log
+        path = str(JobFolder(job.workdir, job.id).log)
+        owner = owner_uid(job.user)
+        trusted = root_of(job.workdir, workdir_roots(job.user, self.ctx.job_workdir_roots) or []) or "/"
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         offset = 0
         try:
             while True:
-                offset = await self._send_new(path, offset)
+                offset = await self._send_new(path, owner, trusted, offset)
                 job = self.jobs.job(job_id)
                 if not follow or not job.state.active:
-                    await self._send_new(path, offset)
+                    if follow:
+                        offset = await self._send_new(path, owner, trusted, offset)
                     break
                 await asyncio.sleep(LOG_POLL_SECONDS)
+        except Refused as err:
+            if offset == 0:  # nothing sent yet: the status can still say it
+                raise ApiError(403, f"the log of job {job_id} is not served: {err}") from None
+            self.write(f"\n(the log stopped: {err})\n")
         except StreamClosedError:
             return
         self.finish()
 
-    async def _send_new(self, path: Path, offset: int) -> int:
-        """Write what the log gained since `offset`; the new offset."""
+    async def _send_new(self, path: str, owner: int, trusted: str, offset: int) -> int:
+        """Write what the log gained since `offset`, up to its size now; the new offset."""
         try:
-            with path.open("rb") as log:
-                log.seek(offset)
-                while chunk := log.read(LOG_CHUNK_BYTES):
-                    self.write(chunk)
-                    offset += len(chunk)
-                    await self.flush()
+            fd, size = await opened_owned(path, owner, trusted)
         except FileNotFoundError:
-            pass
+            return offset
+        except OSError as err:  # the service's account may not read it; a name too long; ...
+            raise Refused(f"the service cannot open it ({err.strerror})") from None
+        try:
+            while offset < size and (chunk := await read_at(fd, offset, min(LOG_CHUNK_BYTES, size - offset))):
+                self.write(chunk)
+                offset += len(chunk)
+                await self.flush()
+        finally:
+            os.close(fd)
         return offset
 
 

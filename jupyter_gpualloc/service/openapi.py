@@ -10,6 +10,8 @@ import copy
 from typing import Any
 
 from ..core.holders import GRAMMAR, KINDS, SERVER, SERVER_GRAMMAR
+from ..core.jobs import (INSIDE_WORKDIR_PATTERN, INSIDE_WORKDIR_RULE, SYSTEM_DIRS_PATTERN, WORKDIR_PATTERN,
+                         WORKDIR_RULE)
 from ..core.model import MAX_EPOCH, MIN_EPOCH, NAME_MAX_LENGTH, PROFILE_PATTERN, SPEC_LIMITS, UNPRINTABLE
 
 API_VERSION = "1"
@@ -398,14 +400,18 @@ SCHEMAS.update({
              "properties": {"kind": {"const": "cell"}, "code": {"type": "string", "pattern": "\\S"},
                             "inputs": {"type": "array", "items": PYTHON_NAME},
                             "outputs": {"type": "array", "items": PYTHON_NAME},
-                            "inputs_file": {"type": ["string", "null"],
+                            "inputs_file": {"type": ["string", "null"], "pattern": INSIDE_WORKDIR_PATTERN,
+                                            "x-rule": INSIDE_WORKDIR_RULE,
                                             "description": "cloudpickle file of the inputs, relative to workdir."}},
              "allOf": [{"not": {"required": ["inputs"], "properties": {"inputs": {"minItems": 1}},
                                 "not": {"required": ["inputs_file"], "properties": {"inputs_file": {"type": "string"}}}},
                         "x-field": "inputs_file", "x-rule": "is required with inputs"}]}},
             {"if": {"properties": {"kind": {"const": "notebook"}}}, "then":
             {"type": "object", "required": ["kind", "path"], "additionalProperties": False,
-             "properties": {"kind": {"const": "notebook"}, "path": {"type": "string", "pattern": "\\.ipynb$"},
+             "properties": {"kind": {"const": "notebook"},
+                            "path": {"type": "string", "description": "The notebook, relative to workdir.",
+                                     "allOf": [{"pattern": "\\.ipynb$", "x-rule": "must be the path of an .ipynb file"},
+                                               {"pattern": INSIDE_WORKDIR_PATTERN, "x-rule": INSIDE_WORKDIR_RULE}]},
                             "parameters": {"type": "object", "propertyNames": PYTHON_NAME,
                                            "description": "Injected after the cell tagged `parameters`."}}}},
         ],
@@ -414,10 +420,12 @@ SCHEMAS.update({
         "type": "object", "required": ["spec", "source", "workdir"], "additionalProperties": False,
         "properties": {
             "name": {**NAME, "maxLength": 200}, "spec": _ref("SliceSpec"), "source": _ref("JobSource"),
-            "workdir": {"type": "string", "pattern": f"^/[^{UNPRINTABLE}]*$", "maxLength": 4096,
-                        "x-rule": "must be an absolute path without control or invisible formatting characters",
-                        "description": "Absolute directory the job runs in; its files "
-                                       "land in <workdir>/.gpualloc/jobs/<id>/."},
+            "workdir": {"type": "string", "pattern": WORKDIR_PATTERN, "not": {"pattern": SYSTEM_DIRS_PATTERN},
+                        "maxLength": 4096, "x-rule": WORKDIR_RULE,
+                        "description": "Absolute directory the job runs in; its files land in "
+                                       "<workdir>/.gpualloc/jobs/<id>/. The standalone service may confine it "
+                                       "further (c.GpuAllocService.job_workdir_roots: by default the home "
+                                       "directory of a user with a local account): 400 elsewhere."},
             "kernel_name": {"type": "string", "pattern": "^[A-Za-z0-9._-]+$", "default": "python3"},
             "priority": {"enum": ["batch", "interactive"], "default": "batch"},
             "preemptible": {"type": "boolean"},
@@ -490,9 +498,19 @@ OPERATIONS.update({
     "/jobs/{job_id}/log": {
         "parameters": [JOB_ID, {"name": "follow", "in": "query", "required": False, "schema": {"enum": ["0", "1"]}}],
         "get": {"summary": "The job's log (job.log); follow=1 streams it until the job ends.",
-                "responses": {"200": {"description": "The log so far.",
+                "description": "The log is opened with no symbolic link followed on any component of its path, "
+                               "and served only when it is a regular file with one link, owned by the job's "
+                               "user (their local account's uid; for a user without a local account, the "
+                               "service's own account).",
+                "responses": {"200": {"description": "The log as far as it reached when the request began (empty "
+                                                     "when not written yet); with follow=1, then what it gains "
+                                                     "until the job ends.",
                                       "content": {"text/plain": {"schema": {"type": "string"}}}},
-                              "401": AUTH_ERRORS["401"], "404": _JOB_404}},
+                              "401": AUTH_ERRORS["401"],
+                              "403": _error("The log is not served: a symbolic link on its path, not a regular "
+                                            "file (a directory, a FIFO, a device), hard-linked, not owned by the "
+                                            "job's user, or one the service cannot open; `error` says which."),
+                              "404": _JOB_404}},
     },
     "/jobs/{job_id}/rerun": {
         "parameters": [JOB_ID],
