@@ -66,6 +66,10 @@ def kernel_manager(service, server: str, tmp_path: Path, spec: dict):
 
     offer = {"name": "test-slice", "label": "1g.10gb", "spec": spec, "available": 1}
     [name] = install_kernelspecs([offer], prefix=str(tmp_path / "prefix"))
+    kernel_json = tmp_path / "prefix" / "share" / "jupyter" / "kernels" / name / "kernel.json"
+    made = json.loads(kernel_json.read_text())
+    del made["metadata"]["kernel_provisioner"]["config"]["offer"]  # a spec of its own (pinned to the test's node)
+    kernel_json.write_text(json.dumps(made))
     gpu_client = GpuAllocClient(service.root_url, ALICE, env={"JUPYTERHUB_SERVER_NAME": server.partition(":")[2]})
     install_link(KernelLink(gpu_client, service.root_url, ALICE, kernel_pods=True, wait_timeout=120))
     specs = KernelSpecManager(kernel_dirs=[str(tmp_path / "prefix" / "share" / "jupyter" / "kernels")])
