@@ -410,7 +410,16 @@ class GpuAllocService(Application):
             if not Path(path).is_file():
                 raise ValueError(f"config file {path} not found")
             self.load_config_file(path)
+        self.log_modules_here()
         self.build()
+
+    def log_modules_here(self) -> None:
+        """The package's module loggers (the cluster's reconciler, the pods and Jobs the service makes,
+        the core) write through this application's handler at its level, as jupyter_server does
+        with tornado's: without it their INFO lines went nowhere."""
+        package = logging.getLogger(__package__.partition(".")[0])
+        package.parent, package.propagate = self.log, True
+        package.setLevel(logging.NOTSET)  # its effective level is this application's
 
     def _state_beside_db(self) -> str | None:
         prefix = "sqlite:///"
