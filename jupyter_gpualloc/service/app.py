@@ -431,6 +431,9 @@ class GpuAllocService(Application):
         """Backend, store, scheduler, events, metrics, authentication and the tornado app."""
         self.device_backend = device_backend(self.backend, fleet=self.fleet,
                                              state_file=self.simulated_state or self._state_beside_db())
+        user_pods = UserPods(parent=self)
+        if isinstance(self.device_backend, KubernetesBackend):  # nodes whose taints our pods do not tolerate drain
+            self.device_backend.tolerations = list(user_pods.tolerations)
         self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
                            sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
@@ -451,7 +454,6 @@ class GpuAllocService(Application):
         self.job_runner_pods = self.gpu_kernel_pods = None
         if (self.job_pods or self.kernel_pods) and self.cluster is None:
             raise TraitError("GpuAllocService.job_pods and kernel_pods need the kubernetes backend")
-        user_pods = UserPods(parent=self)
         if self.job_pods:
             self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time, parent=self)
             self.cluster.job_pods = self.job_runner_pods

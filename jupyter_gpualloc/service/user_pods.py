@@ -55,7 +55,10 @@ class UserPods(LoggingConfigurable):
     ).tag(config=True)
     tolerations = List(
         [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        help="Tolerations added to the pods (GPU nodes are often tainted).",
+        help="""Tolerations added to the pods (GPU nodes are often tainted), and those the service counts on
+        every GPU pod of this install carrying (keep GPUKubeSpawner.gpu_tolerations the same): a node with a
+        NoSchedule or NoExecute taint none of them tolerates is drained (its GPUs are not offered or granted;
+        /inventory says which taint), as its pods would stay Pending there.""",
     ).tag(config=True)
     home_access_mode = Enum(
         ["ReadWriteMany", "ReadWriteOnce"], "ReadWriteMany",
