@@ -31,7 +31,8 @@ it changes.
 
 Pods are read here too (the service's watch, service/cluster_watch.py, holds them): what a bound,
 unfinished GPU pod the allocator did not place holds of its node (`outside_use`), and what a pod
-made for a lease (label `gpualloc.jupyter.org/lease`) says of itself (`own_pod`).
+made for a lease of this install says of itself (`own_pod`): one in the install's namespace whose
+labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
+INSTANCE_LABEL = "gpualloc.jupyter.org/instance"  # and the install (service) that made the lease
 JOB_LABEL = "gpualloc.jupyter.org/job"  # on the Kubernetes Job (and its pod) running a job's attempt: the job's id
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
@@ -243,11 +245,13 @@ class OwnPod:
         return f"pod:{self.namespace}/{self.name}"
 
 
-def own_pod(pod: Mapping[str, Any]) -> OwnPod | None:
-    """The lease pod a Pod object is, or None for a pod not made for a lease."""
+def own_pod(pod: Mapping[str, Any], namespace: str, instance: str) -> OwnPod | None:
+    """The lease pod a Pod object is, or None for a pod not made for a lease of the install `instance`
+    in `namespace` (whether the lease is one this install made is the caller's to check)."""
     metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    lease_id = (metadata.get("labels") or {}).get(LEASE_LABEL)
-    if not lease_id:
+    labels = metadata.get("labels") or {}
+    lease_id = labels.get(LEASE_LABEL)
+    if not lease_id or metadata.get("namespace") != namespace or labels.get(INSTANCE_LABEL) != instance:
         return None
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
     refused = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
