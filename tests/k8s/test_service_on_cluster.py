@@ -338,7 +338,8 @@ def test_a_pod_labelled_as_ours_elsewhere_or_for_a_lease_we_never_made_is_outsid
         time.sleep(3)  # many ticks of the reconciler
         assert pod_exists(k8s_cluster, other, "copied") and pod_exists(k8s_cluster, namespace, "made-up")
         assert lease_state(service, lease["id"])["state"] == "granted"
-        assert "deleting pod" not in (service.workdir / "service.log").read_text()
+        log = (service.workdir / "service.log").read_text()
+        assert f"deleting pod {other}/copied" not in log and f"deleting pod {namespace}/made-up" not in log
     finally:
         k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_namespaced_pod("copied", other, grace_period_seconds=0))
         delete_namespace(k8s_cluster, other)
@@ -372,7 +373,8 @@ def test_two_installs_in_one_namespace_never_touch_each_others_pods(service, k8s
         assert lease_state(second, theirs["id"])["state"] == "granted"
         assert second.call("DELETE", f"leases/{theirs['id']}", token=ROOT).status == 200
         wait_until_deleted(k8s_cluster, namespace, "theirs")
-        assert "deleting pod" not in second.log_tail().replace(f"deleting pod {namespace}/theirs", "")
+        assert f"deleting pod {namespace}/ours" not in (second.workdir / "service.log").read_text()
+        assert f"deleting pod {namespace}/theirs" not in (service.workdir / "service.log").read_text()
     finally:
         second.kill()
 
@@ -399,7 +401,7 @@ def test_a_node_tainted_against_the_pods_is_drained_and_one_they_tolerate_serves
         assert whole_l4_available(service) == before - 2  # its two L4s are not offered
         refused = service.call("POST", "leases", {"spec": {"kind": "whole", "node": "gpu-l4-taint"},
                                                   "holder": "server:tainted", "wait": 0}, ROOT)
-        assert refused.status == 503, refused
+        assert refused.status == 409 and refused.json()["lease"]["state"] == "rejected", refused  # as when cordoned
 
         # the kube-scheduler agrees: a pod with the install's tolerations stays Pending there
         pending = gpu_pod("would-pend", {"nvidia.com/gpu": "1"}, node="gpu-l4-taint")
