@@ -146,7 +146,8 @@ async def measure(args, control_plane: ControlPlane, workdir: Path) -> dict:
         backend = KubernetesBackend.from_cluster(kubeconfig=str(control_plane.kubeconfig))
         started = time.perf_counter()
         core = open_core(backend, store, policy, now=time.time())  # lists the nodes (blocking, as the service does)
-        reconciler = ClusterReconciler(core.scheduler, backend, kubeconfig=str(control_plane.kubeconfig))
+        reconciler = ClusterReconciler(core.scheduler, backend, namespace="default", instance="default.gpualloc",
+                                       kubeconfig=str(control_plane.kubeconfig))
         timed = Timed(reconciler)
         await reconciler.start(sync_timeout=600)
         out["startup_s"] = time.perf_counter() - started

@@ -319,7 +319,7 @@ def main() -> int:
         service = None
         try:
             service = JobPodService(workdir / "service", str(control_plane.kubeconfig),
-                                    "c.GpuAllocService.kernel_pods = True\n").start()
+                                    "c.GpuAllocService.kernel_pods = True\n", namespace=NAMESPACE).start()
             home = workdir / "home"
             home.mkdir()
             times, late_secrets = asyncio.run(measure(args.runs, str(control_plane.kubeconfig), service, home))

@@ -67,11 +67,11 @@ def check_profile(asked: str, profiles: Mapping[str, Iterable[str]], where: str 
         return
     if not offered:
         raise SpecError("spec.profile", f"no MIG GPU{where} in this fleet offers profile {asked!r}")
-    valid = ", ".join(sorted(offered, key=_profile_order))
+    valid = ", ".join(sorted(offered, key=profile_order))
     raise SpecError("spec.profile", f"no MIG profile {asked!r}{where} in this fleet: valid profiles are {valid}")
 
 
-def _profile_order(name: str) -> tuple[int, int, str]:
+def profile_order(name: str) -> tuple[int, int, str]:
     """'1g.10gb' before '2g.10gb' before '7g.80gb': by compute slices, then memory, then name."""
     found = re.match(r"(\d+)g\.(\d+)gb", name)
     return (int(found.group(1)), int(found.group(2)), name) if found else (0, 0, name)

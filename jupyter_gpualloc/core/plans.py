@@ -52,9 +52,19 @@ class ModelGroup:
     profiles: dict[int, MigProfile]
     per_node: dict[str, int] = field(default_factory=dict)
     sharing: set[str] = field(default_factory=set)
+    dynamic: bool = False  # MIG: whether any of its GPUs may have instances made
+    existing: set[int] = field(default_factory=set)  # MIG: the profile ids of its GPUs' instances now
 
     def takes(self, kind: SliceKind) -> bool:
         return "any" in self.sharing or kind.value in self.sharing
+
+    @property
+    def usable_profiles(self) -> dict[int, MigProfile]:
+        """The MIG profiles a slice here can have: any of the model's where a layout may change, only
+        those with an instance on one of its GPUs where every layout is static."""
+        if self.dynamic:
+            return self.profiles
+        return {pid: p for pid, p in self.profiles.items() if pid in self.existing}
 
 
 class Plans:
@@ -69,8 +79,11 @@ class Plans:
             key = (gpu.model, gpu.mig_mode is not MigMode.OFF)
             if key not in groups:
                 groups[key] = ModelGroup(gpu.model, key[1], gpu.memory_mib, profiles.get(gpu.uuid, {}))
-            groups[key].per_node[gpu.node] = groups[key].per_node.get(gpu.node, 0) + 1
-            groups[key].sharing.add(gpu.sharing)
+            group = groups[key]
+            group.per_node[gpu.node] = group.per_node.get(gpu.node, 0) + 1
+            group.sharing.add(gpu.sharing)
+            group.dynamic = group.dynamic or gpu.mig_mode is MigMode.DYNAMIC
+            group.existing.update(i.profile_id for i in gpu.instances)
         self.groups = list(groups.values())
         self._known: dict[SliceSpec, tuple[Plan, ...]] = {}
         self._hosts_known: dict[tuple, frozenset[int]] = {}
@@ -91,7 +104,7 @@ class Plans:
         if spec.kind in (SliceKind.MIG, SliceKind.ANY):
             for g in groups:
                 if g.is_mig:
-                    profile = pick_profile(g.profiles, spec)
+                    profile = pick_profile(g.usable_profiles, spec)
                     if profile is not None:
                         plans.append(Plan(SliceKind.MIG, g.model, profile.memory_mib, profile=profile))
         plain = [g for g in groups if not g.is_mig and spec.memory_mib <= g.memory_mib]
@@ -127,8 +140,13 @@ class Plans:
                   and (not spec.node or spec.node in g.per_node)]
         if spec.profile:
             where = (f" on {spec.model}" if spec.model else "") + (f" on node {spec.node}" if spec.node else "")
-            names.check_profile(spec.profile, {g.model: [p.name for p in g.profiles.values()]
-                                               for g in groups if g.is_mig}, where)
+            mig_groups = [g for g in groups if g.is_mig]
+            usable = {g.model: [p.name for p in g.usable_profiles.values()] for g in mig_groups}
+            static = [g for g in mig_groups if spec.profile in {p.name for p in g.profiles.values()}
+                      and spec.profile not in usable[g.model]]
+            if static and not any(spec.profile in found for found in usable.values()):
+                raise SpecError("spec.profile", _never_made(spec.profile, static))
+            names.check_profile(spec.profile, usable, where)
         return groups
 
     def host_nodes(self, plan: Plan, spec: SliceSpec, *, host: bool = True) -> frozenset[int]:
@@ -176,7 +194,7 @@ class Plans:
             model = group.model
             slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
             if group.is_mig:
-                for p in sorted(group.profiles.values(), key=lambda p: (p.memory_mib, p.compute_slices)):
+                for p in sorted(group.usable_profiles.values(), key=lambda p: (p.memory_mib, p.compute_slices)):
                     if not p.media_extensions:
                         offers.append(Offer(f"mig-{p.name}-{slug}", f"MIG {p.name} on {model}",
                                             SliceSpec.from_json({"kind": "mig", "profile": p.name, "model": model})))
@@ -218,6 +236,15 @@ def pick_profile(profiles: dict[int, MigProfile], spec: SliceSpec) -> MigProfile
     fitting = [p for p in profiles.values() if not p.media_extensions
                and max(p.memory_mib, nominal_mib(p)) >= spec.memory_mib]
     return min(fitting, key=lambda p: (nominal_mib(p), p.memory_mib, p.compute_slices), default=None)
+
+
+def _never_made(profile: str, groups: Sequence[ModelGroup]) -> str:
+    """Why a MIG profile the model has is refused where every layout is static: no empty fleet holds it."""
+    models = " or ".join(sorted({g.model for g in groups}))
+    have = sorted({p.name for g in groups for p in g.usable_profiles.values()}, key=names.profile_order)
+    return (f"no {models} GPU here has a {profile} instance, and none can be made: their MIG layouts are "
+            f"static (set by the administrator or the cluster's MIG manager); they have "
+            f"{', '.join(have) if have else 'no instances'}")
 
 
 def nominal_mib(profile: MigProfile) -> int:

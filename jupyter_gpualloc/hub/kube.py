@@ -1,8 +1,10 @@
 """GPUKubeSpawner: KubeSpawner whose pods run on the lease's node with the lease's GPU resources.
 
-From a granted lease the pod gets: the lease's id as the label `gpualloc.jupyter.org/lease` (the
-service ties the lease to the pod: a pod deleted or ended releases it, a lease ended deletes the
-pod, a pod that cannot be scheduled ends it); required node affinity to the lease's node; the NVIDIA device
+From a granted lease the pod gets: the labels the service names in the lease (`pod.labels`: the
+lease's id as `gpualloc.jupyter.org/lease` and the service's instance as
+`gpualloc.jupyter.org/instance`), in the namespace it names (`pod.namespace`), so the service ties
+the lease to the pod (a pod deleted or ended releases it, a lease ended deletes the pod, a pod that
+cannot be scheduled ends it); required node affinity to the lease's node; the NVIDIA device
 plugin's extended resources (`nvidia.com/mig-<profile>` in the mixed MIG strategy or
 `nvidia.com/gpu` in the single one, `nvidia.com/gpu` x count for whole GPUs, and configurable
 names for shared slices such as time-sliced `nvidia.com/gpu.shared` or HAMi's
@@ -22,7 +24,7 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
 
 from ..core.devices.kubernetes import LEASE_LABEL, node_affinity, resource_limits
-from .mixin import GPUSpawnerMixin
+from .mixin import GPUSpawnerMixin, spawn_error
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -89,6 +91,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def get_pod_manifest(self):
         """KubeSpawner's pod, with the lease's label, node affinity, GPU resources and tolerations added."""
         self._gpu_init()
+        owned = (self._gpu_lease or {}).get("pod") or {}
+        if owned.get("namespace") not in (None, self.namespace):
+            raise spawn_error(f"The GPU service owns the pods of namespace {owned['namespace']}, but this server's "
+                              f"pod would be in {self.namespace}: an administrator must make them agree "
+                              "(c.GpuAllocService.namespace, c.KubeSpawner.namespace).", "misconfigured", 500)
         added = self.gpu_pod_settings()
         saved = {name: getattr(self, name) for name in added}
         try:
@@ -100,7 +107,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             for name, value in saved.items():
                 setattr(self, name, value)
         if self._gpu_lease:
-            pod.metadata.labels = {**(pod.metadata.labels or {}), LEASE_LABEL: self._gpu_lease["id"]}
+            labels = owned.get("labels") or {LEASE_LABEL: self._gpu_lease["id"]}
+            pod.metadata.labels = {**(pod.metadata.labels or {}), **labels}
         return pod
 
 

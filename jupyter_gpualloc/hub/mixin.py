@@ -28,8 +28,9 @@ import contextvars
 import time
 from typing import Any
 
-from jupyterhub.spawner import Spawner, SpawnException
+from jupyterhub.spawner import Spawner
 from jupyterhub.utils import maybe_future, url_path_join
+from tornado import web
 from traitlets import Bool, Float, Unicode, default
 
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
@@ -43,6 +44,18 @@ def describe_spec(spec: dict, article: bool = False) -> str:
     """'3g.40gb slice on A100-SXM4-80GB', 'shared 8 GiB slice on L4', ... for messages ('a 3g.40gb
     slice ...', but '2 whole GPUs', with `article`)."""
     return SliceSpec.from_json(spec).describe(article)
+
+
+try:
+    from jupyterhub.spawner import SpawnException
+except ImportError:  # JupyterHub 5 (SpawnException came with 6.0): an HTTPError of the same call
+    class SpawnException(web.HTTPError):  # type: ignore[no-redef]
+        """A spawn refused for a reason (JupyterHub 6's SpawnException, for JupyterHub 5, which shows an
+        HTTPError's `jupyterhub_message` to the user and logs a 5xx as an error, a 4xx as a failure)."""
+
+        def __init__(self, message: str, *, reason: str, status_code: int = 400):
+            super().__init__(status_code, "%s", message, reason=reason)
+            self.message, self.reason = message, reason
 
 
 # The spawner whose stop is running in the current task (see GPUSpawnerMixin.poll).

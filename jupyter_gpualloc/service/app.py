@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import ipaddress
 import logging
 import os
@@ -57,6 +58,8 @@ from .usage import EfficiencyHandler, UsageHandler, UtilizationHandler
 API_PATH = "api/v1"
 DEFAULT_PORT = 8765
 LOOPBACK = ("127.0.0.0/8", "::1/128")
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LABEL_VALUE = re.compile(r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 # (path template under <prefix>api/v1, handler, route name)
 ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
@@ -320,6 +323,20 @@ class GpuAllocService(Application):
         cluster (its spawner has not made it yet) before it is released: its server never started, or its
         pod was deleted while the service was not watching.""",
     ).tag(config=True)
+    namespace = Unicode(
+        help="""With the kubernetes backend: the namespace of this install's pods (its users' servers, GPU
+        kernels and jobs). A pod elsewhere is never this install's: it is outside use, never deleted.
+        Default: the namespace of the service's own pod (its service account's), else 'default', as
+        KubeSpawner.namespace.""",
+    ).tag(config=True)
+    instance = Unicode(
+        help="""With the kubernetes backend: this install's name on the cluster, on every pod made for one of
+        its leases (label gpualloc.jupyter.org/instance, beside the lease's gpualloc.jupyter.org/lease): a
+        pod is this install's only in its namespace, with this name, and for a lease its store made; every
+        other GPU pod is outside use, never touched. Set one per release where two installs share a cluster
+        (e.g. 'staging', 'production'); a label value (at most 63 letters, digits, '-', '_', '.').
+        Default: '<namespace>.<service name>' ($JUPYTERHUB_SERVICE_NAME, else 'gpualloc').""",
+    ).tag(config=True)
     job_pods = Bool(
         False, help="""With the kubernetes backend: run each background job's attempt in a Kubernetes Job
         of its own, made from the submitting server's pod with the lease's GPU resources (a server pod
@@ -396,6 +413,23 @@ class GpuAllocService(Application):
     def _default_db_url(self) -> str:
         return sqlite_url(Path.cwd() / "gpualloc.sqlite")
 
+    @default("namespace")
+    def _default_namespace(self) -> str:
+        account = Path(SERVICE_ACCOUNT_NAMESPACE)
+        return account.read_text().strip() if account.is_file() else "default"
+
+    @default("instance")
+    def _default_instance(self) -> str:
+        name = f"{self.namespace}.{os.environ.get('JUPYTERHUB_SERVICE_NAME') or 'gpualloc'}"
+        return name if len(name) <= 63 else f"{name[:54]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+    @validate("instance")
+    def _check_instance(self, proposal) -> str:
+        if not LABEL_VALUE.fullmatch(proposal["value"]):
+            raise TraitError(f"instance {proposal['value']!r} is not a Kubernetes label value: at most 63 letters, "
+                             "digits, '-', '_' or '.', beginning and ending with a letter or digit")
+        return proposal["value"]
+
     @validate("base_url")
     def _check_base_url(self, proposal) -> str:
         return join_url(proposal["value"]).rstrip("/") + "/"
@@ -419,7 +453,16 @@ class GpuAllocService(Application):
             if not Path(path).is_file():
                 raise ValueError(f"config file {path} not found")
             self.load_config_file(path)
+        self.log_modules_here()
         self.build()
+
+    def log_modules_here(self) -> None:
+        """The package's module loggers (the cluster's reconciler, the pods and Jobs the service makes,
+        the core) write through this application's handler at its level, as jupyter_server does
+        with tornado's: without it their INFO lines went nowhere."""
+        package = logging.getLogger(__package__.partition(".")[0])
+        package.parent, package.propagate = self.log, True
+        package.setLevel(logging.NOTSET)  # its effective level is this application's
 
     def _state_beside_db(self) -> str | None:
         prefix = "sqlite:///"
@@ -431,6 +474,9 @@ class GpuAllocService(Application):
         """Backend, store, scheduler, events, metrics, authentication and the tornado app."""
         self.device_backend = device_backend(self.backend, fleet=self.fleet,
                                              state_file=self.simulated_state or self._state_beside_db())
+        user_pods = UserPods(parent=self)
+        if isinstance(self.device_backend, KubernetesBackend):  # nodes whose taints our pods do not tolerate drain
+            self.device_backend.tolerations = list(user_pods.tolerations)
         self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
                            sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
@@ -443,15 +489,17 @@ class GpuAllocService(Application):
         self.broker.add_listener(self.metrics.observe)
         self.cluster = None
         if isinstance(self.device_backend, KubernetesBackend):
-            self.cluster = ClusterReconciler(self.scheduler, self.device_backend,
+            self.cluster = ClusterReconciler(self.scheduler, self.device_backend, namespace=self.namespace,
+                                             instance=self.instance, record=self.broker.publish,
                                              pod_unschedulable_timeout=self.pod_unschedulable_timeout,
                                              pod_missing_timeout=self.pod_missing_timeout)
+            self.log.info("Kubernetes: this install's pods are those of instance %s in namespace %s",
+                          self.instance, self.namespace)
             self.metrics.cluster_stale.set_function(
                 lambda: 0.0 if self.cluster.stale_since is None else time.time() - self.cluster.stale_since)
         self.job_runner_pods = self.gpu_kernel_pods = None
         if (self.job_pods or self.kernel_pods) and self.cluster is None:
             raise TraitError("GpuAllocService.job_pods and kernel_pods need the kubernetes backend")
-        user_pods = UserPods(parent=self)
         if self.job_pods:
             self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time, parent=self)
             self.cluster.job_pods = self.job_runner_pods

@@ -1,13 +1,16 @@
 """The Kubernetes cluster kept in step with the core: what the watch sees becomes the scheduler's
 calls, and every lease is tied to the pod made for it.
 
+Only this install's pods are its own: in its namespace, labelled with its instance and a lease it
+made (`pod_labels`). It deletes no other pod, and every other GPU pod is outside use.
+
 - Nodes and pods the allocator did not place reach `Scheduler.nodes_changed` and
   `Scheduler.outside_use` (ClusterWatch reports them on the IOLoop; no decision reads the cluster).
 - A lease's pod deleted, `Failed` or `Succeeded` releases the lease (its holder is gone), saying so.
 - A job's pod (service/job_pods.py) that ends or goes before its runner reported is a failed
   attempt of the job, with the kubelet's reason.
 - A lease that ended while its pod remains has the pod deleted: the spawner's own stop usually
-  did it first; this is the backstop, logged.
+  did it first; this is the backstop, logged and recorded (`pod.deleted`, in the audit log).
 - A pod the kube-scheduler cannot place for `pod_unschedulable_timeout` seconds ends its lease
   with the kube-scheduler's message, and is deleted.
 - A granted lease with no pod in the cluster `pod_missing_timeout` seconds after its grant is
@@ -23,8 +26,7 @@ import logging
 import time
 from typing import Callable
 
-from ..core.devices.kubernetes import KubernetesBackend
-from ..core.devices.kubernetes import OwnPod
+from ..core.devices.kubernetes import KubernetesBackend, OwnPod
 from .cluster_watch import ClusterWatch
 from ..core.errors import NotFound, StoreFailed
 from ..core.model import Event, LeaseState, Node, OutsideUse
@@ -38,13 +40,17 @@ ENDED = frozenset({"lease.released", "lease.expired", "lease.preempted", "lease.
 class ClusterReconciler:
     """Listens to a ClusterWatch and the scheduler's events; acts for the leases' pods."""
 
-    def __init__(self, scheduler: Scheduler, backend: KubernetesBackend, *, kubeconfig: str | None = None,
-                 pod_unschedulable_timeout: float = 300.0, pod_missing_timeout: float = 120.0,
-                 clock: Callable[[], float] = time.time):
-        self.scheduler, self.clock = scheduler, clock
+    def __init__(self, scheduler: Scheduler, backend: KubernetesBackend, *, namespace: str, instance: str,
+                 kubeconfig: str | None = None, pod_unschedulable_timeout: float = 300.0,
+                 pod_missing_timeout: float = 120.0, clock: Callable[[], float] = time.time,
+                 record: Callable[[Event], None] | None = None):
+        """`namespace` and `instance`: where this install's pods run and the name they carry;
+        `record`: where what the reconciler does to the cluster is written (the audit log)."""
+        self.scheduler, self.clock, self.record = scheduler, clock, record
+        self.namespace, self.instance = namespace, instance
         self.pod_unschedulable_timeout = pod_unschedulable_timeout
         self.pod_missing_timeout = pod_missing_timeout
-        self.watch = ClusterWatch(backend, self, kubeconfig=kubeconfig)
+        self.watch = ClusterWatch(backend, self, namespace=namespace, instance=instance, kubeconfig=kubeconfig)
         self.stale_since: float | None = None
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
         self._deleting: set[str] = set()
@@ -94,6 +100,20 @@ class ClusterReconciler:
 
     def stale(self, since: float | None) -> None:
         self.stale_since = since
+
+    def knows_lease(self, lease_id: str) -> bool:
+        """Whether this install's store made the lease (while the store cannot answer: as labelled)."""
+        try:
+            self.scheduler.lease(lease_id)
+        except NotFound:
+            return False
+        except StoreFailed:
+            return True
+        return True
+
+    def pod(self, lease_id: str) -> dict[str, object]:
+        """Where lease `lease_id`'s pod must run and the labels it must carry to be the lease's."""
+        return {"namespace": self.namespace, "labels": self.watch.pod_labels(lease_id)}
 
     # ---------------------------------------------------------------- leases
     def tick(self) -> None:
@@ -153,16 +173,25 @@ class ClusterReconciler:
             return
         self._deleting.add(pod.key)
         log.info("deleting pod %s/%s of lease %s: %s", pod.namespace, pod.name, pod.lease_id, why)
-        task = loop.create_task(self._delete_now(pod))
+        task = loop.create_task(self._delete_now(pod, why))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _delete_now(self, pod: OwnPod) -> None:
+    async def _delete_now(self, pod: OwnPod, why: str) -> None:
         try:
-            await self.watch.delete_pod(pod.namespace, pod.name)
+            deleted = await self.watch.delete_pod(pod.namespace, pod.name)
         except Exception as err:  # the next report of the pod tries again
             self._deleting.discard(pod.key)
             log.warning("could not delete pod %s/%s: %s", pod.namespace, pod.name, err)
+            return
+        if deleted and self.record is not None:
+            try:
+                lease = self.scheduler.lease(pod.lease_id)
+                user, holder = lease.user, lease.holder
+            except (NotFound, StoreFailed):
+                user = holder = None
+            self.record(Event("pod.deleted", self.clock(), pod.lease_id, user,
+                              {"pod": f"{pod.namespace}/{pod.name}", "holder": holder, "reason": why}))
 
     def _core(self, call, *args, **kwargs) -> None:
         """One core call at the present time; a store failure is logged, and the next report retries."""

@@ -10,10 +10,12 @@ reported twice across a break.
 What it reports, in the running event loop, to a `ClusterListener`:
 - the GPU nodes, as the backend reads them, whenever what is read from any node changed (labels,
   allocatable, cordon, readiness) or a node came or went;
-- each pod the allocator did not create that holds GPU devices on a node (`OutsideUse`), when
+- each pod this install did not create that holds GPU devices on a node (`OutsideUse`), when
   that changes, and None when it ends;
-- each pod made for a lease (label `LEASE_LABEL`, core/devices/kubernetes.py), as an `OwnPod`, and
-  None once deleted.
+- each pod this install made for a lease, as an `OwnPod`, and None once deleted: one in its
+  namespace labelled with its instance and a lease (`own_pod`, core/devices/kubernetes.py) that the
+  listener knows (`knows_lease`). A pod labelled so by anyone else (another install, a copied
+  manifest) is outside use like any other GPU pod.
 
 It decides nothing: the listener (the service) turns these into the scheduler's calls.
 """
@@ -26,7 +28,8 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from ..core.devices.kubernetes import KubernetesBackend, OwnPod, cluster_configuration, own_pod, reading_key
+from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
+                                       own_pod, reading_key)
 from ..core.model import Node, OutsideUse
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,7 @@ class ClusterListener(Protocol):
     def nodes_changed(self, nodes: list[Node]) -> None: ...
     def outside_use(self, key: str, use: OutsideUse | None) -> None: ...
     def own_pod(self, key: str, pod: OwnPod | None) -> None: ...
+    def knows_lease(self, lease_id: str) -> bool: ...
     def stale(self, since: float | None) -> None: ...
 
 
@@ -51,9 +55,10 @@ class _Resource:
 class ClusterWatch:
     """Lists, then watches, the cluster's nodes and pods for one listener (see the module's docstring)."""
 
-    def __init__(self, backend: KubernetesBackend, listener: ClusterListener, *, kubeconfig: str | None = None,
-                 retry_seconds: float = 1.0, watch_seconds: int = 300):
+    def __init__(self, backend: KubernetesBackend, listener: ClusterListener, *, namespace: str, instance: str,
+                 kubeconfig: str | None = None, retry_seconds: float = 1.0, watch_seconds: int = 300):
         self.backend, self.listener = backend, listener
+        self.namespace, self.instance = namespace, instance
         self._kubeconfig, self._retry, self._watch_seconds = kubeconfig, retry_seconds, watch_seconds
         self._node_keys: dict[str, Any] = {}  # node name -> what was read from it (reading_key)
         self._dirty_nodes: set[str] = set()  # named by node events since the last flush
@@ -96,6 +101,10 @@ class ClusterWatch:
     def api_client(self) -> Any:
         """The kubernetes_asyncio ApiClient the watch uses (for the service's own writes)."""
         return self._api
+
+    def pod_labels(self, lease_id: str) -> dict[str, str]:
+        """The labels that make a pod in `namespace` the one of lease `lease_id` of this install."""
+        return {LEASE_LABEL: lease_id, INSTANCE_LABEL: self.instance}
 
     def own_pods(self) -> list[OwnPod]:
         """The pods made for leases, as last seen."""
@@ -230,16 +239,18 @@ class ClusterWatch:
                 self._pod_changed(key, raw)
 
     def _pod_changed(self, key: str, pod: Mapping[str, Any] | None) -> None:
-        mine = own_pod(pod) if pod is not None else None
-        if mine is not None or key in self._own:
-            if self._own.get(key) != mine:
-                if mine is None:
-                    del self._own[key]
-                else:
-                    self._own[key] = mine
-                self.listener.own_pod(key, mine)
-            return
-        use = self.backend.outside_use(pod) if pod is not None else None
+        mine = own_pod(pod, self.namespace, self.instance) if pod is not None else None
+        known = self._own.get(key)
+        if mine is not None and (known is None or known.lease_id != mine.lease_id) \
+                and not self.listener.knows_lease(mine.lease_id):
+            mine = None  # labelled as ours, but for a lease this install never made
+        if known != mine:
+            if mine is None:
+                del self._own[key]
+            else:
+                self._own[key] = mine
+            self.listener.own_pod(key, mine)
+        use = self.backend.outside_use(pod) if pod is not None and mine is None else None
         if self._outside.get(key) != use:
             if use is None:
                 del self._outside[key]

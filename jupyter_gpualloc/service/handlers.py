@@ -225,6 +225,8 @@ class ApiHandler(web.RequestHandler):
         data["deadline"] = self.scheduler.deadline(lease.id)
         reservation = self.scheduler.reservations.of_lease(lease.id)
         data["reservation"] = reservation.name if reservation else None
+        if self.ctx.cluster is not None:
+            data["pod"] = self.ctx.cluster.pod(lease.id)
         return data
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from traitlets import Int, List, Unicode
 from traitlets.config import LoggingConfigurable
 
-from ..core.devices.kubernetes import JOB_LABEL, LEASE_LABEL, OwnPod
+from ..core.devices.kubernetes import JOB_LABEL, OwnPod
 from ..core.errors import NotFound, SchedulerError, StoreFailed
 from ..core.holders import job_of
 from ..core.jobs import POD_RUNNER, Jobs
@@ -69,7 +69,7 @@ class JobPods(LoggingConfigurable):
     # ------------------------------------------------------------- at submit
     def pod_template(self, user: str, runner: str) -> dict[str, Any]:
         """What a job's pod takes from the submitting server's pod (runner: 'server' or 'server:<name>')."""
-        return self.pods.server_template(self.watch.pods(), user, runner)
+        return self.pods.server_template(self.watch.pods(), user, runner, self.watch.namespace)
 
     # ------------------------------------------------------------ the leases
     def tick(self) -> None:
@@ -216,7 +216,7 @@ class JobPods(LoggingConfigurable):
         """The batch/v1 Job of one attempt of `job` on granted `lease`."""
         template = job.pod or {}
         name = job_name(job.id, lease["id"])
-        labels = self.pods.labels(template, "job", **{LEASE_LABEL: lease["id"], JOB_LABEL: job.id})
+        labels = self.pods.labels(template, "job", **self.watch.pod_labels(lease["id"]), **{JOB_LABEL: job.id})
         env = [{"name": "GPUALLOC_JOB_ID", "value": job.id},
                {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}}}]
         pod_spec = self.pods.pod_spec(template, lease, container="job", command=[*self.command, job.id],

@@ -30,7 +30,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from ..core.devices.kubernetes import LEASE_LABEL
 from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from ..core.holders import kernel_holder, kernel_of
 from ..core.model import Event, Lease, LeaseState, PriorityClass, SpecError
@@ -80,7 +79,7 @@ class KernelPods:
             raise SpecError("kernel_id", "must be a kernel's id as Jupyter makes them (lower-case letters, digits "
                                          "and '-', at most 56): it names the kernel's pod")
         spec = self.scheduler.requested_spec(body, groups)
-        template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"))
+        template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"), self.watch.namespace)
         if body.get("resume"):
             return self._resume(user, kernel_id, template, body)
         if self.pods.home_access_mode == "ReadWriteOnce":  # the home mounts on the server's node only
@@ -249,7 +248,7 @@ class KernelPods:
                                   {"name": "gpualloc-kernel", "mountPath": CONNECTION_DIR, "readOnly": True}]
         kernel["ports"] = [{"name": port.replace("_port", ""), "containerPort": request.connection[port]}
                            for port in PORTS]
-        labels = self.pods.labels(template, "kernel", **{LEASE_LABEL: lease["id"], KERNEL_LABEL: request.kernel_id})
+        labels = self.pods.labels(template, "kernel", **self.watch.pod_labels(lease["id"]), **{KERNEL_LABEL: request.kernel_id})
         owner = {"apiVersion": "v1", "kind": "Pod", "name": template.get("server_pod", ""),
                  "uid": template.get("server_pod_uid", ""), "blockOwnerDeletion": False}
         return {"apiVersion": "v1", "kind": "Pod",

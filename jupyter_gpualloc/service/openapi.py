@@ -135,6 +135,11 @@ SCHEMAS: dict[str, Any] = {
             "position": {"type": ["integer", "null"],
                          "description": "1-based place in the queue when queued; in every /leases answer, "
                                         "not in the lease a job carries."},
+            "pod": {"type": "object", "required": ["namespace", "labels"],
+                    "description": "Kubernetes backend only: the namespace and labels that make a pod this "
+                                   "lease's (its spawner's pod must have both).",
+                    "properties": {"namespace": {"type": "string"},
+                                   "labels": {"type": "object", "additionalProperties": {"type": "string"}}}},
         },
     },
     "LeaseList": {"type": "object", "required": ["leases"],

@@ -55,7 +55,10 @@ class UserPods(LoggingConfigurable):
     ).tag(config=True)
     tolerations = List(
         [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        help="Tolerations added to the pods (GPU nodes are often tainted).",
+        help="""Tolerations added to the pods (GPU nodes are often tainted), and those the service counts on
+        every GPU pod of this install carrying (keep GPUKubeSpawner.gpu_tolerations the same): a node with a
+        NoSchedule or NoExecute taint none of them tolerates is drained (its GPUs are not offered or granted;
+        /inventory says which taint), as its pods would stay Pending there.""",
     ).tag(config=True)
     home_access_mode = Enum(
         ["ReadWriteMany", "ReadWriteOnce"], "ReadWriteMany",
@@ -68,11 +71,13 @@ class UserPods(LoggingConfigurable):
         {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}.""",
     ).tag(config=True)
 
-    def server_template(self, pods: list[Mapping[str, Any]], user: str, server: str) -> dict[str, Any]:
+    def server_template(self, pods: list[Mapping[str, Any]], user: str, server: str, namespace: str) -> dict[str, Any]:
         """What a pod for `user` takes from their server's pod (server: 'server' or 'server:<name>'),
-        found among `pods` (the watch's view); NoServerPod (a 400 on `runner`) when it is not running."""
+        found among `pods` (the watch's view) in this install's `namespace` (another hub's user of the
+        same name is not this one); NoServerPod (a 400 on `runner`) when it is not running."""
         server_name = server.partition(":")[2] if server != SERVER else ""
-        found = [p for p in pods if is_server_pod(p, user, server_name)]
+        found = [p for p in pods if (p.get("metadata") or {}).get("namespace") == namespace
+                 and is_server_pod(p, user, server_name)]
         if not found:
             raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
                                         "to make the pod from: start the server, then try again")

@@ -64,16 +64,16 @@ def test_static_mig_hands_out_existing_instances_only(harness):
     assert a.state is LeaseState.GRANTED and a.slice.start == 4
     b = s.submit("b", "kernel:2", mig("2g.10gb"), now=0, wait=False)
     assert b.state is LeaseState.REJECTED
-    c = s.submit("c", "kernel:3", mig("1g.5gb"), now=0, wait=False)
-    assert c.state is LeaseState.REJECTED  # free slices exist, but static MIG never creates
+    with pytest.raises(SpecError):  # free slices exist, but static MIG never creates
+        s.submit("c", "kernel:3", mig("1g.5gb"), now=0, wait=False)
     s.release(a.id, now=1)
     assert len(next(g for n in h.backend.discover() for g in n.gpus).instances) == 2  # not destroyed
 
 
 def test_policy_can_force_static_mig(harness):
     h = harness(fleet({"model": A100_40, "count": 1, "mig": "dynamic"}), mig_changes="static")
-    lease = h.scheduler.submit("a", "kernel:1", mig("1g.5gb"), now=0, wait=False)
-    assert lease.state is LeaseState.REJECTED
+    with pytest.raises(SpecError):  # no instance exists, and none may be made
+        h.scheduler.submit("a", "kernel:1", mig("1g.5gb"), now=0, wait=False)
 
 
 def test_shares_never_exceed_gpu_memory(mixed):

@@ -67,11 +67,12 @@ def validated(pod: dict) -> dict:
     return pod
 
 
-def pod_for(kind: str | None, service: str | None = SERVICE, **settings) -> dict:
+def pod_for(kind: str | None, service: str | None = SERVICE, owned: dict | None = None, **settings) -> dict:
+    """The pod for a lease of `kind`, the service's `pod` (namespace and labels) in the lease when `owned`."""
     async def build():
         spawner = make_spawner(service, **settings)
         spawner._gpu_init()
-        spawner._gpu_lease = lease_json(kind) if kind else None
+        spawner._gpu_lease = {**lease_json(kind), **({"pod": owned} if owned else {})} if kind else None
         spawner._gpu_memory = 81559 if kind == "shared" else None
         pod = await spawner.get_pod_manifest()
         assert spawner.extra_resource_limits == settings.get("extra_resource_limits", {})
@@ -98,6 +99,21 @@ def test_mig_pod_asks_for_the_profile_on_the_lease_node():
     env = container_env(pod)
     assert env["GPUALLOC_LEASE_ID"] == "lease-mig" and env["GPUALLOC_URL"] == SERVICE
     assert "CUDA_VISIBLE_DEVICES" not in env  # the device plugin assigns the device
+
+
+def test_the_pod_carries_the_labels_the_service_names_for_its_lease():
+    owned = {"namespace": "default", "labels": {"gpualloc.jupyter.org/lease": "lease-mig",
+                                                "gpualloc.jupyter.org/instance": "staging"}}
+    labels = pod_for("mig", owned=owned)["metadata"]["labels"]
+    assert labels["gpualloc.jupyter.org/lease"] == "lease-mig" and labels["gpualloc.jupyter.org/instance"] == "staging"
+
+
+def test_a_pod_the_service_would_not_own_is_not_made():
+    owned = {"namespace": "gpualloc", "labels": {"gpualloc.jupyter.org/lease": "lease-mig"}}
+    with pytest.raises(SpawnException) as refused:
+        pod_for("mig", owned=owned)  # KubeSpawner's namespace here: default
+    assert "namespace gpualloc" in str(refused.value.jupyterhub_message)
+    assert "c.GpuAllocService.namespace" in refused.value.jupyterhub_message
 
 
 def test_mig_single_strategy_and_device_env():

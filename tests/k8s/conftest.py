@@ -66,13 +66,10 @@ def k8s_cluster(tmp_path_factory) -> Cluster:
         control_plane.stop()
 
 
-@pytest.fixture
-def namespace(k8s_cluster) -> str:
-    """A namespace of its own for one test (with its default service account, which pods need),
-    deleted after it."""
+def create_namespace(cluster: Cluster, name: str) -> None:
+    """A namespace with its default service account, which the ServiceAccount admission plugin
+    requires of every pod."""
     from kubernetes_asyncio import client
-
-    name = f"t-{uuid.uuid4().hex[:8]}"
 
     async def create(api):
         core = client.CoreV1Api(api)
@@ -83,10 +80,53 @@ def namespace(k8s_cluster) -> str:
                 return
             await asyncio.sleep(0.1)
 
-    k8s_cluster.run(create, timeout=60)
-    yield name
+    cluster.run(create, timeout=60)
+
+
+def delete_namespace(cluster: Cluster, name: str) -> None:
+    from kubernetes_asyncio import client
 
     async def delete(api):
         await client.CoreV1Api(api).delete_namespace(name)
 
-    k8s_cluster.run(delete)
+    cluster.run(delete)
+
+
+def clear_namespace(cluster: Cluster, name: str, timeout: float = 60) -> None:
+    """Delete the Jobs and pods in a namespace, and wait until its pods are gone."""
+    from kubernetes_asyncio import client
+
+    async def clear(api):
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        await batch.delete_collection_namespaced_job(name, propagation_policy="Background")
+        await core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        while (await core.list_namespaced_pod(name)).items:
+            await asyncio.sleep(0.1)
+
+    cluster.run(clear, timeout=timeout)
+
+
+@pytest.fixture
+def namespace(k8s_cluster) -> str:
+    """A namespace of its own for one test, deleted after it."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    create_namespace(k8s_cluster, name)
+    yield name
+    delete_namespace(k8s_cluster, name)
+
+
+@pytest.fixture(scope="module")
+def install_namespace(k8s_cluster) -> str:
+    """The namespace of one module's service (c.GpuAllocService.namespace: its pods are the service's
+    own only there), deleted after the module."""
+    name = f"i-{uuid.uuid4().hex[:8]}"
+    create_namespace(k8s_cluster, name)
+    yield name
+    delete_namespace(k8s_cluster, name)
+
+
+@pytest.fixture
+def install_pods(k8s_cluster, install_namespace) -> str:
+    """For a test of a module's service: its namespace, the pods and Jobs the test left there deleted after it."""
+    yield install_namespace
+    clear_namespace(k8s_cluster, install_namespace)

@@ -49,8 +49,8 @@ c.UserPods.pod_annotations = {{"{PHASE}": "Running"}}
 class JobPodService(ClusterService):
     """The service with the kubernetes backend and jobs in Kubernetes Jobs (`config` added)."""
 
-    def __init__(self, workdir: Path, kubeconfig: str, config: str = ""):
-        super().__init__(workdir, kubeconfig, config=CONFIG + config)
+    def __init__(self, workdir: Path, kubeconfig: str, config: str = "", *, namespace: str):
+        super().__init__(workdir, kubeconfig, config=CONFIG + config, namespace=namespace)
 
     @property
     def root_url(self) -> str:
@@ -62,14 +62,21 @@ OWN_NODES = {"gpu-l4-jobs": "gpu-l4-1", "gpu-h100-jobs": "gpu-h100-mig-1", "gpu-
 
 
 @pytest.fixture(scope="module")
-def service(k8s_cluster, tmp_path_factory):
+def service(k8s_cluster, tmp_path_factory, install_namespace):
     with own_nodes(k8s_cluster, OWN_NODES):
-        svc = JobPodService(tmp_path_factory.mktemp("service-job-pods"), k8s_cluster.kubeconfig).start()
+        svc = JobPodService(tmp_path_factory.mktemp("service-job-pods"), k8s_cluster.kubeconfig,
+                            namespace=install_namespace).start()
         try:
             wait_for_nodes(svc, OWN_NODES)
             yield svc
         finally:
             svc.kill()
+
+
+@pytest.fixture
+def namespace(install_pods) -> str:
+    """The service's namespace, where its pods are its own; what a test leaves there is deleted after it."""
+    return install_pods
 
 
 @contextlib.contextmanager

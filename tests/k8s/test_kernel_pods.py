@@ -33,16 +33,23 @@ MIG_1G = {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-kernels"}
 
 
 @pytest.fixture(scope="module")
-def service(k8s_cluster, tmp_path_factory):
+def service(k8s_cluster, tmp_path_factory, install_namespace):
     with own_nodes(k8s_cluster, NODES):
         svc = JobPodService(tmp_path_factory.mktemp("service-kernel-pods"), k8s_cluster.kubeconfig,
-                            "c.GpuAllocService.kernel_pods = True\nc.SchedulerPolicy.idle_grace = 1\n")
+                            "c.GpuAllocService.kernel_pods = True\nc.SchedulerPolicy.idle_grace = 1\n",
+                            namespace=install_namespace)
         svc.start()
         try:
             wait_for_nodes(svc, NODES)
             yield svc
         finally:
             svc.kill()
+
+
+@pytest.fixture
+def namespace(install_pods) -> str:
+    """The service's namespace, where its pods are its own; what a test leaves there is deleted after it."""
+    return install_pods
 
 
 @pytest.fixture
@@ -226,7 +233,8 @@ def test_another_user_can_neither_see_nor_end_a_kernel_pod(service, server):
 
 def test_with_readwriteonce_homes_a_gpu_kernel_runs_on_its_servers_node(service, k8s_cluster, namespace, tmp_path):
     rwo = JobPodService(tmp_path / "rwo", k8s_cluster.kubeconfig,
-                        "c.GpuAllocService.kernel_pods = True\nc.UserPods.home_access_mode = 'ReadWriteOnce'\n")
+                        "c.GpuAllocService.kernel_pods = True\nc.UserPods.home_access_mode = 'ReadWriteOnce'\n"
+                        "c.GpuAllocService.instance = 'rwo'\n", namespace=namespace)
     rwo.start()
     try:
         pod = server_pod(rwo, "alice", tmp_path, server_name="rwo")

@@ -52,7 +52,8 @@ def hub_on(k8s_cluster, workdir, extra_config: tuple[str, ...] = ()):
 
     k8s_cluster.run(namespace)
     policy = workdir / "gpualloc_config.py"
-    policy.write_text("c.SchedulerPolicy.heartbeat_ttl = 3600\nc.GpuAllocService.tick_interval = 0.5\n")
+    policy.write_text("c.SchedulerPolicy.heartbeat_ttl = 3600\nc.GpuAllocService.tick_interval = 0.5\n"
+                      f"c.GpuAllocService.namespace = {NAMESPACE!r}\n")
     service = {
         "name": "gpualloc", "url": f"http://127.0.0.1:{free_port()}", "oauth_no_confirm": True, "cwd": str(workdir),
         "command": [sys.executable, "-m", "jupyter_gpualloc.cli", "serve", "--backend", "kubernetes",

@@ -82,7 +82,7 @@ def test_the_rules_allow_what_the_service_needs_and_nothing_more(k8s_cluster, hu
 
 
 def test_the_service_works_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
-    service = ClusterService(tmp_path / "service", hub_kubeconfig).start()
+    service = ClusterService(tmp_path / "service", hub_kubeconfig, namespace=NAMESPACE).start()
     try:
         assert service.call("GET", "health").json()["cluster"] == "current"
         names = {n["name"] for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]}
@@ -100,7 +100,7 @@ def test_the_service_works_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
 def test_a_background_job_runs_as_a_kubernetes_job_under_them(k8s_cluster, hub_kubeconfig, tmp_path):
     from .test_job_pods import JobPodService, cell_job, kube_jobs, running_pod, server_pod, submit, wait_for
 
-    service = JobPodService(tmp_path / "service", str(hub_kubeconfig)).start()
+    service = JobPodService(tmp_path / "service", str(hub_kubeconfig), namespace=NAMESPACE).start()
     try:
         server = server_pod(service, "alice", tmp_path, server_name="rbac")
         k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, server))

@@ -7,9 +7,11 @@ nodes of its own, and puts back what it changed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from tests.kernel.conftest import Kernel, assert_one_line_error, kernel_env
 from tests.processes import start_logged, wait_until_ready
 from tests.service.conftest import ALICE, ROOT, ServiceProcess
 
+from .conftest import create_namespace, delete_namespace
 from .test_cluster import KWOK_ANNOTATION, PHASE, gpu_pod, until
 
 client = pytest.importorskip("kubernetes_asyncio.client")
@@ -36,11 +39,12 @@ c.GpuAllocService.pod_missing_timeout = 8
 
 
 class ClusterService(ServiceProcess):
-    """The service with the kubernetes backend, on a kubeconfig that goes through `proxy`."""
+    """The service with the kubernetes backend, on a kubeconfig (that may go through `proxy`), its
+    pods in `namespace`."""
 
-    def __init__(self, workdir: Path, kubeconfig: Path | str, config: str = CONFIG):
-        super().__init__(workdir, config=config)
-        self.kubeconfig = kubeconfig
+    def __init__(self, workdir: Path, kubeconfig: Path | str, config: str = CONFIG, *, namespace: str):
+        super().__init__(workdir, config=f"{config}\nc.GpuAllocService.namespace = {namespace!r}\n")
+        self.kubeconfig, self.namespace = kubeconfig, namespace
 
     def command(self) -> list[str]:
         command = super().command()
@@ -65,15 +69,21 @@ def proxy(k8s_cluster):
 
 
 @pytest.fixture(scope="module")
-def service(k8s_cluster, proxy, tmp_path_factory):
+def service(k8s_cluster, proxy, tmp_path_factory, install_namespace):
     workdir = tmp_path_factory.mktemp("service-k8s")
     config = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
     config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
     kubeconfig = workdir / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(config))
-    svc = ClusterService(workdir, kubeconfig).start()
+    svc = ClusterService(workdir, kubeconfig, namespace=install_namespace).start()
     yield svc
     svc.kill()
+
+
+@pytest.fixture
+def namespace(install_pods) -> str:
+    """The service's namespace, where its pods are its own; what a test leaves there is deleted after it."""
+    return install_pods
 
 
 def node_of(service, name: str) -> dict | None:
@@ -184,7 +194,8 @@ def test_a_node_added_serves_without_a_restart_and_its_deletion_ends_its_leases(
 
 
 def lease_pod(lease: dict, name: str, resources: dict, node: str | None, phase: str = "Running") -> dict:
-    pod = gpu_pod(name, resources, node=node, labels={LEASE_LABEL: lease["id"]})
+    """The pod of a lease, labelled as the service says its pods are (in the namespace it names)."""
+    pod = gpu_pod(name, resources, node=node, labels=lease["pod"]["labels"])
     pod["metadata"]["annotations"] = {PHASE: phase}
     return pod
 
@@ -212,6 +223,18 @@ def test_a_lease_ended_by_the_core_has_its_pod_deleted(service, k8s_cluster, nam
         namespace, lease_pod(lease, "orphan", {"nvidia.com/gpu": "1"}, "gpu-l4-1")))
     assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
     wait_until_deleted(k8s_cluster, namespace, "orphan")
+    # an operator reads it in the service's log and in the audit log
+    log = (service.workdir / "service.log").read_text()
+    assert f"deleting pod {namespace}/orphan of lease {lease['id']}: its lease ended" in log, log[-3000:]
+    deleted = wait_for(lambda: [e for e in audit_events(service) if e["type"] == "pod.deleted"
+                                and e["lease_id"] == lease["id"]], what="the deletion in the audit log")
+    assert deleted[0]["user"] == "root" and deleted[0]["data"]["pod"] == f"{namespace}/orphan", deleted
+    assert deleted[0]["data"]["holder"] == "server:ended", deleted
+    assert deleted[0]["data"]["reason"].startswith("its lease ended"), deleted
+
+
+def audit_events(service) -> list[dict]:
+    return [json.loads(line) for line in service.audit_log.read_text().splitlines() if line.strip()]
 
 
 def wait_until_deleted(k8s_cluster, namespace: str, name: str) -> None:
@@ -263,13 +286,157 @@ def test_an_outage_leaves_the_view_equal_to_a_fresh_list(service, k8s_cluster, p
         wait_for(lambda: outside_on(service, "gpu-a100-1") == [f"pod:{namespace}/during"] * 2
                  and node_of(service, "gpu-t4-shared-1")["unschedulable"] == "cordoned",
                  what="the changes made during the outage")
-        fresh = ClusterService(tmp_path / "fresh", Path(k8s_cluster.kubeconfig)).start()
+        fresh = ClusterService(tmp_path / "fresh", Path(k8s_cluster.kubeconfig), namespace=namespace).start()
         try:
             assert views(fresh) == views(service)
         finally:
             fresh.kill()
     finally:
         k8s_cluster.run(lambda api: client.CoreV1Api(api).patch_node("gpu-t4-shared-1", {"spec": {"unschedulable": False}}))
+
+
+async def copy_node(api, model: str, name: str) -> None:
+    """A node named `name`, a copy of the demo fleet's node `model` (kwok keeps it Ready)."""
+    core = client.CoreV1Api(api)
+    raw = await (await core.read_node(model, _preload_content=False)).json()
+    await core.create_node({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {**raw["metadata"]["labels"], "kubernetes.io/hostname": name},
+                     "annotations": {KWOK_ANNOTATION: "fake"}},
+        "spec": {}, "status": {"allocatable": raw["status"]["allocatable"], "capacity": raw["status"]["capacity"]}})
+
+
+def pod_exists(k8s_cluster, namespace: str, name: str) -> bool:
+    async def read(api):
+        pods = await client.CoreV1Api(api).list_namespaced_pod(namespace)
+        return any(p.metadata.name == name and not p.metadata.deletion_timestamp for p in pods.items)
+    return k8s_cluster.run(read)
+
+
+def test_a_pod_labelled_as_ours_elsewhere_or_for_a_lease_we_never_made_is_outside_use_and_kept(
+        service, k8s_cluster, namespace):
+    """A user copied a notebook pod's manifest into another namespace, and someone made up a lease id:
+    neither pod is this install's, so neither is deleted, and both hold their GPUs."""
+    lease = request(service, {"kind": "whole", "node": "gpu-l4-1"}, "server:copied-from")
+    other = f"o-{uuid.uuid4().hex[:8]}"
+    create_namespace(k8s_cluster, other)
+    try:
+        labels = lease["pod"]["labels"]
+        assert labels == {LEASE_LABEL: lease["id"], "gpualloc.jupyter.org/instance": f"{namespace}.gpualloc"}
+        assert lease["pod"]["namespace"] == namespace
+
+        async def create(api):
+            core = client.CoreV1Api(api)
+            await core.create_namespaced_pod(other, gpu_pod("copied", {"nvidia.com/gpu": "2"}, "gpu-a100-1", labels))
+            await core.create_namespaced_pod(namespace, gpu_pod(
+                "made-up", {"nvidia.com/gpu": "1"}, "gpu-a100-1", {**labels, LEASE_LABEL: "0123456789abcdef"}))
+
+        k8s_cluster.run(create)
+        wait_for(lambda: outside_on(service, "gpu-a100-1") == sorted([f"pod:{other}/copied"] * 2
+                                                                     + [f"pod:{namespace}/made-up"]),
+                 what="both pods' GPUs counted as outside use")
+        time.sleep(3)  # many ticks of the reconciler
+        assert pod_exists(k8s_cluster, other, "copied") and pod_exists(k8s_cluster, namespace, "made-up")
+        assert lease_state(service, lease["id"])["state"] == "granted"
+        log = (service.workdir / "service.log").read_text()
+        assert f"deleting pod {other}/copied" not in log and f"deleting pod {namespace}/made-up" not in log
+    finally:
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).delete_namespaced_pod("copied", other, grace_period_seconds=0))
+        delete_namespace(k8s_cluster, other)
+        service.call("DELETE", f"leases/{lease['id']}", token=ROOT)
+
+
+def test_two_installs_in_one_namespace_never_touch_each_others_pods(service, k8s_cluster, namespace, tmp_path):
+    """Staging and production on one cluster (here one namespace, told apart by their instances):
+    each counts the other's pod as outside use, and deletes only its own."""
+    second = ClusterService(tmp_path / "second", Path(k8s_cluster.kubeconfig),
+                            CONFIG + "c.GpuAllocService.instance = 'second'\n", namespace=namespace).start()
+    try:
+        ours = request(service, {"kind": "whole", "node": "gpu-a100-1"}, "server:first-install")
+        theirs = request(second, {"kind": "whole", "node": "gpu-a100-1"}, "server:second-install")
+        assert theirs["pod"]["labels"]["gpualloc.jupyter.org/instance"] == "second"
+
+        async def create(api):
+            core = client.CoreV1Api(api)
+            await core.create_namespaced_pod(namespace, lease_pod(ours, "ours", {"nvidia.com/gpu": "1"}, "gpu-a100-1"))
+            await core.create_namespaced_pod(namespace, lease_pod(theirs, "theirs", {"nvidia.com/gpu": "1"},
+                                                                  "gpu-a100-1"))
+
+        k8s_cluster.run(create)
+        wait_for(lambda: outside_on(service, "gpu-a100-1") == [f"pod:{namespace}/theirs"]
+                 and outside_on(second, "gpu-a100-1") == [f"pod:{namespace}/ours"],
+                 what="each install counting the other's pod as outside use")
+        assert service.call("DELETE", f"leases/{ours['id']}", token=ROOT).status == 200
+        wait_until_deleted(k8s_cluster, namespace, "ours")
+        time.sleep(2)
+        assert pod_exists(k8s_cluster, namespace, "theirs")
+        assert lease_state(second, theirs["id"])["state"] == "granted"
+        assert second.call("DELETE", f"leases/{theirs['id']}", token=ROOT).status == 200
+        wait_until_deleted(k8s_cluster, namespace, "theirs")
+        assert f"deleting pod {namespace}/ours" not in (second.workdir / "service.log").read_text()
+        assert f"deleting pod {namespace}/theirs" not in (service.workdir / "service.log").read_text()
+    finally:
+        second.kill()
+
+
+def whole_l4_available(service) -> int:
+    return next(o for o in service.call("GET", "offers", token=ROOT).json()["offers"] if o["name"] == "whole-l4")["available"]
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # c.UserPods.tolerations
+
+
+def test_a_node_tainted_against_the_pods_is_drained_and_one_they_tolerate_serves(service, k8s_cluster, namespace):
+    k8s_cluster.run(lambda api: copy_node(api, "gpu-l4-1", "gpu-l4-taint"))
+    core = client.CoreV1Api
+    try:
+        wait_for(lambda: (node_of(service, "gpu-l4-taint") or {"unschedulable": "absent"})["unschedulable"] is None,
+                 what="the new node, Ready, in the inventory")
+        before = whole_l4_available(service)
+        k8s_cluster.run(lambda api: core(api).patch_node("gpu-l4-taint", {"spec": {"taints": [
+            {"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}]}}))
+        wait_for(lambda: node_of(service, "gpu-l4-taint")["unschedulable"]
+                 == "tainted dedicated=ml-team:NoSchedule, which this install's GPU pods do not tolerate",
+                 what="the tainted node drained, saying why")
+        assert whole_l4_available(service) == before - 2  # its two L4s are not offered
+        refused = service.call("POST", "leases", {"spec": {"kind": "whole", "node": "gpu-l4-taint"},
+                                                  "holder": "server:tainted", "wait": 0}, ROOT)
+        assert refused.status == 409 and refused.json()["lease"]["state"] == "rejected", refused  # as when cordoned
+
+        # the kube-scheduler agrees: a pod with the install's tolerations stays Pending there
+        pending = gpu_pod("would-pend", {"nvidia.com/gpu": "1"}, node="gpu-l4-taint")
+        pending["spec"]["tolerations"] = [GPU_TOLERATION]
+        k8s_cluster.run(lambda api: core(api).create_namespaced_pod(namespace, pending))
+
+        async def unschedulable(api):
+            async def check():
+                pod = await core(api).read_namespaced_pod("would-pend", namespace)
+                scheduled = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+                return scheduled is not None and scheduled.reason == "Unschedulable" and "untolerated taint" in \
+                    scheduled.message
+            await until(check, what="the kube-scheduler refusing the pod")
+
+        k8s_cluster.run(unschedulable)
+
+        # a taint the pods tolerate drains nothing: the slice is granted and its pod bound there
+        k8s_cluster.run(lambda api: core(api).patch_node("gpu-l4-taint", {"spec": {"taints": [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}}))
+        wait_for(lambda: node_of(service, "gpu-l4-taint")["unschedulable"] is None, what="the node serving again")
+        lease = request(service, {"kind": "whole", "node": "gpu-l4-taint"}, "server:tolerated")
+        assert lease["state"] == "granted", lease
+        pod = lease_pod(lease, "tolerated", {"nvidia.com/gpu": "1"}, "gpu-l4-taint")
+        pod["spec"]["tolerations"] = [GPU_TOLERATION]
+        k8s_cluster.run(lambda api: core(api).create_namespaced_pod(namespace, pod))
+
+        async def running(api):
+            async def check():
+                return (await core(api).read_namespaced_pod("tolerated", namespace)).status.phase == "Running"
+            await until(check, what="the lease's pod Running on the tainted node")
+
+        k8s_cluster.run(running)
+        assert service.call("DELETE", f"leases/{lease['id']}", token=ROOT).status == 200
+    finally:
+        k8s_cluster.run(lambda api: core(api).delete_node("gpu-l4-taint"))
 
 
 def views(service) -> dict:

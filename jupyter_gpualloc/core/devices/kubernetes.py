@@ -21,7 +21,9 @@ scheduler's bookkeeping (derived from node name and index), not driver UUIDs; sp
 extended resources rather than setting CUDA_VISIBLE_DEVICES. What a plain GPU may carry follows
 its device plugin (`Gpu.sharing`): a time-sliced or MPS GPU only shares (its replicas), a GPU
 without sharing only whole-GPU slices, a HAMi GPU either. Cordoned and not-Ready nodes are
-read with the reason (`Node.unschedulable`: the scheduler drains them); nodes without NVIDIA
+read with the reason (`Node.unschedulable`: the scheduler drains them), and so are nodes with a
+NoSchedule or NoExecute taint that the install's pods do not tolerate (`tolerations`: the
+kube-scheduler would leave their pods Pending there); nodes without NVIDIA
 resources are left out. A node that cannot be read (a MIG model the
 catalogue lacks, devices that fit no legal layout) is logged, listed by `unusable_nodes()` and
 skipped; the rest of the cluster is served. Each node is read again only when what is read from
@@ -29,7 +31,8 @@ it changes.
 
 Pods are read here too (the service's watch, service/cluster_watch.py, holds them): what a bound,
 unfinished GPU pod the allocator did not place holds of its node (`outside_use`), and what a pod
-made for a lease (label `gpualloc.jupyter.org/lease`) says of itself (`own_pod`).
+made for a lease of this install says of itself (`own_pod`): one in the install's namespace whose
+labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
+INSTANCE_LABEL = "gpualloc.jupyter.org/instance"  # and the install (service) that made the lease
 JOB_LABEL = "gpualloc.jupyter.org/job"  # on the Kubernetes Job (and its pod) running a job's attempt: the job's id
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
@@ -108,8 +112,11 @@ class KubernetesBackend(DeviceBackend):
 
     name = "kubernetes"
 
-    def __init__(self, list_nodes: Callable[[], list[dict[str, Any]]]):
+    def __init__(self, list_nodes: Callable[[], list[dict[str, Any]]], tolerations: list[dict] | None = None):
+        """`tolerations`: those every pod holding a GPU slice carries (a node with a NoSchedule or NoExecute
+        taint none of them tolerates is drained); None judges no taint. Set before the first read."""
         self._list_nodes = list_nodes
+        self.tolerations = tolerations
         self._readings: dict[str, tuple[Any, _Reading]] = {}  # node name -> (what was read, reading)
         self._profiles: dict[str, dict[int, MigProfile]] = {}
         self._unusable: list[UnusableNode] = []
@@ -151,7 +158,7 @@ class KubernetesBackend(DeviceBackend):
             name = str((raw.get("metadata") or {}).get("name") or "")
             key = reading_key(raw)
             cached = self._readings.get(name)
-            reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name)
+            reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name, self.tolerations)
             readings[name] = (key, reading)
             if reading.problem is not None:
                 unusable.append(UnusableNode(name or "(unnamed)", reading.problem))
@@ -238,11 +245,13 @@ class OwnPod:
         return f"pod:{self.namespace}/{self.name}"
 
 
-def own_pod(pod: Mapping[str, Any]) -> OwnPod | None:
-    """The lease pod a Pod object is, or None for a pod not made for a lease."""
+def own_pod(pod: Mapping[str, Any], namespace: str, instance: str) -> OwnPod | None:
+    """The lease pod a Pod object is, or None for a pod not made for a lease of the install `instance`
+    in `namespace` (whether the lease is one this install made is the caller's to check)."""
     metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    lease_id = (metadata.get("labels") or {}).get(LEASE_LABEL)
-    if not lease_id:
+    labels = metadata.get("labels") or {}
+    lease_id = labels.get(LEASE_LABEL)
+    if not lease_id or metadata.get("namespace") != namespace or labels.get(INSTANCE_LABEL) != instance:
         return None
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
     refused = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
@@ -325,10 +334,10 @@ def node_from_object(raw: Mapping[str, Any]) -> Node | None:
     return _read_node(raw).node
 
 
-def _read(raw: Mapping[str, Any], name: str) -> _Reading:
+def _read(raw: Mapping[str, Any], name: str, tolerations: list[dict] | None = None) -> _Reading:
     """Read one node; a node that cannot be read is logged and marked with its problem."""
     try:
-        return _read_node(raw)
+        return _read_node(raw, tolerations)
     except DeviceError as exc:
         log.warning("skipping Kubernetes node %s: %s", name or "(unnamed)", exc)
         return _Reading(None, problem=str(exc))
@@ -341,7 +350,8 @@ def reading_key(raw: Mapping[str, Any]) -> Any:
     return (json.dumps({k: v for k, v in labels.items() if k in _READ_LABELS or _MIG_LABEL.match(k)}, sort_keys=True),
             (metadata.get("annotations") or {}).get(HAMI_REGISTER),
             json.dumps(status.get("allocatable") or {}, sort_keys=True),
-            bool((raw.get("spec") or {}).get("unschedulable")), _ready(status))
+            bool((raw.get("spec") or {}).get("unschedulable")), _ready(status),
+            json.dumps((raw.get("spec") or {}).get("taints") or [], sort_keys=True))
 
 
 @dataclass(frozen=True)
@@ -372,7 +382,7 @@ class _Labels:
                    mig_config=config, mig=per_profile)
 
 
-def _read_node(raw: Mapping[str, Any]) -> _Reading:
+def _read_node(raw: Mapping[str, Any], tolerations: list[dict] | None = None) -> _Reading:
     metadata, status = raw.get("metadata") or {}, raw.get("status") or {}
     name = metadata.get("name")
     if not name:
@@ -391,7 +401,8 @@ def _read_node(raw: Mapping[str, Any]) -> _Reading:
         return _Reading(None)
     reading = _Reading(Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
                             memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20),
-                            unschedulable=_unschedulable(raw)), labels=labels)
+                            unschedulable=_unschedulable(raw) or _untolerated(raw, tolerations)),
+                       labels=labels)
     product = _PRODUCT.match(labels.product)
     model_name, single_profile = _VENDOR.sub("", product.group(1)), product.group(2)
     hami = _hami_gpus(metadata.get("annotations") or {}, name)
@@ -662,6 +673,27 @@ def _unschedulable(raw: Mapping[str, Any]) -> str | None:
     if not _ready(raw.get("status") or {}):
         return "not Ready"
     return None
+
+
+def _untolerated(raw: Mapping[str, Any], tolerations: list[dict] | None) -> str | None:
+    """The node's first NoSchedule or NoExecute taint that none of `tolerations` tolerates, as a reason."""
+    if tolerations is None:
+        return None
+    for taint in (raw.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(tolerates(t, taint) for t in tolerations):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"tainted {taint.get('key')}{value}:{taint['effect']}, which this install's GPU pods do not tolerate"
+    return None
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Whether a pod's toleration tolerates a node's taint, as the kube-scheduler matches them."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if toleration.get("operator") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
 
 
 def _ready(status: Mapping[str, Any]) -> bool:

@@ -104,7 +104,7 @@ def test_discover_reads_a_node_again_only_when_it_changed(monkeypatch):
     backend = KubernetesBackend(lambda: json.loads(json.dumps(nodes)))
     reads = []
     real = kubernetes._read_node
-    monkeypatch.setattr(kubernetes, "_read_node", lambda raw: reads.append(raw["metadata"]["name"]) or real(raw))
+    monkeypatch.setattr(kubernetes, "_read_node", lambda raw, *rest: reads.append(raw["metadata"]["name"]) or real(raw, *rest))
     first = backend.discover()
     assert sorted(reads) == sorted(FIXTURES)
     reads.clear()

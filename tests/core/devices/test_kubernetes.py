@@ -47,6 +47,47 @@ def test_gpu_nodes_only_with_cordoned_and_not_ready_ones_marked_unschedulable(fl
         "l4-cordoned": "cordoned", "l4-notready": "not Ready"}
 
 
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def tainted(*taints: dict) -> dict:
+    node = json.loads(json.dumps(NODES["l4-pool-1"]))
+    node["spec"] = {**node.get("spec", {}), "taints": list(taints)}
+    return node
+
+
+@pytest.mark.parametrize("taints, tolerations, reason", [
+    ([{"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}], [GPU_TOLERATION],
+     "tainted dedicated=ml-team:NoSchedule, which this install's GPU pods do not tolerate"),
+    ([{"key": "maintenance", "effect": "NoExecute"}], [GPU_TOLERATION],
+     "tainted maintenance:NoExecute, which this install's GPU pods do not tolerate"),
+    ([{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}], [GPU_TOLERATION], None),
+    ([{"key": "dedicated", "value": "ml-team", "effect": "PreferNoSchedule"}], [GPU_TOLERATION], None),
+    ([{"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}],
+     [GPU_TOLERATION, {"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}], None),
+    ([{"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}],  # another value is not tolerated
+     [{"key": "dedicated", "operator": "Equal", "value": "data-team"}],
+     "tainted dedicated=ml-team:NoSchedule, which this install's GPU pods do not tolerate"),
+    ([{"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}], [{"operator": "Exists"}], None),
+])
+def test_a_node_whose_taints_the_pods_do_not_tolerate_is_drained_saying_which(taints, tolerations, reason):
+    [node] = KubernetesBackend.from_node_objects([tainted(*taints)]).discover()  # taints judged by nobody
+    assert node.unschedulable is None
+    backend = KubernetesBackend(lambda: [tainted(*taints)], tolerations=tolerations)
+    [node] = backend.discover()
+    assert node.unschedulable == reason and len(node.gpus) == 4
+
+
+def test_a_taint_added_or_removed_is_read_again():
+    objects = [tainted()]
+    backend = KubernetesBackend(lambda: json.loads(json.dumps(objects)), tolerations=[GPU_TOLERATION])
+    assert backend.discover()[0].unschedulable is None
+    objects[0]["spec"]["taints"] = [{"key": "dedicated", "value": "ml-team", "effect": "NoSchedule"}]
+    assert backend.discover()[0].unschedulable.startswith("tainted dedicated=ml-team:NoSchedule")
+    objects[0]["spec"]["taints"] = []
+    assert backend.discover()[0].unschedulable is None
+
+
 def test_mixed_strategy_mig_devices_become_static_instances(fleet):
     node = fleet["a100-mixed"]
     assert (node.cpu_milli, node.memory_mib) == (95500, 1056375180 // 1024)
