@@ -18,7 +18,7 @@ applied by its `load_user_options()` when the server starts.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
