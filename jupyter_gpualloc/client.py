@@ -409,6 +409,10 @@ class GpuAllocClient:
         """The runner's claim on a queued job of this server (or of `runner`: 'pod') whose slice is granted."""
         return await self.call("POST", f"jobs/{quote(job_id, safe='')}/start", {"runner": runner or self.server})
 
+    async def runner_gone(self) -> list[dict]:
+        """This server's job runner stops: its jobs wait for it (no slice, no quota) until it heartbeats them again."""
+        return (await self.call("POST", "jobs/runners/gone", {"runner": self.server}))["jobs"]
+
     async def finish_job(self, job_id: str, attempt: int, outcome: str, reason: str = "") -> dict:
         """The runner's report of how an attempt ended."""
         return await self.call("POST", f"jobs/{quote(job_id, safe='')}/finish",

@@ -187,9 +187,11 @@ class Hub:
         env["PATH"] = os.pathsep.join([str(proxy.parent), str(Path(sys.executable).parent), env.get("PATH", "")])
         env.pop("JUPYTERHUB_API_TOKEN", None)
         self._log = open(self.log_path, "ab")
+        # stdin from /dev/null, as under systemd or nohup (`make demo < /dev/null`): its servers' too, in a
+        # terminal as in CI (jupyter_server handles SIGINT, JupyterHub's stop signal, by whether it is a tty)
         self.proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(config)],
-                                     cwd=self.workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

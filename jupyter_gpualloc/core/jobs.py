@@ -8,6 +8,12 @@ of the server that submitted it claims it (`start`); the runner reports the atte
 sends the job back to the queue, or fails it when it was interrupted and `requeue_interrupted`
 is off. Queued jobs without a lease get one at the next `tick`. Every change is stored before its
 event is announced, and a change the store refuses is undone (StoreFailed); time is passed in.
+
+A holder that cannot run is not granted: a job whose server has stopped (its runner said so,
+`runner_gone`, or stopped heartbeating it for the heartbeat TTL) waits for that server
+(`waiting_for_runner`, stored) without a lease, so it takes no slice and no quota slot, with a
+reason that says to start the server; once its runner heartbeats it again (`runner_seen`) it
+queues a lease. Jobs run in Kubernetes Jobs of their own (runner 'pod') never wait so.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from .model import (NAME_MAX_LENGTH, UNPRINTABLE, Event, Job, JobState, Lease, L
 from .errors import HolderBusy, NotFound, SchedulerError, StoreFailed
 from .holders import SERVER, SERVER_GRAMMAR, is_server, job_of
 from .journal import ChangeJournal, refused, unreadable
-from .scheduler import Scheduler
+from .scheduler import NO_HEARTBEAT, Scheduler
 from .store import StoreError
 
 OUTCOMES = ("succeeded", "failed", "timed_out", "interrupted")
@@ -114,6 +120,13 @@ class JobRequest:
                    float(timeout) if timeout is not None else None, retries, runner)
 
 
+def waiting_reason(runner: str) -> str:
+    """Why a job whose server has stopped waits, in the words its owner reads."""
+    name = runner.partition(":")[2]
+    server = f"your server '{name}'" if name else "your server"
+    return f"waiting for {server} to run it: start {server} again"
+
+
 def _source(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SpecError("source", "must be an object with kind 'cell' or 'notebook'")
@@ -164,6 +177,7 @@ class Jobs:
         self._jobs: dict[str, Job] = {j.id: j for j in self.store.load_jobs(active_only=True)}
         self._journal: ChangeJournal[Job] = ChangeJournal(self._write, self._put_back, listeners)
         self._new_leases: list[tuple[str, float]] = []  # leases queued for a change not yet stored, and when
+        self._waiting: set[str] = {j.id for j in self._jobs.values() if j.waiting_for_runner}  # as stored
         scheduler.subscribe(self._on_lease_event)
         self.tick(now, reason="its lease ended while the scheduler was stopped")
 
@@ -196,6 +210,10 @@ class Jobs:
         for job in changed:
             if not job.state.active:
                 self._jobs.pop(job.id, None)
+            if job.state.active and job.waiting_for_runner:
+                self._waiting.add(job.id)
+            else:
+                self._waiting.discard(job.id)
         self._new_leases.clear()
 
     def _put_back(self, restored: list[tuple[Job, Job | None, Any]]) -> None:
@@ -284,10 +302,17 @@ class Jobs:
                   rerun_of=rerun_of, runner=POD_RUNNER if pod is not None else request.runner, pod=pod)
         with self._atomic():
             self._record(job)
-            job.lease_id = self._submit_lease(job, now).id
+            if self._runner_waited_for(user, job.runner):  # e.g. a rerun of a stopped server's job
+                job.waiting_for_runner, job.reason = True, waiting_reason(job.runner)
+            else:
+                job.lease_id = self._submit_lease(job, now).id
             self._jobs[job.id] = job
-            self._emit("job.queued", now, job, position=self.scheduler.position(job.lease_id))
+            self._emit("job.queued", now, job, position=self.scheduler.position(job.lease_id) if job.lease_id else None)
         return job
+
+    def _runner_waited_for(self, user: str, runner: str) -> bool:
+        """Whether jobs of `user` wait for `runner` (a server that stopped): O(jobs waiting)."""
+        return any(j.user == user and j.runner == runner for j in map(self._jobs.get, self._waiting) if j)
 
     def _submit_lease(self, job: Job, now: float) -> Lease:
         """Queue the job's lease (or find the one it still has, when storing its id failed)."""
@@ -373,8 +398,46 @@ class Jobs:
         self._release(lease_id, now, "job cancelled", holder_gone=not started)
         return job
 
+    def runner_gone(self, user: str, runner: str, *, now: float) -> list[Job]:
+        """The runner of `user`'s server `runner` stopped: its jobs wait for it. A queued one gives its
+        lease up at once (nothing ran on it: its slice returns); a running one keeps its lease until
+        its attempt's end is reported or its heartbeats stop, and then waits. The runner's active jobs."""
+        if runner == POD_RUNNER or not is_server(runner):
+            raise SpecError("runner", f"must be {SERVER_GRAMMAR} (the server whose runner stopped)")
+        jobs = [j for j in self._jobs.values() if j.user == user and j.runner == runner]
+        with self._atomic():
+            released = [self._drop_lease(j) for j in jobs if j.state is JobState.QUEUED]
+            for job in jobs:
+                self._record(job)
+                job.waiting_for_runner = True
+        for lease_id in released:
+            self._release(lease_id, now, "its server stopped", holder_gone=True)
+        self.tick(now)
+        return jobs
+
+    def runner_seen(self, user: str, holders: Sequence[str], *, now: float) -> list[Job]:
+        """The runner of some of `user`'s jobs heartbeats their holders: those that waited for it queue
+        a lease again. O(holders) when jobs wait, O(1) when none does. The jobs that waited."""
+        if not self._waiting:
+            return []
+        back = [job for job in map(self._jobs.get, self._waiting.intersection(map(job_of, holders)))
+                if job is not None and job.user == user]
+        if not back:
+            return []
+        with self._atomic():
+            for job in back:
+                self._record(job)
+                job.waiting_for_runner = False
+                if job.state is JobState.QUEUED and job.lease_id is None:
+                    job.reason = ""
+                    self._queue_lease(job, now)
+                    if job.state is JobState.QUEUED:
+                        self._emit("job.queued", now, job, position=self.scheduler.position(job.lease_id))
+        return back
+
     def tick(self, now: float, reason: str = "its lease ended") -> None:
-        """Move on the jobs whose lease ended unnoticed (`reason`); queue a lease for every queued job without one."""
+        """Move on the jobs whose lease ended unnoticed (`reason`); queue a lease for every queued job
+        without one, unless it waits for its runner (then say so)."""
         with self._atomic():
             for job in list(self._jobs.values()):
                 if job.lease_id is not None and self._lease(job) is None:
@@ -382,14 +445,24 @@ class Jobs:
                     job.lease_id = None
                     if job.state is JobState.RUNNING:
                         self._interrupted(job, now, reason)
-                if job.state is JobState.QUEUED and job.lease_id is None:
+                if job.state is not JobState.QUEUED or job.lease_id is not None:
+                    continue
+                if not job.waiting_for_runner:
+                    self._queue_lease(job, now)
+                elif job.reason != waiting_reason(job.runner):
                     self._record(job)
-                    try:
-                        job.lease_id = self._submit_lease(job, now).id
-                    except StoreFailed:
-                        raise
-                    except (SchedulerError, SpecError) as err:
-                        self._end(job, JobState.FAILED, now, f"cannot queue again: {err}")
+                    job.reason = waiting_reason(job.runner)
+                    self._emit("job.waiting", now, job, reason=job.reason)
+
+    def _queue_lease(self, job: Job, now: float) -> None:
+        """Queue a lease for a queued job without one; fail the job if the core refuses it for good."""
+        self._record(job)
+        try:
+            job.lease_id = self._submit_lease(job, now).id
+        except StoreFailed:
+            raise
+        except (SchedulerError, SpecError) as err:
+            self._end(job, JobState.FAILED, now, f"cannot queue again: {err}")
 
     # -------------------------------------------------------------- changes
     def _drop_lease(self, job: Job) -> str | None:
@@ -427,7 +500,8 @@ class Jobs:
             self._end(job, JobState.FAILED, now, f"interrupted: {reason}")
 
     def _on_lease_event(self, event: Event) -> None:
-        """A job's lease ended under it: preempted (back to the queue) or lost (interrupted)."""
+        """A job's lease ended under it: preempted (back to the queue) or lost (interrupted); one that
+        expired for want of heartbeats leaves the job waiting for its runner (see runner_seen)."""
         job_id = job_of(event.data.get("holder", ""))
         if job_id is None:
             return
@@ -448,5 +522,8 @@ class Jobs:
                     self._emit("job.preempted", event.time, job, reason=job.reason)
                 elif job.state is JobState.RUNNING:
                     self._interrupted(job, event.time, event.data.get("reason", "its lease ended"))
+                if event.type == "lease.expired" and event.data.get("reason", "").startswith(NO_HEARTBEAT) \
+                        and job.runner != POD_RUNNER and job.state.active:
+                    job.waiting_for_runner = True  # its runner stopped heartbeating it: stopped, or cut off
         except StoreFailed:
             pass  # the job is put back as stored: the next tick finds its lease gone and moves it on

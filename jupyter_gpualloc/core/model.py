@@ -364,7 +364,8 @@ class Job:
     owner's server that submitted it and alone runs it ('server', or 'server:<name>' for a named one),
     or 'pod': each attempt is a Kubernetes Job the service makes from `pod` (the submitting server's
     pod as it was at submit, so the job runs while that server is stopped), whose runner calls with
-    the token whose SHA-256 is `token_sha256`.
+    the token whose SHA-256 is `token_sha256`. `waiting_for_runner`: its server stopped (or stopped
+    heartbeating it), so nothing could run it: it holds no lease until that server's runner is back.
     """
 
     id: str
@@ -391,6 +392,7 @@ class Job:
     runner: str = "server"
     pod: dict[str, Any] | None = None
     token_sha256: str = ""
+    waiting_for_runner: bool = False
 
     @property
     def holder(self) -> str:
@@ -405,7 +407,7 @@ class Job:
             "retries": self.retries, "attempts": self.attempts, "preemptions": self.preemptions,
             "lease_id": self.lease_id, "started_at": self.started_at, "ended_at": self.ended_at,
             "reason": self.reason, "rerun_of": self.rerun_of, "runner": self.runner, "pod": self.pod,
-            "token_sha256": self.token_sha256,
+            "token_sha256": self.token_sha256, "waiting_for_runner": self.waiting_for_runner,
         }
 
     @classmethod

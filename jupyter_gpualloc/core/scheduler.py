@@ -52,6 +52,7 @@ from .tick_faults import TickFaults
 from .usage import UsageLedger
 
 DRAINED = "drained"  # how the reason of a request refused as its GPUs are drained begins
+NO_HEARTBEAT = "no heartbeat from"  # how the reason of a lease ended as its holder stopped heartbeating begins
 # Why a holder of each kind gets no slice on a backend where a running process cannot gain a device.
 NOT_IN_A_POD = {
     KERNEL: "on Kubernetes a kernel cannot get a GPU slice: a running pod cannot gain a device, and GPU kernels "
@@ -419,10 +420,10 @@ class Scheduler:
             with self._rule("dead holders", now):
                 for lease in list(self._book.returning.values()):
                     if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
-                        self._return_slice(lease, now, f"no heartbeat from {lease.holder} for {ttl:g} s")
+                        self._return_slice(lease, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s")
                 for lease in list(self._book.by_id.values()):
                     if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
-                        self._end(lease, LeaseState.EXPIRED, now, f"no heartbeat from {lease.holder} for {ttl:g} s",
+                        self._end(lease, LeaseState.EXPIRED, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s",
                                   holder_gone=True)  # presumed dead
             with self._rule("idle release", now):
                 for lease in list(self._book.by_id.values()):

@@ -5,8 +5,9 @@ server: one user's named servers each run their own), heartbeats the leases of t
 running ones, claims (`start`) each queued job whose slice is granted, deletes the pickled inputs
 of those that ended for good, and stops the local attempts the core no longer counts as running:
 a preempted one gets SIGINT, SIGTERM after the job's preempt_grace, then SIGKILL; a cancelled one
-is stopped at once. An attempt runs in `<workdir>` under the lease's
-env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
+is stopped at once. When its server stops, it tells the service first (`runner_gone`): its jobs
+then wait for it without a slice until its heartbeats name them again. An attempt runs in
+`<workdir>` under the lease's env (CUDA_VISIBLE_DEVICES and the memory caps, as a kernel slice), streams its outputs to
 `.gpualloc/jobs/<id>/job.log`, saves `executed.ipynb` and reports how it ended (`finish`), which
 ends the lease, whatever happened to the kernel.
 
@@ -314,10 +315,17 @@ class JobRunner:
         """Server shutdown: stop every attempt at once; their jobs are requeued or failed by policy.
 
         `report(job_id, attempt, outcome, reason)` reports them where the API is no longer served
-        (embedded mode: the server stopped listening, the core is in-process), reports still owed
-        included; None: through the client.
+        (embedded mode: the server stopped listening, the core is in-process and stops with it),
+        reports still owed included; None: through the client, after telling the service that this
+        runner stops, so that its jobs, the requeued ones included, wait for it instead of taking
+        slices nothing would use.
         """
-        if report is not None:
+        if report is None:
+            try:
+                await self.client.runner_gone()
+            except GpuAllocError as err:  # they wait for it once their heartbeats stop for the TTL
+                self.log.warning("gpualloc jobs: cannot tell the allocator that this server's runner stops: %s", err)
+        else:
             for job_id, owed in list(self._unreported.items()):
                 report(job_id, *owed)
             self._unreported.clear()

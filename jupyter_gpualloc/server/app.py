@@ -15,6 +15,7 @@ import asyncio
 import getpass
 import inspect
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,6 +141,7 @@ class GpuAllocExtension(ExtensionApp):
         return not (self.service_url or os.environ.get("GPUALLOC_URL") or os.environ.get("JUPYTERHUB_API_TOKEN"))
 
     def initialize_settings(self) -> None:
+        self._sigint_handler = self._stop_on_sigint()
         self._tasks: list[asyncio.Task] = []
         self._callbacks: list[PeriodicCallback] = []
         self._in_flight: set[asyncio.Future] = set()  # periodic callbacks' runs not finished yet
@@ -189,6 +191,16 @@ class GpuAllocExtension(ExtensionApp):
         self._link_kernels()
         self.gpu_restarts = GpuKernelRestarts(km, log=self.log)
         self.log.info("gpualloc: %s mode, API at %s", "embedded" if self.embedded else "remote", self.client.url)
+
+    def _stop_on_sigint(self):
+        """Make SIGINT stop the server through its shutdown sequence, as SIGTERM does, where jupyter_server
+        left it to Python (its stdin is not a terminal: under systemd, nohup or a hub started so). There a
+        SIGINT, JupyterHub's stop signal, raised KeyboardInterrupt out of the event loop: the server exited
+        without stopping its extensions or its kernels, whose slices stayed held until the heartbeat TTL.
+        The handler it replaces, to put back at stop; None when it left SIGINT as it was."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None  # a terminal's confirmation prompt, or JupyterHub's own stop
+        return signal.signal(signal.SIGINT, self.serverapp._signal_stop)
 
     def _embedded_scheduler(self) -> EmbeddedScheduler:
         return EmbeddedScheduler.from_config(
@@ -434,7 +446,11 @@ class GpuAllocExtension(ExtensionApp):
                 self.log.warning("gpualloc: kernels %s are still shutting down", ", ".join(left))
             if self.embedded is not None:
                 self.embedded.release_holders({kernel_holder(k) for k in kernels}, "its kernel stopped with the server")
+            else:  # kernels whose end the service did not hear yet: told once more
+                await self.monitor.report_gone()
         install_link(None)
+        if self._sigint_handler is not None:
+            signal.signal(signal.SIGINT, self._sigint_handler)
         if self._default_provisioner is not None:
             KernelProvisionerFactory.instance().default_provisioner_name = self._default_provisioner
         if self.client is not None:

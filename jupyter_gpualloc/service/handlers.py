@@ -429,6 +429,11 @@ class HeartbeatHandler(ApiHandler):
             holders = [job_holder(self.identity.job)]
         leases = await self.ctx.group.change(lambda: self.scheduler.heartbeat(self.identity.user, holders, now=now),
                                              outlives_refusal=True)
+        if holders and self.ctx.jobs is not None:  # jobs that waited for their runner, heartbeated by it again
+            try:
+                self.ctx.jobs.runner_seen(self.identity.user, holders, now=now)
+            except StoreFailed:
+                pass  # they wait on; its next heartbeat tries again
         self.write_json({"leases": [self.lease_json(l) for l in leases]})
 
 

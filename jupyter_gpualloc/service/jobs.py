@@ -3,7 +3,8 @@
 A user sees and acts on their own jobs only (another user's job is answered as if it did not
 exist, 404); the admin scope sees and cancels every job. `start` and `finish` are the runner's
 calls: the runner of the job's server (`runner`) claims it once its slice is granted and reports
-how each attempt ended. With jobs in Kubernetes Jobs (service/job_pods.py) a submit copies the
+how each attempt ended, and says when it stops (`runners/gone`: its jobs then wait for it, see
+core/jobs.py). With jobs in Kubernetes Jobs (service/job_pods.py) a submit copies the
 submitting server's pod into the job, and the runner is the one in the job's pod.
 """
 
@@ -125,6 +126,14 @@ class JobFinishHandler(JobApiHandler):
         self.write_json(self.job_json(job))
 
 
+class RunnerGoneHandler(JobApiHandler):
+    def post(self) -> None:
+        """The runner of the caller's server stopped: its jobs wait for it (no slice, no quota) until it is back."""
+        runner = self.json_body().get("runner", "server")
+        jobs = self.jobs.runner_gone(self.identity.user, runner, now=self.ctx.clock())
+        self.write_json({"jobs": [self.job_json(j) for j in jobs]})
+
+
 class JobLogHandler(JobApiHandler):
     """The job's log as text, as far as it reached when the request began; with ?follow=1 what it
     gains is streamed until the job has ended.
@@ -180,6 +189,7 @@ class JobLogHandler(JobApiHandler):
 # (path template under <prefix>api/v1, handler, route name): appended to the service's ROUTES
 JOB_ROUTES: list[tuple[str, type[ApiHandler], str]] = [
     ("/jobs", JobsHandler, "jobs"),
+    ("/jobs/runners/gone", RunnerGoneHandler, "jobs_runner_gone"),
     ("/jobs/{job_id}", JobHandler, "job"),
     ("/jobs/{job_id}/log", JobLogHandler, "job_log"),
     ("/jobs/{job_id}/rerun", JobRerunHandler, "job_rerun"),

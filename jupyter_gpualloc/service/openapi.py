@@ -282,6 +282,7 @@ STORE_OPERATIONS = {
     ("/jobs", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "delete"),
     ("/jobs/{job_id}/log", "get"), ("/jobs/{job_id}/rerun", "post"), ("/jobs/{job_id}/start", "post"),
     ("/jobs/{job_id}/finish", "post"), ("/kernels/{kernel_id}/pod", "post"), ("/kernels/{kernel_id}/pod", "delete"),
+    ("/jobs/runners/gone", "post"),
 }
 
 OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -461,6 +462,8 @@ SCHEMAS.update({
             "lease": {"oneOf": [_ref("Lease"), {"type": "null"}]},
             "slice": {"oneOf": [_ref("Slice"), {"type": "null"}]},
             "runtime_s": NULLABLE_NUMBER, "preempt_grace": {"type": "number"},
+            "waiting_for_runner": {"type": "boolean", "description": "Queued without a lease (no slice, no quota) "
+                                   "until the runner of its server, which stopped, heartbeats it again."},
         },
     },
     "JobList": {"type": "object", "required": ["jobs"],
@@ -471,6 +474,8 @@ SCHEMAS.update({
                        "outcome": {"enum": ["succeeded", "failed", "timed_out", "interrupted"]},
                        "reason": {"type": "string"}},
     },
+    "RunnerGone": {"type": "object", "additionalProperties": False, "properties": {"runner": {
+        **RUNNER, "description": "The caller's server whose job runner stopped."}}},
     "JobStart": {"type": "object", "additionalProperties": False, "properties": {"runner": {
         **RUNNER, "pattern": f"^(pod|{SERVER}|{SERVER}:{_NAME_BODY})$",
         "x-rule": f"must be {SERVER_GRAMMAR} or 'pod', without control or invisible formatting characters",
@@ -491,6 +496,14 @@ OPERATIONS.update({
                  "responses": {"201": _json(_ref("Job"), "Queued (position 0: its slice is already granted)."),
                                "400": _error("Bad input; `field` names it."), "401": AUTH_ERRORS["401"],
                                "403": _error("A quota refuses this job even with nothing else held.")}},
+    },
+    "/jobs/runners/gone": {
+        "post": {"summary": "The runner of the caller's server stopped: its jobs wait for it, without a lease "
+                            "(no slice, no quota), until it heartbeats them again.",
+                 "requestBody": {"required": False, "content": {"application/json": {"schema": _ref("RunnerGone")}}},
+                 "responses": {"200": _json(_ref("JobList"), "The runner's queued and running jobs, now waiting "
+                                            "for it (a running one once its attempt's end is reported)."),
+                               "401": AUTH_ERRORS["401"]}},
     },
     "/jobs/{job_id}": {
         "parameters": [JOB_ID],

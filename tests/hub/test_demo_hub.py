@@ -184,10 +184,21 @@ def test_a_user_waits_in_the_queue_until_another_server_stops(demo_hub):
                for e in events)
     assert active_lease(demo_hub, "dave")["state"] == "queued"
     bob_lease = active_lease(demo_hub, "bob")
+    reply = requests.post(demo_hub.url + "/user/bob/api/kernels", json={"name": "python3"}, timeout=60,
+                          headers={"Authorization": f"token {demo_hub.token('bob')}"})
+    assert reply.status_code == 201, reply.text
+    kernel_holder = f"kernel:{reply.json()['id']}"
+    granted = run_cell(demo_hub, "bob", reply.json()["id"], "%gpu request --shared 4GB --model L4")
+    assert granted.startswith("gpu: granted"), granted
+    kernel_lease = next(l for l in demo_hub.leases() if l["holder"] == kernel_holder)
     with ThreadPoolExecutor(1) as pool:  # the progress page, while bob's server stops
         later = pool.submit(demo_hub.progress, "dave", f"(on your whole GPU on {H100})", 60)
         assert demo_hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
         demo_hub.wait_stopped("bob")
+        # Stop My Server sent SIGINT to a server whose stdin is not a terminal: it went through its shutdown,
+        # so its kernel's slice is back at once, not after the heartbeat TTL
+        ended = demo_hub.service("GET", f"leases/{kernel_lease['id']}").json()
+        assert (ended["state"], ended["returning"]) == ("released", False), ended
         messages = [e["message"] for e in later.result()]
     assert messages[-1] == f"Spawning server... (on your whole GPU on {H100})"
     assert any(m.startswith(f"granted a whole GPU on {H100} after") for m in messages)

@@ -180,3 +180,23 @@ def test_job_events_reach_their_owner_only(svc, tmp_path):
     finally:
         alice.close()
         bob.close()
+
+
+def test_a_stopped_runners_jobs_wait_for_it_until_its_heartbeat_names_them(svc, tmp_path):
+    job = svc.call("POST", "jobs", cell_job(tmp_path, runner="server:gone"), ALICE).json()
+    assert job["position"] == 0 and not job["waiting_for_runner"]
+    refused = svc.call("POST", "jobs/runners/gone", {"runner": "pod"}, ALICE)
+    assert refused.status == 400 and refused.json()["field"] == "runner"
+    gone = svc.call("POST", "jobs/runners/gone", {"runner": "server:gone"}, ALICE)
+    assert gone.status == 200 and [j["id"] for j in gone.json()["jobs"]] == [job["id"]]
+    waiting = svc.call("GET", f"jobs/{job['id']}", token=ALICE).json()
+    assert (waiting["lease"], waiting["position"], waiting["waiting_for_runner"]) == (None, None, True)
+    assert waiting["reason"] == "waiting for your server 'gone' to run it: start your server 'gone' again"
+    assert job["lease"]["id"] not in [l["id"] for l in svc.call("GET", "leases", token=ALICE).json()["leases"]]
+    holder = {"holders": [f"job:{job['id']}"]}
+    assert svc.call("POST", "heartbeat", holder, BOB).status == 200  # not bob's job: it waits on
+    assert svc.call("GET", f"jobs/{job['id']}", token=ALICE).json()["waiting_for_runner"]
+    assert svc.call("POST", "heartbeat", holder, ALICE).status == 200  # its runner is back
+    back = svc.call("GET", f"jobs/{job['id']}", token=ALICE).json()
+    assert not back["waiting_for_runner"] and back["position"] == 0 and back["reason"] == ""
+    svc.call("DELETE", f"jobs/{job['id']}", token=ALICE)

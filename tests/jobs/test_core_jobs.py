@@ -138,7 +138,7 @@ def test_cancel_queued_and_running(core):
     assert rerun.rerun_of == running.id and rerun.state is JobState.QUEUED
 
 
-def test_a_running_job_whose_runner_died_is_requeued_after_a_restart(tmp_path):
+def test_a_running_job_whose_runner_died_is_requeued_after_a_restart_and_waits_for_its_runner(tmp_path):
     core = Core(tmp_path, heartbeat_ttl=60.0)
     job = core.jobs.submit("alice", request(), now=1.0)
     core.jobs.start(job.id, now=2.0)
@@ -147,7 +147,81 @@ def test_a_running_job_whose_runner_died_is_requeued_after_a_restart(tmp_path):
     core.scheduler.tick(100.0)  # no heartbeat for a TTL: the runner is dead
     core.jobs.tick(100.0)
     again = core.jobs.job(job.id)
-    assert again.state is JobState.QUEUED and "interrupted" in again.reason and again.lease_id
+    assert again.state is JobState.QUEUED and "job.requeued" in core.types()
+    # nothing could run it: it takes no slice again (it did, every TTL, until its server came back)
+    assert again.lease_id is None and core.scheduler.leases() == []
+    assert again.reason == "waiting for your server to run it: start your server again" and again.waiting_for_runner
+    core.jobs.runner_seen("alice", [job.holder], now=110.0)  # its server is back and heartbeats it
+    assert not again.waiting_for_runner and core.jobs.view(again, 110.0)["position"] == 0
+    core.store.close()
+
+
+def test_a_queued_job_of_a_stopped_server_takes_no_slice_and_no_quota_until_its_runner_is_back(tmp_path):
+    share = {"kind": "shared", "memory_gib": 4, "model": "L4"}
+    core = Core(tmp_path, heartbeat_ttl=60.0, quotas={"alice": {"slices": 1}})
+    granted = core.jobs.submit("alice", request(share), now=1.0)  # its slice is ready, its runner not yet started
+    queued = core.jobs.submit("alice", request(share), now=2.0)  # waits for alice's one slot
+    other = core.jobs.submit("carol", request(share), now=3.0)  # carol's server runs hers: it goes on
+    assert core.jobs.view(granted, 3.0)["position"] == 0 and "quota" in core.jobs.view(queued, 3.0)["lease"]["reason"]
+    first_lease = granted.lease_id
+    assert {j.id for j in core.jobs.runner_gone("alice", "server", now=4.0)} == {granted.id, queued.id}
+    for job in (granted, queued):
+        view = core.jobs.view(core.jobs.job(job.id), 4.0)
+        assert (view["state"], view["lease"], view["position"]) == ("queued", None, None) and view["waiting_for_runner"]
+        assert view["reason"] == "waiting for your server to run it: start your server again"
+    ended = core.scheduler.lease(first_lease)
+    assert ended.state is LeaseState.RELEASED and not ended.returning  # nothing ran on it: its slice is free
+    assert core.types()[-2:] == ["job.waiting", "job.waiting"]
+    kernel = core.scheduler.submit("alice", "kernel:k", SliceSpec.from_json(share), now=5.0)
+    assert kernel.state is LeaseState.GRANTED  # alice's one quota slot is free
+    core.scheduler.release(kernel.id, now=6.0, holder_gone=True)
+    for now in (200.0, 400.0):  # TTLs pass: nothing is granted to alice's jobs, nothing of theirs expires
+        core.scheduler.heartbeat("carol", [other.holder], now=now)
+        core.scheduler.tick(now)
+        core.jobs.tick(now)
+    assert [l.holder for l in core.scheduler.leases()] == [other.holder]
+    assert not [e for e in core.events if e.type in ("lease.granted", "lease.queued") and e.time > 6.0]
+    core.restart(500.0)  # stored: a restart does not queue them again
+    core.jobs.tick(500.0)
+    assert core.jobs.job(granted.id).waiting_for_runner and core.jobs.job(granted.id).lease_id is None
+    core.jobs.runner_seen("bob", [granted.holder], now=501.0)  # not bob's job
+    core.jobs.runner_seen("alice", [other.holder, "kernel:k"], now=501.0)  # not one that waits
+    assert core.jobs.job(granted.id).waiting_for_runner and core.jobs.job(queued.id).waiting_for_runner
+    core.jobs.runner_seen("alice", [granted.holder, queued.holder], now=502.0)  # the server's runner is back
+    back = [core.jobs.job(j.id) for j in (granted, queued)]
+    assert [j.waiting_for_runner for j in back] == [False, False] and all(j.lease_id for j in back)
+    assert [j.reason for j in back] == ["", ""] and core.types()[-2:] == ["job.queued", "job.queued"]
+    assert sorted(core.jobs.view(j, 502.0)["position"] for j in back) == [0, 1]  # one granted, one within quota
+    core.store.close()
+
+
+def test_a_running_job_of_a_stopped_server_waits_once_its_attempt_is_reported(core):
+    job = core.jobs.submit("alice", request(retries=1), now=1.0)
+    core.jobs.start(job.id, now=2.0)
+    lease_id = job.lease_id
+    core.jobs.runner_gone("alice", "server", now=3.0)
+    assert job.state is JobState.RUNNING and core.scheduler.lease(lease_id).state is LeaseState.GRANTED
+    core.jobs.finish(job.id, 1, "interrupted", "the server running it stopped", now=4.0)
+    again = core.jobs.job(job.id)
+    assert (again.state, again.lease_id, again.waiting_for_runner) == (JobState.QUEUED, None, True)
+    assert again.reason == "waiting for your server to run it: start your server again"
+    assert core.scheduler.leases() == []
+    rerun = core.jobs.submit("alice", request(), now=5.0)  # e.g. rerun from another server: waits for it too
+    assert rerun.waiting_for_runner and rerun.lease_id is None
+    with pytest.raises(SpecError) as err:
+        core.jobs.runner_gone("alice", "pod", now=6.0)
+    assert err.value.field == "runner"
+
+
+def test_a_job_in_a_pod_of_its_own_never_waits_for_a_server(tmp_path):
+    core = Core(tmp_path, heartbeat_ttl=60.0)
+    job = core.jobs.submit("alice", request(), now=1.0, pod={"spec": {}})
+    assert job.runner == "pod"
+    core.jobs.runner_gone("alice", "server", now=2.0)
+    core.scheduler.tick(100.0)  # its pod's runner stopped heartbeating: it is queued again, as before
+    core.jobs.tick(100.0)
+    again = core.jobs.job(job.id)
+    assert not again.waiting_for_runner and again.lease_id is not None
     core.store.close()
 
 

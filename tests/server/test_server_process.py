@@ -75,11 +75,12 @@ class JupyterServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> "JupyterServerProcess":
+        # stdin from /dev/null, as under systemd, nohup or a hub started so: the same in a terminal and in CI
         self.proc = start_logged(
             [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser", f"--port={self.port}",
              "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={SERVER_TOKEN}",
              f"--ServerApp.root_dir={self.workdir}"],
-            self.workdir / "server.log", env=self.env, cwd=self.workdir)
+            self.workdir / "server.log", env=self.env, cwd=self.workdir, stdin=subprocess.DEVNULL)
         wait_until_ready(self.proc, lambda: self.call("GET", "api/status")[0] == 200, "jupyter server",
                          self.log_tail, timeout)
         return self
@@ -351,7 +352,38 @@ def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_sl
     assert "Traceback" not in log.split("received signal 15")[-1], log[-4000:]
 
 
-def test_embedded_server_stop_releases_its_kernels_leases(tmp_path, servers):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_remote_server_stop_reports_its_kernels_gone_at_once(tmp_path, servers, sig):
+    """JupyterHub stops a server with SIGINT (then SIGTERM): each stops it through its shutdown sequence,
+    its stdin a terminal or not (under systemd or nohup it is not, and jupyter_server then leaves SIGINT
+    to Python's KeyboardInterrupt, which skipped it). Its kernels' leases end and their slices return
+    at once, not after the heartbeat TTL."""
+    service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config=(
+        "c.SchedulerPolicy.heartbeat_ttl = 600.0\nc.GpuAllocService.tick_interval = 0.5\n"
+        f"c.SchedulerPolicy.offers = {OFFERS!r}\n")).start()
+    try:
+        server = JupyterServerProcess(tmp_path / "server", {},
+                                      env={"GPUALLOC_URL": service.url[:-len("api/v1/")], "GPUALLOC_TOKEN": ALICE})
+        servers.append(server.start())
+        status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
+        assert status == 201, kernel
+        ready_kernel_client(server.workdir / "runtime" / f"kernel-{kernel['id']}.json", server, 60).stop_channels()
+        leases = service.call("GET", "leases", token=ALICE).json()["leases"]
+        assert [(l["holder"], l["state"]) for l in leases] == [(f"kernel:{kernel['id']}", "granted")]
+        os.kill(server.proc.pid, sig)  # the server's process alone, as a spawner signals it
+        stopped_at = time.monotonic()
+        while (lease := service.call("GET", f"leases/{leases[0]['id']}", token=ALICE).json())["state"] == "granted" \
+                or lease["returning"]:
+            assert time.monotonic() - stopped_at < 20, f"the kernel's slice is still held:\n{server.log_tail()}"
+            time.sleep(0.2)
+        assert lease["state"] == "released", lease
+        server.proc.wait(20)
+    finally:
+        service.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_embedded_server_stop_releases_its_kernels_leases(tmp_path, servers, sig):
     """The provisioners cannot call the API of a server that stopped listening: the extension releases in-process."""
     config = {"GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
               "SchedulerPolicy": {"offers": OFFERS}}
@@ -360,7 +392,7 @@ def test_embedded_server_stop_releases_its_kernels_leases(tmp_path, servers):
     status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
     assert status == 201, kernel
     assert [l["holder"] for l in server.call("GET", "gpualloc/api/v1/leases")[1]["leases"]] == [f"kernel:{kernel['id']}"]
-    os.kill(server.proc.pid, signal.SIGTERM)
+    os.kill(server.proc.pid, sig)
     server.proc.wait(30)
     assert "cannot release its GPU lease" not in server.log_tail(), server.log_tail()
     again = JupyterServerProcess(tmp_path / "second", config)  # the same state database
