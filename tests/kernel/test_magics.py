@@ -206,7 +206,7 @@ def test_cuda_already_initialised_means_restart(service, kernel):
     ("%gpu request 4GB --mig 1g.5gb", "gpu: give one of a size, --mig, --shared or --whole"),
     ("%gpu request 4GB --wait 10x", "gpu: duration '10x' not understood"),
     ("%gpu request 4GB --wait 1m --no-wait", "gpu: give --wait or --no-wait, not both"),
-    ("%gpu request --mig 3g.40gb", "gpu: no MIG profile '3g.40gb' in this fleet: valid profiles are 1g.5gb, "),
+    ("%gpu request --mig 3g.40gb", "gpu: no MIG profile '3g.40gb' in this fleet: valid profiles are 1g.5gb"),
     ("%gpu request --mig 1g.5gb --model L4", "gpu: no MIG GPU on L4 in this fleet offers profile '1g.5gb'"),
     ("%gpu request --whole --model H100", "gpu: no GPU model 'H100' in this fleet: valid models are A100-SXM4-40GB, L4"),
     ("%gpu request --whole --model 'L4", "gpu: No closing quotation (%gpu? shows the usage)"),

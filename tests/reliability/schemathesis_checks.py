@@ -38,6 +38,9 @@ STATE_DEPENDENT = {
     "spec.": "this fleet has no GPU (model, node, profile, size) for it",
     "until": "a usage report's until must be later than its since (a rule across two query parameters)",
     "priority": "the admin's policy decides whether jobs may run in the interactive class",
+    "offer": "the offers are the admin's (or the fleet's), and some only for some groups",
+    "retries": "the admin's policy decides how many retries a job may ask for (max_job_retries)",
+    "preemptible": "the admin's policy decides whether batch work may ask not to be preempted",
     "end": "a reservation's end must be later than its start (a rule across two fields)",
     "start": "a date the document's pattern allows may not exist (February 30)",
 }
