@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..core.model import SliceSpec, SpecError
 from .extend import deadline_text
-from .sizes import InputError, format_duration, format_mib
+from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib
 
 
 # The MIME types under which a lease's and a job's outputs carry their ids, beside the ipywidget:
@@ -43,6 +43,18 @@ def describe_request(lease: Mapping[str, Any], article: bool = False) -> str:
 def describe_lease(lease: Mapping[str, Any]) -> str:
     """The slice of a granted lease, else what it waits for."""
     return describe_slice(lease["slice"]) if lease.get("slice") else describe_request(lease)
+
+
+def mig_memory(lease: Mapping[str, Any]) -> str:
+    """A granted MIG slice's memory, and, where it is less than the size asked, why: '4.75 GiB of GPU
+    memory (a 1g.5gb answers a 5 GiB request: NVIDIA's profile names round up)'."""
+    has = lease["slice"]["memory_mib"]
+    words = f"{format_mib(has)} of GPU memory"
+    asked = (lease.get("spec") or {}).get("memory_gib")
+    if asked and asked * MIB_PER_GIB > has:
+        words += (f" (a {lease['slice'].get('profile')} answers a {asked:g} GiB request: NVIDIA's profile "
+                  f"names round up)")
+    return words
 
 
 def cap_mechanism(slice_: Mapping[str, Any], environ: Mapping[str, str], frameworks: str = "") -> str:

@@ -66,6 +66,10 @@ def test_usage_is_the_magics_help():
     flat = " ".join(doc.split())
     for words in ("--whole [N] N whole GPUs", "--no-wait", "10GB, 10G, 10GiB or 10240MB", "%gpu job logs"):
         assert words in flat
+    # the size rule as the core applies it (core/plans.py pick_profile): NVIDIA's profile names are not GiB
+    assert ("You get the smallest MIG profile whose name says that much where one fits, else a shared slice "
+            "capped at exactly that much. NVIDIA's profile names round up: 10GB gets a 1g.10gb, which has "
+            "9.5 GiB on an A100 80GB") in flat
     cell_doc = shell.find_cell_magic("gpu").__doc__
     assert cell_doc.startswith("usage: %%gpu job [--mem SIZE | --mig PROFILE") and "::" not in cell_doc
     shell.run_line_magic("unload_ext", "jupyter_gpualloc")
