@@ -1,4 +1,4 @@
-"""`jupyter gpualloc serve|demo|simulate|inventory`: the command line.
+"""jupyter-gpualloc: the allocator's service, the JupyterHub demo, the simulators, and the fleet, usage, job and reservation commands.
 
 `serve` is a traitlets application (`--help-all` lists every option); `demo` starts the local
 JupyterHub demo; the simulators and the inventory view are plain argparse commands that drive
@@ -407,6 +407,11 @@ def add_reservation_parser(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jupyter-gpualloc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    # main() hands these two their arguments before this parser reads any: they are here for --help
+    sub.add_parser("serve", add_help=False,
+                   help="run the allocator's REST service (`serve --help-all` lists every option)")
+    sub.add_parser("demo", add_help=False,
+                   help="start the local JupyterHub demo on http://127.0.0.1:8000 (`demo --help`)")
 
     sim = sub.add_parser("simulate", help="replay a trace through the scheduler core")
     sim_sub = sim.add_subparsers(dest="trace", required=True)
