@@ -235,6 +235,7 @@ def job_submit(args: argparse.Namespace, out: TextIO) -> int:
     from .job_folder import JobFolder
     from .kernel.arguments import spec_from_args
     from .kernel.sizes import InputError, parse_duration
+    from .kernel.status import job_submitted_text
 
     notebook = Path(args.notebook).resolve()
     try:
@@ -261,7 +262,7 @@ def job_submit(args: argparse.Namespace, out: TextIO) -> int:
         print(json.dumps(job), file=out)
         return 0
     folder = JobFolder(notebook.parent, job["id"])
-    print(f"job {job['id']} queued (position {job['position']}): {folder.log}, then {folder.executed.name}", file=out)
+    print(f"job {job['id']} {job_submitted_text(job)}: {folder.log}, then {folder.executed.name}", file=out)
     return 0
 
 

@@ -215,14 +215,24 @@ def is_reported(err: Exception) -> bool:
     return isinstance(err, GpuAllocError)
 
 
+def job_submitted_text(job: Mapping[str, Any]) -> str:
+    """Where a job just submitted stands: 'has its slice and is starting' (position 0: its slice is
+    granted), 'queued at position 2', or 'queued'."""
+    position = job.get("position")
+    if position == 0:
+        return "has its slice and is starting"
+    return f"queued at position {position}" if position else "queued"
+
+
 def job_state_text(job: Mapping[str, Any], now: float) -> str:
-    """'queued (position 2)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
+    """'queued (position 2)', 'starting (it has its slice)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
     state = job["state"]
     if state == "queued":
         position = job.get("position")
-        where = "its slice is ready, starting" if position == 0 else (
-            f"position {position}" if position else "waiting for a slice")
         again = f", attempt {job['attempts'] + 1}" if job.get("attempts") else ""
+        if position == 0:  # its slice is granted: the job is being started
+            return f"starting (it has its slice{again})"
+        where = f"position {position}" if position else "waiting for a slice"
         return f"queued ({where}{again})"
     if state == "running":
         return f"running for {format_duration(now - job['started_at'])}"
