@@ -31,6 +31,14 @@ def describe_slice(slice_: Mapping[str, Any]) -> str:
     return f"{count} whole GPUs{where}{node}" if count > 1 else f"whole GPU{where}{node}"
 
 
+def end_text(state: str, reason: str | None) -> str:
+    """How a lease ended, without saying it twice: 'released by alice' (not 'released: released by
+    alice'), 'expired: idle for 30m', 'preempted'."""
+    if not reason:
+        return state
+    return reason if reason.startswith(f"{state} ") else f"{state}: {reason}"
+
+
 def describe_request(lease: Mapping[str, Any], article: bool = False) -> str:
     """What a lease asked for, e.g. '3g.40gb slice' or 'whole GPU on L4' ('a 3g.40gb slice', but
     '2 whole GPUs', with `article`)."""
@@ -128,9 +136,9 @@ def _lease_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     if lease is None:
         lines = []
         if ended is not None:
-            reason = f": {ended['reason']}" if ended.get("reason") else ""
-            lines.append(f"gpu: no GPU slice of this kernel's own; lease {ended['id']} {ended['state']}{reason}"
-                         if server else f"gpu: no GPU slice; lease {ended['id']} {ended['state']}{reason}")
+            how = end_text(ended["state"], ended.get("reason"))
+            lines.append(f"gpu: no GPU slice of this kernel's own; lease {ended['id']} {how}"
+                         if server else f"gpu: no GPU slice; lease {ended['id']} {how}")
         if server is not None:
             lines.append(f"gpu: this kernel uses its server's {describe_slice(server['slice'])} (lease {server['id']}); "
                          f"%gpu request 10GB asks for a slice of its own")

@@ -360,7 +360,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     panel.get_by_role("button", name="Release the slice of train.ipynb").focus()
     page.keyboard.press("Enter")
     mine.filter(has_text="train.ipynb").wait_for(state="detached", timeout=30_000)
-    page.locator(".Toastify__toast", has_text="The GPU lease of train.ipynb was released").wait_for(timeout=30_000)
+    page.locator(".Toastify__toast", has_text="The GPU slice of train.ipynb was released").wait_for(timeout=30_000)
     page.locator(".Toastify__toast", has_text="slow.ipynb got its GPU slice").wait_for(timeout=30_000)
     mine.filter(has_text="slow.ipynb").wait_for(timeout=30_000)
     page.wait_for_function(
@@ -372,7 +372,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert held["deadline"]["at"] == pytest.approx(held["granted_at"] + 20)  # the offer's own max_duration
 
     # the whole A100 is time-boxed to 20 s by its offer: released at its limit, told and listed
-    page.locator(".Toastify__toast", has_text="slow.ipynb was expired: reached its maximum duration of 20s")\
+    page.locator(".Toastify__toast", has_text="slow.ipynb expired: reached its maximum duration of 20s")\
         .wait_for(timeout=60_000)
     mine.wait_for(state="detached", timeout=30_000)
     ended = panel.locator(".jp-gpualloc-ended li", has_text="slow.ipynb")

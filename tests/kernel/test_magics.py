@@ -72,7 +72,7 @@ def test_request_status_and_release(service, kernel):
     assert env_of(kernel, "CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID") == {
         "CUDA_VISIBLE_DEVICES": "", "GPUALLOC_LEASE_ID": None}
     after = kernel.run("%gpu status").stdout.strip()
-    assert after == f"gpu: no GPU slice; lease {lease['id']} released: released by alice"
+    assert after == f"gpu: no GPU slice; lease {lease['id']} released by alice"
     assert kernel.run("%gpu release").stdout.strip() == "gpu: this kernel holds no GPU slice"
 
 
