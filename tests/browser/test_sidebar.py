@@ -247,9 +247,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     report_process_memory(lab.workdir / "gpu-processes", kernel["pid"], slices[0]["slice"]["gpu_uuids"][0], 3072,
                           mig_uuid=slices[0]["slice"]["mig_uuid"])
     page.wait_for_function(
-        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3.0/4.8 GiB'",
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3/4.75 GiB'",
         timeout=30_000)
-    assert "3.0 / 4.8 GiB used" in mine.inner_text()
+    assert "3 / 4.75 GiB used" in mine.inner_text()
 
     # a time-boxed slice: its time limit in its row; the deadline warning is a notification with Extend
     limit = mine.locator(".jp-gpualloc-deadline")
