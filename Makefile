@@ -21,8 +21,8 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" jlpm
 
 .PHONY: demo test bench venv labextension clean
 
-# The demo's environment, in steps that say what they do (the times are a first run's on a
-# two-core machine with an empty pip cache; see README.md). pip installs the Python packages
+# The demo's environment, in steps that say what they do (the times are a fresh clone's first run
+# on a two-core machine with a fast connection; see README.md). pip installs the Python packages
 # with SKIP_JUPYTER_BUILDER=1: an editable install would otherwise rebuild the JupyterLab
 # extension inside pip's build backend, silently and on every `pip install -e` (hatch-jupyter-
 # builder's skip-if-exists only applies to non-editable builds); the extension is built by the
@@ -32,9 +32,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@echo "==> [2/4] Installing jupyter-gpualloc and its Python dependencies: JupyterLab, JupyterHub,"
-	@echo "    NumPy, ... (about 250 MB; 2 to 5 minutes on a first run, seconds from pip's cache)"
+	@echo "    NumPy, ... (about 100 MB of downloads: a minute or two on a fast connection)"
 	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -e . 'jupyter_builder>=1.3'
-	@echo "==> [3/4] Installing JupyterHub's proxy, configurable-http-proxy, from npm (under a minute)"
+	@echo "==> [3/4] Installing JupyterHub's proxy, configurable-http-proxy, from npm (seconds)"
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error configurable-http-proxy@4
 	touch $(STAMP)
 
@@ -48,9 +48,9 @@ venv: $(TEST_STAMP)
 # The JupyterLab extension, built from labextension/ into jupyter_gpualloc/labextension/ when
 # its sources change. The first build fetches its tools into labextension/node_modules.
 $(LABEXT_BUILT): $(LABEXT_SOURCES) | $(STAMP)
-	@echo "==> [4/4] Building the JupyterLab extension (GPUs panel, status bar): jlpm installs its build"
-	@echo "    tools (about 450 MB in labextension/node_modules; 3 to 6 minutes the first time, under"
-	@echo "    a minute once yarn's cache in ~/.yarn/berry has them), then compiles it (1 to 2 minutes)"
+	@echo "==> [4/4] Building the JupyterLab extension (GPUs panel, status bar): jlpm fetches its build"
+	@echo "    tools (about 115 MB of downloads, 450 MB in labextension/node_modules: under a minute on"
+	@echo "    a fast connection, the first time only), then compiles it (about 30 s)"
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 
 # JupyterLab finds the extension through a link in the environment, so a rebuild is what it serves
