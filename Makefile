@@ -43,7 +43,7 @@ $(TEST_STAMP): $(STAMP)
 	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
 	touch $(TEST_STAMP)
 
-venv: $(TEST_STAMP)
+venv: $(TEST_STAMP) labextension
 
 # The JupyterLab extension, built from labextension/ into jupyter_gpualloc/labextension/ when
 # its sources change. The first build fetches its tools into labextension/node_modules.
@@ -68,7 +68,7 @@ test: $(TEST_STAMP) labextension
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(TEST_STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
+	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:
