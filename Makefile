@@ -15,43 +15,60 @@ PYTEST_WORKERS ?= 3
 LABEXT_SOURCES := $(shell find labextension/src labextension/style -type f) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
 LABEXT_BUILT := jupyter_gpualloc/labextension/static/style.js
+LABEXT_LINK := $(VENV)/share/jupyter/labextensions/jupyter-gpualloc
 # jlpm and jupyter-builder come with the virtual environment (jupyter_builder)
 JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" jlpm
 
 .PHONY: demo test bench venv labextension clean
 
-# The demo's environment: the package itself (its editable install builds labextension/ with
-# hatch-jupyter-builder when it is not built yet) and JupyterHub's proxy. No test tools.
+# The demo's environment, in steps that say what they do (the times are a fresh clone's first run
+# on a two-core machine with a fast connection; see README.md). pip installs the Python packages
+# with SKIP_JUPYTER_BUILDER=1: an editable install would otherwise rebuild the JupyterLab
+# extension inside pip's build backend, silently and on every `pip install -e` (hatch-jupyter-
+# builder's skip-if-exists only applies to non-editable builds); the extension is built by the
+# rule below instead, with its output shown. jupyter_builder brings jlpm and jupyter-builder.
 $(STAMP): pyproject.toml
+	@echo "==> [1/4] Creating the virtual environment $(VENV) (seconds)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	@echo "==> [2/4] Installing jupyter-gpualloc and its Python dependencies: JupyterLab, JupyterHub,"
+	@echo "    NumPy, ... (about 100 MB of downloads: a minute or two on a fast connection)"
+	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -e . 'jupyter_builder>=1.3'
+	@echo "==> [3/4] Installing JupyterHub's proxy, configurable-http-proxy, from npm (seconds)"
 	npm install --prefix $(VENV)/node --no-audit --no-fund --loglevel=error configurable-http-proxy@4
 	touch $(STAMP)
 
-# The test tools on top, and the built extension linked into the environment, so a rebuild is
-# what JupyterLab serves (jupyter-builder comes with the test extras)
+# The test tools on top (the extension is built once, by the rule below, not by pip again)
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
-	$(VENV)/bin/jupyter-builder develop --overwrite .
+	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]'
 	touch $(TEST_STAMP)
 
-venv: $(TEST_STAMP)
+venv: $(TEST_STAMP) labextension
 
-$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(TEST_STAMP)
+# The JupyterLab extension, built from labextension/ into jupyter_gpualloc/labextension/ when
+# its sources change. The first build fetches its tools into labextension/node_modules.
+$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(STAMP)
+	@echo "==> [4/4] Building the JupyterLab extension (GPUs panel, status bar): jlpm fetches its build"
+	@echo "    tools (about 115 MB of downloads, 450 MB in labextension/node_modules: under a minute on"
+	@echo "    a fast connection, the first time only), then compiles it (about 30 s)"
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 
-labextension: $(LABEXT_BUILT)
+# JupyterLab finds the extension through a link in the environment, so a rebuild is what it serves
+$(LABEXT_LINK): | $(LABEXT_BUILT)
+	$(VENV)/bin/jupyter-builder develop --overwrite .
 
-demo: $(STAMP)
+labextension: $(LABEXT_BUILT) $(LABEXT_LINK)
+
+demo: $(STAMP) labextension
+	@echo "==> Starting the demo"
 	$(VENV)/bin/jupyter-gpualloc demo
 
-test: $(TEST_STAMP) $(LABEXT_BUILT)
+test: $(TEST_STAMP) labextension
 	cd labextension && $(JLPM) install --immutable && $(JLPM) test
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 bench: $(TEST_STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
+	SKIP_JUPYTER_BUILDER=1 $(PY) -m pip install -q -e '.[test,bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:

@@ -1,4 +1,4 @@
-"""`jupyter gpualloc serve|demo|simulate|inventory`: the command line.
+"""jupyter-gpualloc: the allocator's service, the JupyterHub demo, the simulators, and the fleet, usage, job and reservation commands.
 
 `serve` is a traitlets application (`--help-all` lists every option); `demo` starts the local
 JupyterHub demo; the simulators and the inventory view are plain argparse commands that drive
@@ -235,6 +235,7 @@ def job_submit(args: argparse.Namespace, out: TextIO) -> int:
     from .job_folder import JobFolder
     from .kernel.arguments import spec_from_args
     from .kernel.sizes import InputError, parse_duration
+    from .kernel.status import job_submitted_text
 
     notebook = Path(args.notebook).resolve()
     try:
@@ -261,7 +262,7 @@ def job_submit(args: argparse.Namespace, out: TextIO) -> int:
         print(json.dumps(job), file=out)
         return 0
     folder = JobFolder(notebook.parent, job["id"])
-    print(f"job {job['id']} queued (position {job['position']}): {folder.log}, then {folder.executed.name}", file=out)
+    print(f"job {job['id']} {job_submitted_text(job)}: {folder.log}, then {folder.executed.name}", file=out)
     return 0
 
 
@@ -407,6 +408,11 @@ def add_reservation_parser(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jupyter-gpualloc", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    # main() hands these two their arguments before this parser reads any: they are here for --help
+    sub.add_parser("serve", add_help=False,
+                   help="run the allocator's REST service (`serve --help-all` lists every option)")
+    sub.add_parser("demo", add_help=False,
+                   help="start the local JupyterHub demo on http://127.0.0.1:8000 (`demo --help`)")
 
     sim = sub.add_parser("simulate", help="replay a trace through the scheduler core")
     sim_sub = sim.add_subparsers(dest="trace", required=True)

@@ -21,6 +21,17 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         assert proc.returncode == 0, proc.stderr
     return proc
 
+def test_help_lists_every_command_and_serve_and_demo_keep_their_own_help():
+    out = run_cli("--help").stdout
+    flat = " ".join(out.split())
+    for command in ("serve", "demo", "simulate", "inventory", "usage", "job", "reservation"):
+        assert f" {command} " in flat, out
+    assert "serve run the allocator's REST service (`serve --help-all` lists every option)" in flat
+    assert "demo start the local JupyterHub demo on http://127.0.0.1:8000 (`demo --help`)" in flat
+    demo = " ".join(run_cli("demo", "--help").stdout.split())
+    assert demo.startswith("usage: jupyter-gpualloc demo [-h] [--ip IP] [--port PORT]"), demo
+
+
 def test_seed_ranges():
     assert parse_seeds("42-51") == list(range(42, 52))
     assert parse_seeds("42,44-45") == [42, 44, 45]

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
@@ -170,10 +171,11 @@ def stop_leftover_proxy(runtime: Path) -> None:
         pass
 
 
-def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout: float = 30) -> None:
-    """Stop every user's servers through the hub's API and wait (at most `timeout` s) until they
-    have, so that each releases its GPU lease while the allocator still runs: JupyterHub's own
-    shutdown stops its services before the servers."""
+def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout: float = 30,
+                 say: Callable[[str], None] = lambda line: print(f"demo: {line}", flush=True)) -> None:
+    """Stop every user's servers through the hub's API, all at once, and wait (at most `timeout` s)
+    until they have, so that each releases its GPU lease while the allocator still runs: JupyterHub's
+    own shutdown stops its services before the servers. Says what it stops and how it went."""
     def call(method: str, path: str) -> Any:
         request = urllib.request.Request(hub_api + path, method=method, headers={"Authorization": f"token {token}"})
         with urllib.request.urlopen(request, timeout=10) as reply:
@@ -183,16 +185,30 @@ def stop_servers(hub_api: str, token: str, give_up: Callable[[], bool], timeout:
     def running() -> list[tuple[str, str]]:
         return [(user["name"], name) for user in call("GET", "/users?state=active") for name in user["servers"]]
 
+    def stop(user: str, name: str) -> None:
+        try:  # the hub answers once the server has stopped, or after 10 s (its slow_stop_timeout)
+            call("DELETE", f"/users/{quote(user)}" + (f"/servers/{quote(name)}" if name else "/server"))
+        except OSError:  # e.g. still starting: the hub's own shutdown stops it
+            pass
+
     try:
-        for user, name in running():
-            try:
-                server = f"/servers/{quote(name)}" if name else "/server"
-                call("DELETE", f"/users/{quote(user)}{server}")
-            except OSError:  # e.g. still starting: the hub's own shutdown stops it
-                pass
-        deadline = time.monotonic() + timeout
-        while running() and time.monotonic() < deadline and not give_up():
-            time.sleep(0.5)
+        servers = running()
+        if servers:
+            started = time.monotonic()
+            names = ", ".join(f"{user}/{name}" if name else user for user, name in servers)
+            say(f"stopping {len(servers)} server{'s' if len(servers) > 1 else ''} ({names}) so that each gives "
+                "its GPU slice back (Ctrl-C again to skip)")
+            pool = ThreadPoolExecutor(max_workers=min(len(servers), 16))
+            for user, name in servers:
+                pool.submit(stop, user, name)
+            pool.shutdown(wait=False)  # the loop below waits, and a second Ctrl-C cuts it short
+            deadline = started + timeout
+            while (left := running()) and time.monotonic() < deadline and not give_up():
+                time.sleep(0.5)
+            took = f"{time.monotonic() - started:.0f} s"
+            say(f"{len(left)} still running after {took}: JupyterHub's shutdown stops them" if left
+                else f"servers stopped in {took}")
+        say("stopping JupyterHub, its proxy and the allocator service")
     except (OSError, ValueError, KeyError):
         pass
 

@@ -44,9 +44,11 @@ def gpu_parser() -> MagicParser:
                              "(offers) or all your leases (list), show your GPU-hours this month and your usage "
                              "quotas (usage), or extend a time-boxed slice (extend)")
     parser.add_argument("size", nargs="*", metavar="SIZE",
-                        help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB (GB means "
-                             "GiB, as in MIG profile names); the smallest offer with that much (a MIG profile "
-                             "where one fits, else a shared slice)")
+                        help="for request: the GPU memory needed, e.g. 10GB, 10G, 10GiB or 10240MB (GB, G and "
+                             "GiB all mean 1024 MiB). You get the smallest MIG profile whose name says that much "
+                             "where one fits, else a shared slice capped at exactly that much. NVIDIA's profile "
+                             "names round up: 10GB gets a 1g.10gb, which has 9.5 GiB on an A100 80GB (the grant "
+                             "says how much)")
     _slice_options(parser, size_option=None)
     parser.add_argument("--wait", nargs="?", const="", metavar="DURATION",
                         help="queue if nothing fits now, and wait up to DURATION (e.g. 10m; no value: until "
@@ -98,7 +100,8 @@ def job_action_parser() -> MagicParser:
 def _slice_options(parser: MagicParser, size_option: str | None) -> None:
     if size_option:
         parser.add_argument(size_option, metavar="SIZE",
-                            help="GPU memory needed, e.g. 40GB (the smallest slice with it)")
+                            help="GPU memory needed, e.g. 40GB: the smallest MIG profile whose name says that much "
+                                 "(3g.40gb, 39.25 GiB on an A100 80GB), else a shared slice of exactly that much")
     parser.add_argument("--mig", metavar="PROFILE", help="a MIG slice of this profile, e.g. 3g.40gb")
     parser.add_argument("--shared", metavar="SIZE", help="a memory-capped share of a GPU, e.g. 8GB")
     parser.add_argument("--whole", nargs="?", const=1, type=int, metavar="N", help="N whole GPUs (default 1)")

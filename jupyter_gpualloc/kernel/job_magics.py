@@ -24,7 +24,7 @@ from ..job_folder import INPUTS_DIR, JobFolder
 from ..user_files import Refused, read_regular
 from .arguments import job_action_parser, job_submit_parser, spec_from_args
 from .sizes import InputError, format_duration, parse_duration
-from .status import describe_lease, error_line, is_reported, job_state_text
+from .status import describe_lease, error_line, is_reported, job_state_text, job_submitted_text
 
 ACTIVE = ("queued", "running")
 SERVER_NOTE = "jobs run inside your Jupyter server: stopping the server stops them"
@@ -116,9 +116,7 @@ class KernelJobs:
         args = job_submit_parser().parse_args(shlex.split(line))
         request = job_request(args, cell, self.shell.user_ns, Path.cwd())
         job = self.client.submit_job(request)
-        position = job.get("position")
-        print(f"gpu: job {job['id']} queued (position {position if position is not None else '-'})"
-              f"{' and its slice is ready' if position == 0 else ''}: %gpu job logs {job['id']} --follow")
+        print(f"gpu: job {job['id']} {job_submitted_text(job)}: %gpu job logs {job['id']} --follow")
         if self.kernel_gpu.in_kernel:
             from .job_widget import JobView
             from IPython.display import display
@@ -150,7 +148,7 @@ class KernelJobs:
 
     def rerun(self, job_id: str) -> list[str]:
         job = self.client.rerun_job(job_id)
-        return [f"gpu: job {job['id']} queued (position {job.get('position')}), a rerun of {job_id}"]
+        return [f"gpu: job {job['id']}, a rerun of {job_id}, {job_submitted_text(job)}"]
 
     def result(self, job_id: str) -> list[str]:
         """Load the declared outputs of a succeeded job into this kernel."""

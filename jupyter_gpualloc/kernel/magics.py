@@ -29,7 +29,7 @@ from .extend import extend_lines
 from .notices import LeaseNotices
 from .sizes import InputError, format_duration, format_mib, parse_duration
 from .status import describe_lease, describe_request, describe_slice, error_line, is_reported, lease_table, \
-    status_lines
+    mig_memory, status_lines
 from .usage import usage_lines
 
 ACTIVE = ("queued", "granted")
@@ -304,6 +304,8 @@ class KernelGpu:
         self.applied_id = lease["id"]
         self.restart_needed_for = None
         line = f"gpu: granted {what} (lease {lease['id']}): CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+        if lease["slice"]["kind"] == "mig":
+            line += f"; {mig_memory(lease)}"
         if cap is not None:
             fraction = f", fraction {cap.fraction:g} of the GPU" if cap.fraction is not None else ""
             line += f"; memory capped at {format_mib(cap.limit_mib)}{fraction}"

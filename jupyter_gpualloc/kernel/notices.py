@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .extend import extensions_text, moment_text
 from .sizes import format_duration
+from .status import end_text
 
 RETRY_SECONDS = 5.0
 TOLD_OF_ENDS = ("expired", "preempted")  # the ends of a lease not released by its holder
@@ -85,8 +86,7 @@ def notice_line(event: Mapping[str, Any]) -> str | None:
         return f"gpu: usage quota used up: {data.get('message', '')}"
     end = (kind or "").removeprefix("lease.")
     if end in TOLD_OF_ENDS:
-        reason = f": {data['reason']}" if data.get("reason") else ""
-        return f"gpu: lease {lease_id} {end}{reason}"
+        return f"gpu: lease {lease_id} {end_text(end, data.get('reason'))}"
     return None
 
 

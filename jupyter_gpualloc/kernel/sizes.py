@@ -1,7 +1,8 @@
 """Sizes and durations as people type them in `%gpu`: `10GB`, `10240MB`, `10m`, `1h30m`.
 
-A size is GPU memory in MiB. `GB`, `G` and `GiB` all mean GiB (2**30 bytes), as the MIG profile
-names do (`1g.10gb`); `MB`, `M` and `MiB` mean MiB.
+A size is GPU memory in MiB. `GB`, `G` and `GiB` all mean GiB (2**30 bytes); `MB`, `M` and `MiB`
+mean MiB. NVIDIA's MIG profile names are not GiB (`1g.10gb` has 9.5 GiB on an A100 80GB): the core
+lets a profile answer the size in its name (core/plans.py pick_profile), and a grant says the memory.
 """
 
 from __future__ import annotations

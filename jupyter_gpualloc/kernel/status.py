@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from ..core.model import SliceSpec, SpecError
 from .extend import deadline_text
-from .sizes import InputError, format_duration, format_mib
+from .sizes import MIB_PER_GIB, InputError, format_duration, format_mib
 
 
 # The MIME types under which a lease's and a job's outputs carry their ids, beside the ipywidget:
@@ -31,6 +31,14 @@ def describe_slice(slice_: Mapping[str, Any]) -> str:
     return f"{count} whole GPUs{where}{node}" if count > 1 else f"whole GPU{where}{node}"
 
 
+def end_text(state: str, reason: str | None) -> str:
+    """How a lease ended, without saying it twice: 'released by alice' (not 'released: released by
+    alice'), 'expired: idle for 30m', 'preempted'."""
+    if not reason:
+        return state
+    return reason if reason.startswith(f"{state} ") else f"{state}: {reason}"
+
+
 def describe_request(lease: Mapping[str, Any], article: bool = False) -> str:
     """What a lease asked for, e.g. '3g.40gb slice' or 'whole GPU on L4' ('a 3g.40gb slice', but
     '2 whole GPUs', with `article`)."""
@@ -43,6 +51,18 @@ def describe_request(lease: Mapping[str, Any], article: bool = False) -> str:
 def describe_lease(lease: Mapping[str, Any]) -> str:
     """The slice of a granted lease, else what it waits for."""
     return describe_slice(lease["slice"]) if lease.get("slice") else describe_request(lease)
+
+
+def mig_memory(lease: Mapping[str, Any]) -> str:
+    """A granted MIG slice's memory, and, where it is less than the size asked, why: '4.75 GiB of GPU
+    memory (a 1g.5gb answers a 5 GiB request: NVIDIA's profile names round up)'."""
+    has = lease["slice"]["memory_mib"]
+    words = f"{format_mib(has)} of GPU memory"
+    asked = (lease.get("spec") or {}).get("memory_gib")
+    if asked and asked * MIB_PER_GIB > has:
+        words += (f" (a {lease['slice'].get('profile')} answers a {asked:g} GiB request: NVIDIA's profile "
+                  f"names round up)")
+    return words
 
 
 def cap_mechanism(slice_: Mapping[str, Any], environ: Mapping[str, str], frameworks: str = "") -> str:
@@ -116,9 +136,9 @@ def _lease_lines(lease: Mapping[str, Any] | None, *, now: float, in_effect: bool
     if lease is None:
         lines = []
         if ended is not None:
-            reason = f": {ended['reason']}" if ended.get("reason") else ""
-            lines.append(f"gpu: no GPU slice of this kernel's own; lease {ended['id']} {ended['state']}{reason}"
-                         if server else f"gpu: no GPU slice; lease {ended['id']} {ended['state']}{reason}")
+            how = end_text(ended["state"], ended.get("reason"))
+            lines.append(f"gpu: no GPU slice of this kernel's own; lease {ended['id']} {how}"
+                         if server else f"gpu: no GPU slice; lease {ended['id']} {how}")
         if server is not None:
             lines.append(f"gpu: this kernel uses its server's {describe_slice(server['slice'])} (lease {server['id']}); "
                          f"%gpu request 10GB asks for a slice of its own")
@@ -203,14 +223,24 @@ def is_reported(err: Exception) -> bool:
     return isinstance(err, GpuAllocError)
 
 
+def job_submitted_text(job: Mapping[str, Any]) -> str:
+    """Where a job just submitted stands: 'has its slice and is starting' (position 0: its slice is
+    granted), 'queued at position 2', or 'queued'."""
+    position = job.get("position")
+    if position == 0:
+        return "has its slice and is starting"
+    return f"queued at position {position}" if position else "queued"
+
+
 def job_state_text(job: Mapping[str, Any], now: float) -> str:
-    """'queued (position 2)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
+    """'queued (position 2)', 'starting (it has its slice)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
     state = job["state"]
     if state == "queued":
         position = job.get("position")
-        where = "its slice is ready, starting" if position == 0 else (
-            f"position {position}" if position else "waiting for a slice")
         again = f", attempt {job['attempts'] + 1}" if job.get("attempts") else ""
+        if position == 0:  # its slice is granted: the job is being started
+            return f"starting (it has its slice{again})"
+        where = f"position {position}" if position else "waiting for a slice"
         return f"queued ({where}{again})"
     if state == "running":
         return f"running for {format_duration(now - job['started_at'])}"

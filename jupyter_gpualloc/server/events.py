@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from jupyter_events import EventLogger
 
-from ..core.holders import kernel_of
+from ..core.holders import SERVER, kernel_of, parse_holder
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 SCHEMA_PREFIX = "https://events.jupyter.org/jupyter_gpualloc/"
@@ -53,10 +53,25 @@ def _utc(t: Any) -> str:
     return datetime.fromtimestamp(float(t or 0), timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def holder_words(holder: str) -> str:
+    """Who holds a lease, as this server's user reads it: 'kernel <id>' (the sidebar names the
+    notebook instead), 'this server', 'server <name>', 'job <id>'."""
+    parsed = parse_holder(holder)
+    if parsed is None:
+        return holder
+    if parsed.kind == SERVER:
+        return f"server {parsed.name}" if parsed.name else "this server"
+    return f"{parsed.kind} {parsed.name}"
+
+
+# The words of the events that end a lease or its request, after "The GPU slice of <who>".
+ENDS = {"lease.released": "was released", "lease.expired": "expired", "lease.preempted": "was taken back (preempted)"}
+REQUEST_ENDS = {"lease.cancelled": "was withdrawn", "lease.rejected": "was refused"}
+
+
 def lease_message(event_type: str, holder: str, data: Mapping[str, Any]) -> str:
     """One sentence about a lease event, for the sidebar and the notebook."""
-    who = f"kernel {kernel_of(holder)}" if kernel_of(holder) else holder
-    what = event_type.split(".", 1)[1].replace("_", " ")
+    who = holder_words(holder)
     reason = data.get("reason")
     if event_type == "lease.idle_warning":
         return (f"The GPU slice of {who} has been idle for {data.get('idle_s', 0):.0f} s; it will be released "
@@ -70,8 +85,19 @@ def lease_message(event_type: str, holder: str, data: Mapping[str, Any]) -> str:
         return f"GPU usage of {who}: {data.get('message', '')}."
     if event_type == "lease.granted":
         devices = (data.get("slice") or {}).get("visible_devices", "")
-        return f"{who} got its GPU slice ({devices})."
-    return f"The GPU lease of {who} was {what}" + (f": {reason}." if reason else ".")
+        return f"{who[0].upper()}{who[1:]} got its GPU slice ({devices})."
+    if event_type == "lease.queued":
+        position = f" at position {data['position']}" if data.get("position") else ""
+        return f"The GPU request of {who} is queued{position}" + (f": {reason}." if reason else ".")
+    if event_type == "lease.idle_cleared":
+        return f"The GPU slice of {who} is in use again: its idle warning is cleared."
+    if event_type in REQUEST_ENDS:
+        return f"The GPU request of {who} {REQUEST_ENDS[event_type]}" + (f": {reason}." if reason else ".")
+    end = event_type.removeprefix("lease.")
+    verb = ENDS.get(event_type, f"ended ({end})")
+    if reason and verb.startswith("was ") and reason.startswith(f"{end} "):
+        return f"The GPU slice of {who} was {reason}."  # not "was released: released by alice"
+    return f"The GPU slice of {who} {verb}" + (f": {reason}." if reason else ".")
 
 
 class GpuAllocEvents:

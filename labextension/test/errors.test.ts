@@ -22,6 +22,13 @@ describe('why the panel has no fleet', () => {
     );
   });
 
+  it("does not say it twice when the server's message says GPU slices are off", () => {
+    const off = new ApiError(503, 'GPU slices and jobs are off: no GPU was found (NVML not found) and no fleet file');
+    expect(unreachableText(off)).toBe(
+      'GPU slices and jobs are off: no GPU was found (NVML not found) and no fleet file'
+    );
+  });
+
   it('says the allocator cannot be reached otherwise', () => {
     expect(unreachableText(new ApiError(502, 'Bad Gateway'))).toBe('The GPU allocator cannot be reached: Bad Gateway');
     expect(unreachableText(new TypeError('Failed to fetch'))).toBe(

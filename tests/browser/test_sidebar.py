@@ -247,9 +247,9 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     report_process_memory(lab.workdir / "gpu-processes", kernel["pid"], slices[0]["slice"]["gpu_uuids"][0], 3072,
                           mig_uuid=slices[0]["slice"]["mig_uuid"])
     page.wait_for_function(
-        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3.0/4.8 GiB'",
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3/4.75 GiB'",
         timeout=30_000)
-    assert "3.0 / 4.8 GiB used" in mine.inner_text()
+    assert "3 / 4.75 GiB used" in mine.inner_text()
 
     # a time-boxed slice: its time limit in its row; the deadline warning is a notification with Extend
     limit = mine.locator(".jp-gpualloc-deadline")
@@ -360,7 +360,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     panel.get_by_role("button", name="Release the slice of train.ipynb").focus()
     page.keyboard.press("Enter")
     mine.filter(has_text="train.ipynb").wait_for(state="detached", timeout=30_000)
-    page.locator(".Toastify__toast", has_text="The GPU lease of train.ipynb was released").wait_for(timeout=30_000)
+    page.locator(".Toastify__toast", has_text="The GPU slice of train.ipynb was released").wait_for(timeout=30_000)
     page.locator(".Toastify__toast", has_text="slow.ipynb got its GPU slice").wait_for(timeout=30_000)
     mine.filter(has_text="slow.ipynb").wait_for(timeout=30_000)
     page.wait_for_function(
@@ -372,7 +372,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert held["deadline"]["at"] == pytest.approx(held["granted_at"] + 20)  # the offer's own max_duration
 
     # the whole A100 is time-boxed to 20 s by its offer: released at its limit, told and listed
-    page.locator(".Toastify__toast", has_text="slow.ipynb was expired: reached its maximum duration of 20s")\
+    page.locator(".Toastify__toast", has_text="slow.ipynb expired: reached its maximum duration of 20s")\
         .wait_for(timeout=60_000)
     mine.wait_for(state="detached", timeout=30_000)
     ended = panel.locator(".jp-gpualloc-ended li", has_text="slow.ipynb")

@@ -5,6 +5,7 @@ stop it with one line instead of leaving a half-working hub; a demo killed outri
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,30 +23,51 @@ from .conftest import DemoHub
 DEMO = [str(Path(sys.executable).parent / "jupyter-gpualloc"), "demo"]
 
 
-def test_the_demo_listens_on_its_port_and_stops_its_servers(tmp_path):
+# a stand-in server that takes 4 s to stop after the hub's SIGINT, and notes when it got it
+SLOW_TO_STOP = FAKE_SERVER.replace("except KeyboardInterrupt:\n    pass", """except KeyboardInterrupt:
+    import time
+    (Path(sys.argv[1]) / f"interrupted-{os.environ['JUPYTERHUB_USER']}").write_text(str(time.time()))
+    time.sleep(4)""")
+
+
+def test_the_demo_listens_on_its_port_and_stops_its_servers_at_once_saying_so(tmp_path):
     fake = tmp_path / "fake_server.py"  # a light stand-in for jupyterhub-singleuser
-    fake.write_text(FAKE_SERVER)
+    assert SLOW_TO_STOP != FAKE_SERVER
+    fake.write_text(SLOW_TO_STOP)
     hub = DemoHub(tmp_path, command=DEMO,
                   extra_config=f"c.Spawner.cmd = [{sys.executable!r}, {str(fake)!r}, {str(tmp_path)!r}]\n")
     hub.start()  # waits for http://127.0.0.1:<GPUALLOC_DEMO_PORT>/hub/api/
+    states, servers = {}, []
     try:
-        reply = hub.api("POST", "/users/alice/server", {"user_options": {"gpu": "shared-8gb-l4"}},
-                        token=hub.token("alice"))
-        assert reply.status_code in (201, 202), reply.text
-        state = hub.wait_ready("alice")["state"]
-        server = psutil.Process(state["pid"])
+        for user in ("alice", "bob"):
+            reply = hub.api("POST", f"/users/{user}/server", {"user_options": {"gpu": "shared-8gb-l4"}},
+                            token=hub.token(user))
+            assert reply.status_code in (201, 202), reply.text
+        for user in ("alice", "bob"):
+            states[user] = hub.wait_ready(user)["state"]
+            servers.append(psutil.Process(states[user]["pid"]))
     finally:
         hub.stop()
-    # the demo stopped alice's server while the allocator ran, so her slice was released, not left to expire
-    lease = Store(f"sqlite:///{tmp_path / 'gpualloc' / 'gpualloc.sqlite'}").load_lease(state["gpu_lease_id"])
-    assert lease.state.value == "released", lease
+    # the demo stopped both servers while the allocator ran, so their slices were released, not left to expire
+    store = Store(f"sqlite:///{tmp_path / 'gpualloc' / 'gpualloc.sqlite'}")
+    for state in states.values():
+        lease = store.load_lease(state["gpu_lease_id"])
+        assert lease.state.value == "released", lease
     try:
         deadline = time.monotonic() + 10
-        while running(server) and time.monotonic() < deadline:
+        while any(running(server) for server in servers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not running(server), "the demo left alice's server running"
+        assert not any(running(server) for server in servers), "the demo left a server running"
     finally:
         hub.kill_servers()
+    # at once, not one after the other (each takes 4 s), and saying what it stops
+    interrupted = [float((tmp_path / f"interrupted-{user}").read_text()) for user in ("alice", "bob")]
+    assert abs(interrupted[0] - interrupted[1]) < 2, interrupted
+    log = hub.log_tail(20000)
+    assert re.search(r"demo: stopping 2 servers \((alice, bob|bob, alice)\) so that each gives its GPU slice "
+                     r"back \(Ctrl-C again to skip\)", log), log
+    assert re.search(r"demo: servers stopped in \d+ s\n", log), log
+    assert "demo: stopping JupyterHub, its proxy and the allocator service" in log
 
 
 def test_a_killed_demo_takes_its_hub_proxy_and_service_with_it(tmp_path):

@@ -33,7 +33,7 @@ async def test_a_notebook_job_with_parameters(jobs_client, workdir, gpualloc):
     code, out, err = await cli("job", "submit", str(workdir / "analysis.ipynb"), "--mig", "1g.5gb",
                                "--param", "epochs=3", "-p", "label=sweep", *where)
     assert code == 0, err
-    job_id = re.fullmatch(r"job (\w+) queued \(position 0\): .*/job\.log, then executed\.ipynb\n", out).group(1)
+    job_id = re.fullmatch(r"job (\w+) has its slice and is starting: .*/job\.log, then executed\.ipynb\n", out).group(1)
     done = await job_ends(jobs_client, job_id)
     assert done["state"] == "succeeded", done["reason"]
     executed = nbformat.read(workdir / ".gpualloc" / "jobs" / job_id / "executed.ipynb", as_version=4)

@@ -40,7 +40,7 @@ def test_the_view_follows_the_job_and_cancels_it(client, tmp_path):
     assert view._repr_mimebundle_()["text/plain"] == f"gpu: job {third['id']} queued (position 1)"
     client.cancel_job(first["id"])
     deadline = time.monotonic() + 10
-    while view.state.value != "queued (its slice is ready, starting)":
+    while view.state.value != "starting (it has its slice)":
         assert time.monotonic() < deadline, view.state.value
         time.sleep(0.05)
     folder = tmp_path / ".gpualloc" / "jobs" / third["id"]

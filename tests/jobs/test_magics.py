@@ -12,7 +12,8 @@ async def test_a_cell_job_and_its_result(notebook_kernel, jobs_client):
     out, err = await notebook_kernel("%%gpu job --shared 4GB --name squares --inputs data --outputs total\n"
                                      "total = sum(x * x for x in data)\nprint('total', total)")
     assert err == "", err
-    match = re.search(r"gpu: job (\w+) queued \(position (\d+)\)", out)
+    # its slice is free, so it is granted at once: position 0 in the service's answer
+    match = re.match(r"gpu: job (\w+) has its slice and is starting: %gpu job logs \1 --follow\n", out)
     assert match, out
     job_id = match.group(1)
     done = await job_ends(jobs_client, job_id)
@@ -44,7 +45,7 @@ async def test_inputs_are_checked_before_anything_is_queued(notebook_kernel, job
 
 async def test_cancel_rerun_and_no_result_from_the_kernel(notebook_kernel, jobs_client):
     out, _ = await notebook_kernel("%%gpu job --whole --model L4 --timeout 1m\nimport time\ntime.sleep(60)")
-    job_id = re.search(r"gpu: job (\w+) queued", out).group(1)
+    job_id = re.search(r"gpu: job (\w+) (has its slice|queued)", out).group(1)
     out, err = await notebook_kernel(f"%gpu job result {job_id}")
     assert out.startswith(f"gpu: job {job_id} has no results: it is "), (out, err)
     out, _ = await notebook_kernel(f"%gpu job cancel {job_id}")
@@ -52,7 +53,8 @@ async def test_cancel_rerun_and_no_result_from_the_kernel(notebook_kernel, jobs_
     out, err = await notebook_kernel(f"%gpu job cancel {job_id}")
     assert err == f"gpu: job {job_id} has already ended (cancelled)\n", err
     out, _ = await notebook_kernel(f"%gpu job rerun {job_id}")
-    rerun = re.search(r"gpu: job (\w+) queued .*a rerun of " + job_id, out).group(1)
+    rerun = re.fullmatch(rf"gpu: job (\w+), a rerun of {job_id}, (has its slice and is starting|queued at "
+                         r"position \d+)\n", out).group(1)
     await jobs_client.cancel_job(rerun)
     out, err = await notebook_kernel("%gpu job logs nosuchjob")
     assert err == "gpu: no job nosuchjob\n", err

@@ -9,7 +9,8 @@ from jupyter_gpualloc.kernel.arguments import ACTIONS, JOB_WORDS, gpu_parser, pa
     spec_from_args
 from jupyter_gpualloc.kernel.magics import Progress, kernel_holder
 from jupyter_gpualloc.kernel.sizes import InputError
-from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, status_lines
+from jupyter_gpualloc.kernel.status import cap_mechanism, idle_text, job_state_text, job_submitted_text, mig_memory, \
+    status_lines
 
 
 def test_holder_from_the_environment_else_the_connection_file():
@@ -66,6 +67,10 @@ def test_usage_is_the_magics_help():
     flat = " ".join(doc.split())
     for words in ("--whole [N] N whole GPUs", "--no-wait", "10GB, 10G, 10GiB or 10240MB", "%gpu job logs"):
         assert words in flat
+    # the size rule as the core applies it (core/plans.py pick_profile): NVIDIA's profile names are not GiB
+    assert ("You get the smallest MIG profile whose name says that much where one fits, else a shared slice "
+            "capped at exactly that much. NVIDIA's profile names round up: 10GB gets a 1g.10gb, which has "
+            "9.5 GiB on an A100 80GB") in flat
     cell_doc = shell.find_cell_magic("gpu").__doc__
     assert cell_doc.startswith("usage: %%gpu job [--mem SIZE | --mig PROFILE") and "::" not in cell_doc
     shell.run_line_magic("unload_ext", "jupyter_gpualloc")
@@ -107,6 +112,24 @@ def test_status_without_a_lease_and_while_queued():
     queued = {"id": "l2", "state": "queued", "position": 3, "spec": {"kind": "mig", "profile": "3g.40gb"}}
     assert status_lines(queued, now=0, in_effect=False, environ={})[0] == (
         "gpu: queued at position 3 for a 3g.40gb slice (lease l2)")
+
+
+def test_a_job_whose_slice_is_granted_is_starting_not_queued_at_position_0():
+    assert job_submitted_text({"state": "queued", "position": 0}) == "has its slice and is starting"
+    assert job_submitted_text({"state": "queued", "position": 2}) == "queued at position 2"
+    assert job_submitted_text({"state": "queued"}) == "queued"
+    assert job_state_text({"state": "queued", "position": 0}, now=0) == "starting (it has its slice)"
+    assert job_state_text({"state": "queued", "position": 0, "attempts": 1}, now=0) == (
+        "starting (it has its slice, attempt 2)")
+    assert job_state_text({"state": "queued", "position": 1}, now=0) == "queued (position 1)"
+
+
+def test_a_mig_grant_says_its_memory_and_why_it_is_less_than_asked():
+    granted = {"slice": {"kind": "mig", "profile": "1g.10gb", "memory_mib": 9728}}
+    assert mig_memory({**granted, "spec": {"kind": "any", "memory_gib": 10}}) == (
+        "9.5 GiB of GPU memory (a 1g.10gb answers a 10 GiB request: NVIDIA's profile names round up)")
+    assert mig_memory({**granted, "spec": {"kind": "any", "memory_gib": 9}}) == "9.5 GiB of GPU memory"
+    assert mig_memory({**granted, "spec": {"kind": "mig", "profile": "1g.10gb"}}) == "9.5 GiB of GPU memory"
 
 
 def test_progress_in_a_terminal_rewrites_one_line(capsys):

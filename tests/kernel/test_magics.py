@@ -50,7 +50,7 @@ def test_request_status_and_release(service, kernel):
     assert lease["state"] == "granted" and lease["slice"]["profile"] == "1g.5gb"
     mig_uuid = lease["slice"]["mig_uuid"]
     assert cell.stdout.strip() == (f"gpu: granted MIG 1g.5gb on A100-SXM4-40GB (node0) (lease {lease['id']}): "
-                                   f"CUDA_VISIBLE_DEVICES={mig_uuid}")
+                                   f"CUDA_VISIBLE_DEVICES={mig_uuid}; 4.75 GiB of GPU memory")
     assert env_of(kernel, "CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID") == {
         "CUDA_VISIBLE_DEVICES": mig_uuid, "GPUALLOC_LEASE_ID": lease["id"]}
 
@@ -72,7 +72,7 @@ def test_request_status_and_release(service, kernel):
     assert env_of(kernel, "CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID") == {
         "CUDA_VISIBLE_DEVICES": "", "GPUALLOC_LEASE_ID": None}
     after = kernel.run("%gpu status").stdout.strip()
-    assert after == f"gpu: no GPU slice; lease {lease['id']} released: released by alice"
+    assert after == f"gpu: no GPU slice; lease {lease['id']} released by alice"
     assert kernel.run("%gpu release").stdout.strip() == "gpu: this kernel holds no GPU slice"
 
 
@@ -92,6 +92,16 @@ def test_a_size_gets_the_smallest_fit_and_a_shared_slice_gets_its_caps(service, 
     kernel.run("%gpu release")
     assert env_of(kernel, "GPUALLOC_MEMORY_LIMIT_MIB", "CUPY_GPU_MEMORY_LIMIT") == {
         "GPUALLOC_MEMORY_LIMIT_MIB": None, "CUPY_GPU_MEMORY_LIMIT": None}
+
+
+def test_a_size_in_gb_gets_the_profile_named_for_it_and_the_grant_says_its_real_memory(service, kernel):
+    # NVIDIA's 1g.5gb has 4.75 GiB on an A100-SXM4-40GB: a 5GB request gets it, and is told so
+    cell = kernel.run("%gpu request 5GB")
+    assert cell.status == "ok" and not cell.stderr, cell
+    [lease] = mine(service, kernel)
+    assert lease["slice"]["profile"] == "1g.5gb" and lease["slice"]["memory_mib"] == 4864
+    assert cell.stdout.strip().endswith(
+        "; 4.75 GiB of GPU memory (a 1g.5gb answers a 5 GiB request: NVIDIA's profile names round up)"), cell
 
 
 def test_offers_show_how_to_ask_and_each_suggestion_works_when_pasted(service, kernel):

@@ -120,7 +120,7 @@ def test_only_what_the_user_must_act_on_becomes_a_notice():
     assert notice_line(event("lease.deadline_warning", deadline=1796645700.0, extensions_left=0)) == \
         "gpu: lease L1 reaches its time limit at 2026-12-07 12:15 UTC (in 15m); it cannot be extended: save your work"
     assert notice_line(event("lease.preempted", reason="preempted for an interactive request")) == \
-        "gpu: lease L1 preempted: preempted for an interactive request"
+        "gpu: lease L1 preempted for an interactive request"
     for quiet in ("lease.granted", "lease.released", "lease.extended", "lease.idle_cleared"):
         assert notice_line(event(quiet)) is None
 

@@ -2,7 +2,7 @@ import React from 'react';
 
 import { deadlineView } from '../model/deadline';
 import { EndedSlice, IdleWarning } from '../model/events';
-import { capInForce, gib, holderName, isolation, kernelOfHolder, sliceName } from '../model/format';
+import { gib, holderName, kernelOfHolder, protection, requestName, sliceName } from '../model/format';
 import { PendingRestart, restartNoteOf } from '../model/request';
 import { Deadline, LeaseEntry } from '../model/types';
 import { Action, Countdown, useNow } from './common';
@@ -75,7 +75,7 @@ export function SliceItem(props: {
     return (
       <li className="jp-gpualloc-slice" data-lease={lease.id} data-state="queued">
         <div className="jp-gpualloc-slice-title">
-          <strong>{(lease.spec.profile as string) ?? lease.spec.kind ?? 'GPU'}</strong> for {where}
+          <strong>{requestName(lease.spec)}</strong> for {where}
         </div>
         <div>
           waiting: position {lease.position ?? '?'} in the queue
@@ -96,7 +96,7 @@ export function SliceItem(props: {
         <strong>{lease.slice ? sliceName(lease.slice) : lease.state}</strong> for {where}
       </div>
       <div className="jp-gpualloc-muted">
-        isolation: {isolation(lease)} · cap: {capInForce(lease)}
+        isolation: {protection(lease)}
       </div>
       <div>
         <Memory lease={lease} />

@@ -15,7 +15,8 @@ export class ApiError extends Error {
 export function unreachableText(err: unknown): string {
   const message = (err as Error)?.message ?? String(err);
   if (err instanceof ApiError && err.status === 503) {
-    return `GPU slices are off on this server: ${message}`;
+    // the server's own message may say it already ("GPU slices and jobs are off: no GPU was found ...")
+    return message.startsWith('GPU slices') ? message : `GPU slices are off on this server: ${message}`;
   }
   return `The GPU allocator cannot be reached: ${message}`;
 }

@@ -2,9 +2,27 @@
 
 import { LeaseEntry, SliceInfo } from './types';
 
-/** 9728 -> "9.5" (GiB, one decimal). */
+/** 9728 -> "9.5", 8192 -> "8", 4864 -> "4.75" (GiB, at most two decimals, as the kernel's
+ * `%gpu status` writes them). */
 export function gib(mib: number): string {
-  return (mib / 1024).toFixed(1);
+  return String(Math.round((mib / 1024) * 100) / 100);
+}
+
+/** What a queued request asks for: "1g.10gb", "8 GiB shared on L4", "10 GiB", "whole GPU", "2 whole L4". */
+export function requestName(spec: LeaseEntry['spec']): string {
+  const model = typeof spec.model === 'string' ? ` ${spec.model}` : '';
+  if (typeof spec.profile === 'string') {
+    return spec.profile;
+  }
+  const memory = typeof spec.memory_gib === 'number' ? `${gib(spec.memory_gib * 1024)} GiB` : null;
+  if (spec.kind === 'whole') {
+    const count = typeof spec.count === 'number' && spec.count > 1 ? spec.count : 1;
+    return `${count > 1 ? `${count} ` : ''}whole ${model ? model.trim() : count > 1 ? 'GPUs' : 'GPU'}`;
+  }
+  if (memory) {
+    return `${memory}${spec.kind === 'shared' ? ' shared' : ''}${model ? ` on${model}` : ''}`;
+  }
+  return `GPU slice${model ? ` on${model}` : ''}`;
 }
 
 /** "1g.10gb", "8 GiB shared", "whole A100 ×2". */
@@ -65,6 +83,13 @@ export function capInForce(lease: LeaseEntry): string {
   };
   const caps = (lease.caps ?? []).map(c => words[c] ?? c);
   return caps.length ? caps.join(' + ') : 'none';
+}
+
+/** How a slice is held to its share, each mechanism once: "MIG hardware", "framework cap + watchdog",
+ * "whole GPU" (the panel's "isolation: ..."; the isolation is the first of the caps in force). */
+export function protection(lease: LeaseEntry): string {
+  const caps = capInForce(lease);
+  return caps === 'none' ? isolation(lease) : caps;
 }
 
 /** Whether GPU kernels run in pods of their own (a queued kernel's lease then holds back its start),
