@@ -28,8 +28,8 @@ from tests.kernel.conftest import Kernel, kernel_env
 from tests.processes import start_logged
 from tests.service.conftest import ALICE, BOB, ROOT
 
-from .test_cluster import KWOK_ANNOTATION, PHASE, until
-from .test_service_on_cluster import ClusterService
+from .test_cluster import PHASE, until
+from .test_service_on_cluster import ClusterService, copy_node
 
 client = pytest.importorskip("kubernetes_asyncio.client")
 
@@ -83,14 +83,8 @@ def namespace(install_pods) -> str:
 def own_nodes(k8s_cluster, copies: dict[str, str]):
     """Nodes named as `copies`' keys, each a copy of the demo fleet's node its value names."""
     async def add(api):
-        core = client.CoreV1Api(api)
         for name, model in copies.items():
-            raw = await (await core.read_node(model, _preload_content=False)).json()
-            await core.create_node({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {**raw["metadata"]["labels"], "kubernetes.io/hostname": name},
-                             "annotations": {KWOK_ANNOTATION: "fake"}},
-                "spec": {}, "status": {"allocatable": raw["status"]["allocatable"], "capacity": raw["status"]["capacity"]}})
+            await copy_node(api, model, name)
 
     async def remove(api):
         for name in copies:

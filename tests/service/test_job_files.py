@@ -14,6 +14,7 @@ import signal
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,16 +200,23 @@ def test_the_log_is_sent_as_far_as_it_reached_when_asked(svc, submit, tmp_path):
     assert response.status == 200 and len(body) == size and b"X" not in body
 
 
-def test_follow_sends_what_the_log_gains_until_the_job_ends(svc, submit, tmp_path):
+def follow_a_running_jobs_log(svc, submit, tmp_path) -> tuple[dict, Path, threading.Thread, list]:
+    """A started job whose log says 'epoch 1', followed for a second by a thread that puts the
+    (status, body) it gets in the list."""
     job, folder = submit(tmp_path)
     assert svc.call("POST", f"jobs/{job['id']}/start", token=ALICE).status == 200
     folder.mkdir(parents=True)
     log = folder / "job.log"
     log.write_text("epoch 1\n")
-    answers = []
+    answers: list = []
     following = threading.Thread(target=lambda: answers.append(get_log(svc, job["id"], follow=True, timeout=30)))
     following.start()
     time.sleep(1.0)
+    return job, log, following, answers
+
+
+def test_follow_sends_what_the_log_gains_until_the_job_ends(svc, submit, tmp_path):
+    job, log, following, answers = follow_a_running_jobs_log(svc, submit, tmp_path)
     with log.open("a") as grows:
         grows.write("epoch 2\n")
     time.sleep(1.0)
@@ -218,15 +226,7 @@ def test_follow_sends_what_the_log_gains_until_the_job_ends(svc, submit, tmp_pat
 
 
 def test_a_followed_log_is_checked_again_at_each_round(svc, submit, tmp_path):
-    job, folder = submit(tmp_path)
-    assert svc.call("POST", f"jobs/{job['id']}/start", token=ALICE).status == 200
-    folder.mkdir(parents=True)
-    log = folder / "job.log"
-    log.write_text("epoch 1\n")
-    answers = []
-    following = threading.Thread(target=lambda: answers.append(get_log(svc, job["id"], follow=True, timeout=30)))
-    following.start()
-    time.sleep(1.0)
+    job, log, following, answers = follow_a_running_jobs_log(svc, submit, tmp_path)
     log.unlink()
     log.symlink_to(svc.config_path)
     following.join(5)  # the stream ends at the next round, while the job runs on
