@@ -15,6 +15,7 @@ import numpy as np
 from . import mig
 from .devices.base import DeviceBackend
 from .indexes import MigCapacity
+from .kind_views import KindViews
 from .model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, SliceKind, SliceSpec
 from .placement import ClusterView, NodeCapacity
 
@@ -94,14 +95,16 @@ class FleetState:
                 profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
                 self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances},
                                                cordoned=node.unschedulable)
-        self.view = ClusterView(capacities)
+        view = ClusterView(capacities)
         self.mig_gpus: dict[str, list[GpuState]] = {}  # model -> its MIG GPUs, in fleet order
         for gs in self.gpus.values():
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
-        self.cannot_take = {kind: [gs for gs in self.gpus.values() if not gs.is_mig and not gs.takes(kind)]
-                            for kind in (SliceKind.SHARED, SliceKind.WHOLE)}  # hidden from the plain searches
+        self.views = KindViews(view, {kind: [(gs.node_index, gs.slot) for gs in self.gpus.values()
+                                             if not gs.is_mig and not gs.takes(kind)]
+                                      for kind in (SliceKind.SHARED, SliceKind.WHOLE)})
+        self.view = view  # the fleet's; a plain search reads views.of(its kind)
         for gs in self.gpus.values():
             self.show(gs)
         self.moved()
@@ -123,8 +126,9 @@ class FleetState:
         self.freed += 1
 
     def show(self, gs: GpuState, reserved: bool = False) -> None:
-        """Whether the placement view offers the GPU: not when MIG-managed, drained or (for a search) reserved."""
-        self.view.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
+        """Whether the placement views offer the GPU: not when MIG-managed, drained or (for a search)
+        reserved; O(views)."""
+        self.views.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
 
     def profiles(self) -> dict[str, dict[int, MigProfile]]:
         """Each GPU's MIG profiles by UUID (empty without MIG)."""
