@@ -186,10 +186,11 @@ class FitSearch:
         return Fit(sl, plan, node_index, gpus)
 
     def all_drained(self, plans: Sequence[Plan]) -> bool:
-        """Whether every GPU of the plans' models is drained (a refusal then says so)."""
-        models = {p.model for p in plans}
-        gpus = [gs for gs in self.fleet.gpus.values() if gs.gpu.model in models]
-        return bool(gpus) and all(gs.drained for gs in gpus)
+        """Whether every GPU of the plans' models is drained (a refusal then says so): O(plans),
+        from the fleet's GPUs not drained per model."""
+        undrained = self.fleet.undrained
+        present = [model for model in {p.model for p in plans} if model in undrained]
+        return bool(present) and not any(undrained[model] for model in present)
 
 
 def mig_slice(gs: GpuState, plan: Plan, start: int, mig_uuid: str | None) -> Slice:

@@ -101,6 +101,10 @@ class FleetState:
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
+        self.undrained: dict[str, set[str]] = {}  # model -> its GPUs not drained (kept by changed())
+        for gs in self.gpus.values():
+            self.undrained.setdefault(gs.gpu.model, set())
+            self._file_drain(gs)
         self.views = KindViews(view, {kind: [(gs.node_index, gs.slot) for gs in self.gpus.values()
                                              if not gs.is_mig and not gs.takes(kind)]
                                       for kind in (SliceKind.SHARED, SliceKind.WHOLE)})
@@ -114,8 +118,15 @@ class FleetState:
         """A GPU's instances, owners, holders or drain changed: its layout, index entry and view follow."""
         gs.cached_layout = None
         self.mig_capacity.changed(gs)
+        self._file_drain(gs)
         self.show(gs)
         self.version += 1
+
+    def _file_drain(self, gs: GpuState) -> None:
+        if gs.drained:
+            self.undrained[gs.gpu.model].discard(gs.gpu.uuid)
+        else:
+            self.undrained[gs.gpu.model].add(gs.gpu.uuid)
 
     def moved(self) -> None:
         """Something a scheduling pass depends on changed (a lease came or went)."""

@@ -74,6 +74,11 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
         active = s._book.active  # the tick's orders: by_id's, and those with an idle timeout in it
         assert sorted(active.by_id, key=active.place) == list(active.by_id), f"step {step}"
         assert list(active.idle_timed) == [i for i, lease in active.by_id.items() if lease.idle_timeout]
+        fresh_undrained = {gs.gpu.model: set() for gs in s._fleet.gpus.values()}
+        for gs in s._fleet.gpus.values():
+            if not gs.drained:
+                fresh_undrained[gs.gpu.model].add(gs.gpu.uuid)
+        assert s._fleet.undrained == fresh_undrained, f"step {step}"
         records = s.deadlines._records.values()  # every time limit comes up in the tick's heap
         assert {(r.deadline, r.lease_id) for r in records} <= set(s.deadlines._by_deadline), f"step {step}"
     store.close()
