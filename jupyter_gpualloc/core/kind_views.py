@@ -3,7 +3,7 @@
 A GPU that carries only whole slices (a Kubernetes GPU without sharing) or only shares (time-sliced
 replicas) must be invisible to a search for the other kind (`GpuState.takes`). Hiding such GPUs
 for each search and showing them again after cost O(those GPUs) per decision: a whole-GPU request
-on a fleet of 4,000 time-sliced GPUs re-interned 4,000 node states. Instead each kind that some
+on a fleet of 4,000 time-sliced GPUs refreshed and re-interned a node's state 8,000 times. Instead each kind that some
 GPUs cannot take has a view of its own, a copy of the fleet's in which those GPUs stay disabled,
 kept in step with it on every allocation, release and change of a GPU's visibility. Its arrays
 are then exactly what the fleet's view held while they were hidden, so every policy decides as
