@@ -7,8 +7,8 @@ docs/benchmarks/; about 30 minutes on two cores), except the open-loop service l
 in its short form (`service_load.py --quick`, about a minute; the full run and its before/after
 tables are in docs/benchmarks/service.md), then joins the sections into docs/benchmarks.md. `--join-only` only joins the sections already there (after rerunning one
 script by hand). The Kubernetes sections (KEPT) need the local control plane (`make k8s-build`)
-and 10 minutes or more each; they are written by hand from their scripts' tables, and joined as
-they are.
+and 10 minutes or more each, and the decision scaling section (KEPT too) half an hour; they are
+written by hand from their scripts' tables, and joined as they are.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ BENCHMARKS = [
     ("jobs.py", "jobs.md", []),
     ("reservations.py", "reservations.md", []),
 ]
-# Sections kept as written from a run of their script by hand (see the docstring).
-KEPT = ["k8s_inventory.md", "k8s_kernels.md"]
+# Sections kept as written from a run of their script by hand (see the docstring); decision_scaling.py
+# takes half an hour at its full sizes, most of it filling 10,000 GPUs under callgrind.
+KEPT = ["k8s_inventory.md", "k8s_kernels.md", "decision_scaling.md"]
 
 
 def main() -> int:

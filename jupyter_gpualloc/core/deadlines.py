@@ -9,9 +9,10 @@ part of the scheduler's change that makes it: written by its commit, put back if
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import partial
-from typing import Iterable
+from typing import Callable
 
 from .journal import SchedulerJournal
 from .model import Lease
@@ -62,6 +63,10 @@ class Deadlines:
         self.policy = policy
         self._offers = offers
         self._records: dict[str, DeadlineRecord] = {r.lease_id: r for r in store.load_deadlines()}
+        # (deadline, lease id) of every record put, earliest first; an entry whose record has
+        # gone or moved is skipped when it comes up (check), and all are rebuilt once most are such
+        self._by_deadline: list[tuple[float, str]] = [(r.deadline, r.lease_id) for r in self._records.values()]
+        heapq.heapify(self._by_deadline)
 
     def max_duration(self, lease: Lease) -> float | None:
         """Seconds this lease may last: its offer's max_duration, else the policy's for its holder kind."""
@@ -110,18 +115,35 @@ class Deadlines:
         self._journal.write_deadline(lease_id, record)
 
     def _put(self, lease_id: str, record: DeadlineRecord | None) -> None:
+        """O(log records) amortised."""
         if record is None:
             del self._records[lease_id]
+            return
+        self._records[lease_id] = record
+        if len(self._by_deadline) > 2 * len(self._records) + 64:
+            self._by_deadline = [(r.deadline, r.lease_id) for r in self._records.values()]
+            heapq.heapify(self._by_deadline)
         else:
-            self._records[lease_id] = record
+            heapq.heappush(self._by_deadline, (record.deadline, lease_id))
 
-    def check(self, leases: Iterable[Lease], now: float) -> list[DeadlineAction]:
-        """Warn leases within deadline_warning of their deadline (once), release those past it."""
+    def check(self, granted: Callable[[str], Lease | None], place: Callable[[str], int],
+              now: float) -> list[DeadlineAction]:
+        """Warn granted leases within deadline_warning of their deadline (once), release those past
+        it, in `place` order (the order of the scheduler's leases). `granted`: the lease of an id if
+        it is granted, else None. O((leases within deadline_warning of their deadline + records
+        changed since the last check) x log records), not O(leases): only those come up in the heap."""
+        due: dict[str, DeadlineRecord] = {}
+        heap = self._by_deadline
+        while heap and now >= heap[0][0] - self.policy.deadline_warning:
+            deadline, lease_id = heapq.heappop(heap)
+            record = self._records.get(lease_id)
+            if record is not None and record.deadline == deadline and granted(lease_id) is not None:
+                due[lease_id] = record
+        for lease_id, record in due.items():  # each stays in the heap until its record goes or moves
+            heapq.heappush(heap, (record.deadline, lease_id))
         actions = []
-        for lease in leases:
-            record = self._records.get(lease.id)
-            if record is None:
-                continue
+        for lease in sorted((granted(lease_id) for lease_id in due), key=lambda lease: place(lease.id)):
+            record = due[lease.id]
             held = record.deadline - (lease.granted_at or 0.0)
             if now >= record.deadline:
                 actions.append(DeadlineAction(lease, record, True, held))

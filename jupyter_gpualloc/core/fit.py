@@ -162,14 +162,14 @@ class FitSearch:
         return Fit(mig_slice(gs, plan, choice[1], None), plan, gs.node_index, (gs,), create_at=choice[1])
 
     def _plain(self, lease: Lease, plan: Plan, reserved: set[str]) -> Fit | None:
-        """A share or whole GPUs where the placement policy puts them, reserved GPUs and those that
-        cannot take the plan's kind (GpuState.takes) hidden from it."""
+        """A share or whole GPUs where the placement policy puts them, in the view of the plan's
+        kind (without the GPUs that cannot take it, GpuState.takes: KindViews), reserved GPUs hidden
+        from it: O(reserved GPUs) besides the policy's choice."""
         hidden = [self.fleet.gpus[u] for u in reserved if not self.fleet.gpus[u].is_mig]
-        hidden += self.fleet.cannot_take[plan.kind]
         for gs in hidden:
             self.fleet.show(gs, reserved=True)
         try:
-            choice = self.placement_policy.choose(self.fleet.view, demand(plan, lease.spec),
+            choice = self.placement_policy.choose(self.fleet.views.of(plan.kind), demand(plan, lease.spec),
                                                   self.fleet.node_mask(lease.spec))
         finally:
             for gs in hidden:
@@ -186,10 +186,11 @@ class FitSearch:
         return Fit(sl, plan, node_index, gpus)
 
     def all_drained(self, plans: Sequence[Plan]) -> bool:
-        """Whether every GPU of the plans' models is drained (a refusal then says so)."""
-        models = {p.model for p in plans}
-        gpus = [gs for gs in self.fleet.gpus.values() if gs.gpu.model in models]
-        return bool(gpus) and all(gs.drained for gs in gpus)
+        """Whether every GPU of the plans' models is drained (a refusal then says so): O(plans),
+        from the fleet's GPUs not drained per model."""
+        undrained = self.fleet.undrained
+        present = [model for model in {p.model for p in plans} if model in undrained]
+        return bool(present) and not any(undrained[model] for model in present)
 
 
 def mig_slice(gs: GpuState, plan: Plan, start: int, mig_uuid: str | None) -> Slice:

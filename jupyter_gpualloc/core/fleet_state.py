@@ -15,6 +15,7 @@ import numpy as np
 from . import mig
 from .devices.base import DeviceBackend
 from .indexes import MigCapacity
+from .kind_views import KindViews
 from .model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, SliceKind, SliceSpec
 from .placement import ClusterView, NodeCapacity
 
@@ -94,14 +95,20 @@ class FleetState:
                 profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
                 self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances},
                                                cordoned=node.unschedulable)
-        self.view = ClusterView(capacities)
+        view = ClusterView(capacities)
         self.mig_gpus: dict[str, list[GpuState]] = {}  # model -> its MIG GPUs, in fleet order
         for gs in self.gpus.values():
             if gs.is_mig:
                 self.mig_gpus.setdefault(gs.gpu.model, []).append(gs)
         self.mig_capacity = MigCapacity(gs for gs in self.gpus.values() if gs.is_mig)
-        self.cannot_take = {kind: [gs for gs in self.gpus.values() if not gs.is_mig and not gs.takes(kind)]
-                            for kind in (SliceKind.SHARED, SliceKind.WHOLE)}  # hidden from the plain searches
+        self.undrained: dict[str, set[str]] = {}  # model -> its GPUs not drained (kept by changed())
+        for gs in self.gpus.values():
+            self.undrained.setdefault(gs.gpu.model, set())
+            self._file_drain(gs)
+        self.views = KindViews(view, {kind: [(gs.node_index, gs.slot) for gs in self.gpus.values()
+                                             if not gs.is_mig and not gs.takes(kind)]
+                                      for kind in (SliceKind.SHARED, SliceKind.WHOLE)})
+        self.view = view  # the fleet's; a plain search reads views.of(its kind)
         for gs in self.gpus.values():
             self.show(gs)
         self.moved()
@@ -111,8 +118,15 @@ class FleetState:
         """A GPU's instances, owners, holders or drain changed: its layout, index entry and view follow."""
         gs.cached_layout = None
         self.mig_capacity.changed(gs)
+        self._file_drain(gs)
         self.show(gs)
         self.version += 1
+
+    def _file_drain(self, gs: GpuState) -> None:
+        if gs.drained:
+            self.undrained[gs.gpu.model].discard(gs.gpu.uuid)
+        else:
+            self.undrained[gs.gpu.model].add(gs.gpu.uuid)
 
     def moved(self) -> None:
         """Something a scheduling pass depends on changed (a lease came or went)."""
@@ -123,8 +137,9 @@ class FleetState:
         self.freed += 1
 
     def show(self, gs: GpuState, reserved: bool = False) -> None:
-        """Whether the placement view offers the GPU: not when MIG-managed, drained or (for a search) reserved."""
-        self.view.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
+        """Whether the placement views offer the GPU: not when MIG-managed, drained or (for a search)
+        reserved; O(views)."""
+        self.views.set_gpu_enabled(gs.node_index, gs.slot, not (gs.is_mig or gs.drained or reserved))
 
     def profiles(self) -> dict[str, dict[int, MigProfile]]:
         """Each GPU's MIG profiles by UUID (empty without MIG)."""

@@ -274,12 +274,12 @@ class SchedulerJournal:
         self.usage.extend(segments)
 
     def view_allocate(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
-        self.fleet.view.allocate(node_index, slots, taken)
-        self.undo.inverses.append(lambda: self.fleet.view.release(node_index, slots, taken))
+        self.fleet.views.allocate(node_index, slots, taken)
+        self.undo.inverses.append(lambda: self.fleet.views.release(node_index, slots, taken))
 
     def view_release(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
-        self.fleet.view.release(node_index, slots, taken)
-        self.undo.inverses.append(lambda: self.fleet.view.allocate(node_index, slots, taken))
+        self.fleet.views.release(node_index, slots, taken)
+        self.undo.inverses.append(lambda: self.fleet.views.allocate(node_index, slots, taken))
 
     # ------------------------------------------------------------------ writing
     @contextmanager

@@ -182,7 +182,10 @@ class ClusterView:
         return mask
 
     def fits(self, node: int, demand: Demand) -> bool:
-        return bool(self.feasible(demand)[node]) if self.nodes else False
+        """Whether the demand fits on that node (its row of `feasible`): O(the node's GPUs)."""
+        if not self.nodes or self.cpu_free[node] < demand.cpu_milli or self.mem_free[node] < demand.memory_mib:
+            return False
+        return demand.num_gpu == 0 or self.fitting_gpus(node, demand).size >= demand.num_gpu
 
     def fitting_gpus(self, node: int, demand: Demand) -> np.ndarray:
         """Indices of the node's GPUs that can take the demand's per-GPU share."""
@@ -195,17 +198,22 @@ class ClusterView:
         return np.flatnonzero(ok)
 
     # -- changing ------------------------------------------------------------------------------
-    def allocate(self, node: int, gpus: tuple[int, ...], demand: Demand) -> None:
-        """Take the demand from the node and those GPUs; ValueError if it does not fit."""
+    def allocate(self, node: int, gpus: tuple[int, ...], demand: Demand, *, check: bool = True) -> None:
+        """Take the demand from the node and those GPUs; ValueError if it does not fit (unchecked
+        when not `check`: a view that follows another takes what that one took, hidden GPUs too)."""
         gpus = tuple(int(g) for g in gpus)
+        if check:
+            self._check_fits(node, gpus, demand)
+        self._apply(node, gpus, demand, -1)
+        self.classes[node][demand.gpu_class] = self.classes[node].get(demand.gpu_class, 0) + 1
+
+    def _check_fits(self, node: int, gpus: tuple[int, ...], demand: Demand) -> None:
         if len(gpus) != demand.num_gpu or len(set(gpus)) != len(gpus):
             raise ValueError(f"demand needs {demand.num_gpu} distinct GPUs, got {gpus}")
         if self.cpu_free[node] < demand.cpu_milli or self.mem_free[node] < demand.memory_mib:
             raise ValueError(f"not enough CPU or memory on {self.nodes[node].name}")
         if gpus and not set(self.fitting_gpus(node, demand).tolist()).issuperset(gpus):
             raise ValueError(f"GPUs {gpus} on {self.nodes[node].name} cannot take {demand}")
-        self._apply(node, gpus, demand, -1)
-        self.classes[node][demand.gpu_class] = self.classes[node].get(demand.gpu_class, 0) + 1
 
     def release(self, node: int, gpus: tuple[int, ...], demand: Demand) -> None:
         """Give back what `allocate` took; ValueError if that would exceed the node's capacity."""

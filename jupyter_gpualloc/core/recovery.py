@@ -67,14 +67,14 @@ def reattach(lease: Lease, fleet: FleetState) -> bool:
             return False
         gs.owner[sl.mig_uuid] = lease.id
         fleet.changed(gs)
-        fleet.view.allocate(node_index, (), host_demand(lease.spec))
+        fleet.views.allocate(node_index, (), host_demand(lease.spec))
         return True
     if any(g.is_mig or g.free_milli() < sl.milli for g in gpus):
         return False
     for gs in gpus:
         gs.holders[lease.id] = sl.milli
         fleet.changed(gs)
-    fleet.view.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease))
+    fleet.views.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease))
     return True
 
 

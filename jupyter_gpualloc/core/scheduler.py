@@ -399,8 +399,10 @@ class Scheduler:
     def tick(self, now: float) -> list[Event]:
         """End dead and idle leases, grant what the queue can now have; returns the events.
 
-        O(active leases) for heartbeats, idle time, usage and time limits, then a scheduling
-        pass (`_schedule`). Writes the activity touches kept in memory first (write_activity)."""
+        O(active leases) for heartbeats (with a heartbeat_ttl), O(those with an idle timeout) for
+        idle time, O(granted leases) for usage quotas (when there are any), O((leases near their
+        time limit) x log) for time limits (Deadlines.check), then a scheduling pass (`_schedule`).
+        Writes the activity touches kept in memory first (write_activity)."""
         self.write_activity(now)
         ttl = self.policy.heartbeat_ttl
         announced: list[Event] = []
@@ -421,23 +423,24 @@ class Scheduler:
                 for lease in list(self._book.returning.values()):
                     if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
                         self._return_slice(lease, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s")
-                for lease in list(self._book.by_id.values()):
-                    if ttl and now - (lease.heartbeat_at or lease.created_at) > ttl:
+                for lease in list(self._book.by_id.values()) if ttl else ():
+                    if now - (lease.heartbeat_at or lease.created_at) > ttl:
                         self._end(lease, LeaseState.EXPIRED, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s",
                                   holder_gone=True)  # presumed dead
             with self._rule("idle release", now):
-                for lease in list(self._book.by_id.values()):
-                    if lease.state is LeaseState.GRANTED and lease.idle_timeout:
+                for lease in list(self._book.active.idle_timed.values()):
+                    if lease.state is LeaseState.GRANTED:
                         self._check_idle(lease, now)
-            granted = [l for l in self._book.by_id.values() if l.state is LeaseState.GRANTED]
+            active = self._book.active
             with self._rule("usage quotas", now):
+                granted = (l for l in self._book.by_id.values() if l.state is LeaseState.GRANTED)
                 for action in self.usage.enforce(granted, now):
                     self._emit(action.event, now, action.lease, **action.status.to_json())
                     if action.release:
                         self._end(action.lease, LeaseState.EXPIRED, now,
                                   f"usage quota used up: {action.status.sentence()}")
             with self._rule("time limits", now):
-                for action in self.deadlines.check([l for l in granted if l.state is LeaseState.GRANTED], now):
+                for action in self.deadlines.check(active.granted, active.place, now):
                     if action.release:
                         self._end(action.lease, LeaseState.EXPIRED, now,
                                   self.reservations.end_reason(action.lease, action.record.deadline) or action.reason)

@@ -99,3 +99,43 @@ def test_a_restart_keeps_deadlines_and_extensions(make):
 def test_bad_max_duration_is_refused():
     with pytest.raises(Exception, match="unknown holder kind 'notebook'"):
         SchedulerPolicy(max_duration={"notebook": 60})
+
+
+class CountingDict(dict):
+    """A dict that counts its lookups by get()."""
+
+    gets = 0
+
+    def get(self, key, default=None):
+        self.gets += 1
+        return super().get(key, default)
+
+
+def test_a_tick_looks_only_at_the_leases_near_their_deadline(harness):
+    """400 granted kernels with 4 h limits: a tick that ends none reads none of their deadline
+    records (it read all 400 before); one that warns two reads those two."""
+    h = harness(fleet({"model": "A100-SXM4-80GB", "count": 8}, nodes=50), heartbeat_ttl=0, idle_timeout=0,
+                max_duration={"kernel": 4 * HOUR}, deadline_warning=600)
+    s = h.scheduler
+    shared = SliceSpec.from_json({"kind": "shared", "memory_gib": 8})
+    leases = [s.submit(f"u{i}", f"kernel:{i}", shared, now=0 if i < 2 else 600) for i in range(400)]
+    assert all(lease.state is LeaseState.GRANTED for lease in leases)
+    s.deadlines._records = CountingDict(s.deadlines._records)
+    s.tick(HOUR)
+    assert s.deadlines._records.gets == 0
+    s.tick(4 * HOUR - 600)
+    assert [e.lease_id for e in events(h, "lease.deadline_warning")] == [leases[0].id, leases[1].id]
+    assert s.deadlines._records.gets <= 10
+
+
+def test_deadlines_end_leases_in_the_order_they_were_granted_not_by_deadline(make):
+    """Leases whose deadlines all pass at one tick end in the scheduler's lease order, as before the
+    time limits had an index: a lease extended and one restored by an undone change keep their places."""
+    h = make(max_duration={"kernel": HOUR}, deadline_warning=0, max_extensions=2, extension=HOUR)
+    s = h.scheduler
+    t4 = s.submit("a", "kernel:1", T4, now=0)
+    l4 = s.submit("b", "kernel:2", SliceSpec.from_json({"kind": "whole", "model": "L4"}), now=500)
+    s.extend(t4.id, now=600)  # t4's deadline is now after l4's
+    s.tick(3 * HOUR)
+    ended = [e.lease_id for e in h.events if e.type == "lease.expired"]
+    assert ended == [t4.id, l4.id]

@@ -43,7 +43,7 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
                                      {"model": A100_40, "mig": "static", "layout": ["3g.20gb", "1g.5gb"]},
                                      nodes=3))
     store = FlakyStore(store_urls.fresh())
-    s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, reserve_after=3))
+    s = Scheduler(backend, store, SchedulerPolicy(heartbeat_ttl=0, reserve_after=3, max_duration={"job": 40}))
     rng = random.Random(7)
     mig_gpus = [gs for gs in s._fleet.gpus.values() if gs.is_mig]
     for step in range(400):
@@ -71,6 +71,16 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
             fresh.add(lease)
         users, groups = [f"u{i}" for i in range(5)], ["g0", "g1", "g2", "all"]
         assert indexed(s._book.active, users, groups) == indexed(fresh, users, groups), f"step {step}"
+        active = s._book.active  # the tick's orders: by_id's, and those with an idle timeout in it
+        assert sorted(active.by_id, key=active.place) == list(active.by_id), f"step {step}"
+        assert list(active.idle_timed) == [i for i, lease in active.by_id.items() if lease.idle_timeout]
+        fresh_undrained = {gs.gpu.model: set() for gs in s._fleet.gpus.values()}
+        for gs in s._fleet.gpus.values():
+            if not gs.drained:
+                fresh_undrained[gs.gpu.model].add(gs.gpu.uuid)
+        assert s._fleet.undrained == fresh_undrained, f"step {step}"
+        records = s.deadlines._records.values()  # every time limit comes up in the tick's heap
+        assert {(r.deadline, r.lease_id) for r in records} <= set(s.deadlines._by_deadline), f"step {step}"
     store.close()
 
 
