@@ -70,5 +70,5 @@ def test_deadline_and_usage_events_reach_the_sidebars_stream():
     assert [r["message"] for r in keep.records] == [
         "The GPU slice of kernel k1 reaches its time limit at 2026-12-03 08:00 UTC; it will be released then "
         "unless extended (%gpu extend).",
-        "GPU usage of server: you have used 10.00 of 10 GPU-hours this week."]
+        "GPU usage of this server: you have used 10.00 of 10 GPU-hours this week."]
     assert keep.records[0]["release_at"] == 1796284800.0
