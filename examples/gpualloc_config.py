@@ -59,11 +59,19 @@ c.SchedulerPolicy.group_quotas = {"students": {"memory_gib": 160}}
 c.SchedulerPolicy.preempt_grace = 60               # a preempted job: SIGINT, SIGTERM 60 s later, then SIGKILL
 c.SchedulerPolicy.requeue_interrupted = True       # a job whose server died runs again (False: it fails)
 c.SchedulerPolicy.interactive_jobs = False         # jobs stay in the batch class
+c.SchedulerPolicy.allow_non_preemptible = False    # a job's --no-preemptible is refused: batch work is preemptible
+c.SchedulerPolicy.max_job_retries = 10             # the most --retries a job may ask for
+# A request names an offer (or a spec, mapped to the offer whose spec it is); its lease gets the
+# offer's idle_timeout and max_duration (else the policy's), and may only ask for a shorter idle
+# timeout. "groups" limits an offer to members of those groups.
 c.SchedulerPolicy.offers = [
     {"name": "small", "label": "MIG 1g.10gb (A100)", "spec": {"kind": "mig", "profile": "1g.10gb"}},
     {"name": "medium", "label": "MIG 3g.40gb (A100)", "spec": {"kind": "mig", "profile": "3g.40gb"}},
     {"name": "shared-16", "label": "16 GiB of an H100", "spec": {"kind": "shared", "memory_gib": 16,
                                                                "model": "H100 80GB HBM3"}},
     {"name": "whole-l4", "label": "A whole L4", "spec": {"kind": "whole", "model": "L4"},
-     "idle_timeout": 3600},
+     "idle_timeout": 3600, "max_duration": 4 * 3600, "groups": ["staff"]},
 ]
+# The standalone service serves a job's log only from a workdir under these (for users with a
+# local account other than the service's own); {home} and {user} are that account's.
+c.GpuAllocService.job_workdir_roots = ["{home}"]
