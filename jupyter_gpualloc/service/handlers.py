@@ -255,10 +255,7 @@ def parse_timestamp(value: Any, name: str) -> float | None:
         day, minutes, seconds, fraction, offset = found.groups()
         offset = "+00:00" if offset in ("Z", "z") else offset
         text = f"{day}T{minutes}:{min(int(seconds), 59):02d}{(fraction or '')[:7]}{offset}"
-        moment = datetime.fromisoformat(text).timestamp()
-        if not MIN_EPOCH <= moment <= MAX_EPOCH:
-            raise ValueError(value)
-        return moment
+        return min(max(datetime.fromisoformat(text).timestamp(), MIN_EPOCH), MAX_EPOCH)
     except (ValueError, OverflowError):
         raise ApiError(400, f"{name} must be epoch seconds or an RFC 3339 time", field=name) from None
 

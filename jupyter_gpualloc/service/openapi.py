@@ -169,8 +169,11 @@ SCHEMAS: dict[str, Any] = {
         "type": "object", "additionalProperties": False,
         "properties": {
             "last_activity": {"oneOf": [{"type": "number", "minimum": MIN_EPOCH, "maximum": MAX_EPOCH},
-                                        {"type": "string", "format": "date-time", "maxLength": 64}],
-                              "description": "Epoch seconds or an RFC 3339 time; a time after now counts as now."},
+                                        {"type": "string", "format": "date-time", "maxLength": 64,
+                                         "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-"}],
+                              "description": "Epoch seconds or an RFC 3339 time from 1970 to 9999 (its offset may "
+                                             "take it past either end, where it counts as that end); a time "
+                                             "after now counts as now."},
             "busy": {"type": "boolean"}, "connections": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
         },
     },

@@ -43,6 +43,7 @@ STATE_DEPENDENT = {
     "preemptible": "the admin's policy decides whether batch work may ask not to be preempted",
     "end": "a reservation's end must be later than its start (a rule across two fields)",
     "start": "a date the document's pattern allows may not exist (February 30)",
+    "last_activity": "a date the document's pattern allows may not exist (February 30)",
 }
 
 

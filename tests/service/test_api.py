@@ -222,8 +222,14 @@ def test_touch_and_heartbeat(service):
     future = service.call("POST", path, {"last_activity": moment + 3600}, ALICE).json()
     assert moment < future["last_activity"] <= time.time()
     assert service.call("POST", path, {}, ALICE).status == 200
+    # a time in the document's years that its offset takes before 1970 counts as 1970, not a refusal
+    # (earlier than the activity known, it moves nothing)
+    known = service.call("GET", f"leases/{lease['id']}", token=ALICE).json()["last_activity"]
+    edge = service.call("POST", path, {"last_activity": "1970-01-01T00:00:00+01:00"}, ALICE)
+    assert edge.status == 200 and edge.json()["last_activity"] == known, edge
     for body, field in [({"last_activity": "yesterday"}, "last_activity"), ({"busy": 1}, "busy"),
                         ({"connections": -1}, "connections"), ({"connections": 1.5}, "connections"),
+                        ({"last_activity": "0270-05-23T04:05:50Z"}, "last_activity"),
                         ({"cpu": 3}, "cpu")]:
         response = service.call("POST", path, body, ALICE)
         assert response.status == 400 and response.json()["field"] == field, (body, response)
