@@ -2,7 +2,8 @@
 and the tokens of jobs run in Kubernetes Jobs.
 
 Every authenticator turns a request into an `Identity` (user name, admin or not, groups) or None.
-In hub mode administrators are those holding a custom scope (`custom:gpualloc:admin` by default);
+In hub mode administrators are those holding a custom scope (`custom:gpualloc:admin` by default),
+people or JupyterHub services (an operator's script); a service without that scope is refused;
 in standalone mode they are the token map's entries marked `"admin": True`. A job's token
 (`JobTokenAuthenticator`) acts for the job's owner on that one job only (`Identity.job`).
 """
@@ -20,6 +21,7 @@ from tornado import web
 from tornado.httputil import url_concat
 
 ADMIN_SCOPE = "custom:gpualloc:admin"
+SERVICE_PREFIX = "service:"  # an administering JupyterHub service's identity: "service:<its name>"
 _AUTH_HEADER = re.compile(r"(?:token|bearer)\s+(\S+)\s*$", re.IGNORECASE)
 
 
@@ -146,14 +148,22 @@ class HubAuthenticator:
                 handler.redirect(oauth_login_url(self.hub_auth, handler))
                 raise web.Finish()
             return None
-        if model.get("kind", "user") != "user":
-            raise Forbidden(f"{model.get('kind')} {model.get('name')} is not a user")
+        kind = model.get("kind", "user")
         scopes = set(model.get("scopes", ()))
         access = self.hub_auth.access_scopes
         if access and not check_scopes(access, scopes):
-            raise Forbidden(f"user {model['name']} may not use this service "
+            raise Forbidden(f"{kind} {model['name']} may not use this service "
                             f"(needs one of: {', '.join(sorted(access))})")
         admin = bool(check_scopes({self.admin_scope}, scopes))
+        if kind == "service":
+            # an operator's script or dashboard, registered as a JupyterHub service: it holds no
+            # slices of its own, so it is let in only to administer, by the same scope as a person
+            if not admin:
+                raise Forbidden(f"service {model['name']} is not a user: a JupyterHub service may use "
+                                f"this service only as an administrator (the {self.admin_scope} scope)")
+            return Identity(SERVICE_PREFIX + model["name"], True)
+        if kind != "user":
+            raise Forbidden(f"{kind} {model.get('name')} is not a user")
         return Identity(model["name"], admin, tuple(model.get("groups") or ()))
 
     def check_xsrf(self, handler: web.RequestHandler) -> None:

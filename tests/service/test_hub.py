@@ -17,11 +17,14 @@ import urllib.request
 import pytest
 
 from jupyter_gpualloc import client as gc
-from tests.hubfixture import GPUALLOC_CUSTOM_SCOPES, Hub, gpualloc_roles, gpualloc_service, http_json
+from tests.hubfixture import (GPUALLOC_ADMIN_SCOPE, GPUALLOC_CUSTOM_SCOPES, Hub, gpualloc_roles, gpualloc_service,
+                              http_json)
 
 from .conftest import FLEET
 
 MIG = {"kind": "mig", "profile": "1g.5gb"}
+OPERATOR_TOKEN = "operator-" + "7" * 32
+WATCHER_TOKEN = "watcher-" + "5" * 32
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +33,13 @@ pytestmark = pytest.mark.slow
 def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hub")
     service = gpualloc_service(workdir, FLEET, "--tick-interval", "1")
-    the_hub = Hub(workdir, services=[service], roles=gpualloc_roles(admins=["ada"]),
+    # two scripts registered as JupyterHub services: an operator's (admin scope) and a plain one
+    scripts = [{"name": "operator", "api_token": OPERATOR_TOKEN}, {"name": "watcher", "api_token": WATCHER_TOKEN}]
+    roles = [*gpualloc_roles(admins=["ada"]),
+             {"name": "gpualloc-operator", "scopes": [GPUALLOC_ADMIN_SCOPE, "access:services!service=gpualloc"],
+              "services": ["operator"]},
+             {"name": "gpualloc-watcher", "scopes": ["access:services!service=gpualloc"], "services": ["watcher"]}]
+    the_hub = Hub(workdir, services=[service, *scripts], roles=roles,
                   custom_scopes=GPUALLOC_CUSTOM_SCOPES).start()
     try:
         the_hub.add_users("alice", "bob", "ada")
@@ -81,6 +90,18 @@ def test_tokens_without_access_or_unknown_are_refused(hub, tokens):
     assert api(hub, "GET", "leases", "0" * 32)[0] == 401
     assert api(hub, "GET", "leases", None)[0] == 401
     assert api(hub, "GET", "health", None)[0] == 200
+
+
+def test_a_service_token_with_the_admin_scope_administers_and_one_without_is_refused(hub, tokens):
+    status, lease = api(hub, "POST", "leases", tokens["bob"], {"spec": MIG, "holder": "kernel:b-ops"})
+    assert status == 201
+    assert api(hub, "GET", "user", OPERATOR_TOKEN) == (200, {"user": "service:operator", "admin": True, "groups": []})
+    assert lease["id"] in [l["id"] for l in api(hub, "GET", "leases?all=1", OPERATOR_TOKEN)[1]["leases"]]
+    assert api(hub, "GET", "metrics", OPERATOR_TOKEN)[0] == 200
+    status, ended = api(hub, "DELETE", f"leases/{lease['id']}", OPERATOR_TOKEN)
+    assert status == 200 and ended["reason"] == "released by service:operator"
+    status, body = api(hub, "GET", "leases", WATCHER_TOKEN)
+    assert status == 403 and "service watcher" in body["error"] and GPUALLOC_ADMIN_SCOPE in body["error"]
 
 
 def test_a_single_user_servers_own_token_acts_for_its_user(hub, tokens):
