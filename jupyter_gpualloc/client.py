@@ -18,13 +18,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlparse
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
+from .holder import Keepalive
 from .job_folder import JobFolder
 from .user_files import FILE_THREADS, Refused, read_regular
 from .lease_env import server_holder
@@ -561,6 +562,28 @@ class SyncGpuAllocClient:
 
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def run(self, work: Callable[[GpuAllocClient], Awaitable[Any]]) -> Any:
+        """Run `work(async client)` on this client's loop and wait for it; an interrupt (a kernel's
+        Ctrl-C reaches this thread) cancels it there, then goes on up."""
+        future = asyncio.run_coroutine_threadsafe(work(self._client), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def keep_alive(self, holders: list[str], interval: float, log: logging.Logger) -> Keepalive:
+        """Heartbeat `holders` every `interval` seconds on this client's loop, until `stop_keepalive`."""
+        keepalive = Keepalive(self._client.heartbeat, interval, log=log)
+        for holder in holders:
+            keepalive.keep(holder)
+        self._loop.call_soon_threadsafe(keepalive.start)
+        return keepalive
+
+    def stop_keepalive(self, keepalive: Keepalive) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(keepalive.stop)
 
     def close(self) -> None:
         if self._loop.is_running():

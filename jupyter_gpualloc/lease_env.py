@@ -12,6 +12,9 @@ from typing import Any, Mapping
 MIB = 1024 * 1024
 NO_DEVICES_FOR_CONTAINERS = "void"  # what the NVIDIA container runtime reads as "no GPU"
 IN_A_POD_VARIABLE = "GPUALLOC_KERNEL_POD"  # "1" in a GPU kernel running in a pod of its own (Kubernetes)
+# "1" in a kernel whose Jupyter server heartbeats it (the server extension's activity report keeps
+# every kernel it runs alive): the kernel sends no heartbeat of its own
+KEPT_ALIVE_VARIABLE = "GPUALLOC_KEPT_ALIVE_BY_SERVER"
 
 # Every variable slice_env may set, so a caller can clear stale ones before applying a new lease.
 SLICE_ENV_NAMES = (

@@ -105,8 +105,8 @@ class ServiceLink:
         """Say that these holders of the user's have ended: the slices they held return to the pool."""
         return await self.client.holders_gone(holders)
 
-    async def heartbeat(self, holder: str) -> list[dict]:
-        return await self.client.heartbeat([holder])
+    async def heartbeat(self, holders: list[str]) -> list[dict]:
+        return await self.client.heartbeat(holders)
 
     async def gpu_memory_mib(self, gpu_uuid: str) -> int | None:
         """A GPU's total memory from the inventory (for memory fractions), or None if not listed."""

@@ -34,6 +34,7 @@ from tornado import web
 from traitlets import Bool, Float, Unicode, default
 
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
+from ..holder import Keepalive, Waiting, WaitGaveUp, wait_in_queue
 from ..core.model import SliceSpec
 from . import form
 from ..lease_env import server_holder, slice_env
@@ -181,7 +182,7 @@ class GPUSpawnerMixin(Spawner):
             self._gpu_lease: dict | None = None
             self._gpu_memory: int | None = None
             self._gpu_offer: dict | None = None
-            self._gpu_heartbeats: asyncio.Task | None = None
+            self._gpu_keepalive: Keepalive | None = None
             self._gpu_lost = ""
             self._gpu_events: list[dict] = []
             self._gpu_signal = asyncio.Event()
@@ -473,30 +474,32 @@ class GPUSpawnerMixin(Spawner):
         what, a_what = describe_spec(offer["spec"]), describe_spec(offer["spec"], article=True)
         started = time.monotonic()
         patience = max(self.start_timeout - self.gpu_start_reserve, 1.0)
-        deadline = started + patience
         gives_up = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + patience))
         self._gpu_progress(f"asking for {a_what}", 5)
         lease = await self._submit(link, offer, a_what)
         self.gpu_lease_id = lease["id"]
         try:
-            last_said, beat = None, started
-            while lease["state"] == "queued":
-                position = lease.get("position")
-                said = queue_words(a_what, position, lease.get("reason", ""), gives_up, patience)
-                if said != last_said:
-                    self._gpu_progress(said, 10)
-                    last_said = said
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise capacity_error(
-                        f"No {what} became free within {patience:g} seconds (this hub's start timeout of "
-                        f"{self.start_timeout:g} s, less {self.gpu_start_reserve:g} s to start the server; you "
-                        f"were number {position} in the queue). Try again later, or choose a smaller slice.")
-                await asyncio.sleep(min(self.gpu_poll_interval, left))
-                if time.monotonic() - beat >= self.gpu_heartbeat_interval:
-                    await link.heartbeat(self.gpu_holder)
-                    beat = time.monotonic()
-                lease = await link.lease(lease["id"]) or {"state": "gone", "reason": "the service lost it"}
+            said: list[str] = []
+
+            def tell(waiting: Waiting) -> None:
+                words = queue_words(a_what, waiting.position, waiting.reason, gives_up, patience)
+                if not said or said[-1] != words:
+                    self._gpu_progress(words, 10)
+                    said.append(words)
+
+            async def read(view: dict) -> dict:
+                return await link.lease(view["id"]) or {"state": "gone", "reason": "the service lost it"}
+
+            try:
+                lease = await wait_in_queue(read, lease, patience=patience, on_round=tell, poll=self.gpu_poll_interval,
+                                            beat=lambda: link.heartbeat([self.gpu_holder]),
+                                            beat_every=self.gpu_heartbeat_interval)
+            except WaitGaveUp as gave_up:
+                raise capacity_error(
+                    f"No {what} became free within {patience:g} seconds (this hub's start timeout of "
+                    f"{self.start_timeout:g} s, less {self.gpu_start_reserve:g} s to start the server; you "
+                    f"were number {gave_up.waiting.position} in the queue). Try again later, or choose a smaller "
+                    "slice.") from None
             if lease["state"] != "granted":
                 raise capacity_error(f"Your request for {a_what} ended: {lease.get('reason') or lease['state']}.")
             self._gpu_lease = lease
@@ -663,32 +666,33 @@ class GPUSpawnerMixin(Spawner):
 
     # ------------------------------------------------------------ heartbeats
     def _start_heartbeats(self) -> None:
-        if self._gpu_heartbeats is None or self._gpu_heartbeats.done():
-            self._gpu_heartbeats = asyncio.ensure_future(self._heartbeat_loop())
+        """Keep the running server's lease alive (holder.Keepalive): a dead server's lease is released
+        at once, and a server whose lease ended is stopped at once (then its slice returns)."""
+        keepalive = self._gpu_keepalive
+        if keepalive is None:
+            keepalive = self._gpu_keepalive = Keepalive(
+                lambda holders: self.gpu_link().heartbeat(holders), self.gpu_heartbeat_interval,
+                log=self.log, what=self._log_name)
+        if self.gpu_holder not in keepalive.kept:
+            keepalive.keep(self.gpu_holder, lease_id=self.gpu_lease_id, running=self._server_runs,
+                           on_ended=self._server_ended, on_lost=self._server_lease_lost)
+        keepalive.start()
 
     def _stop_heartbeats(self) -> None:
-        task, self._gpu_heartbeats = self._gpu_heartbeats, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+        keepalive, self._gpu_keepalive = self._gpu_keepalive, None
+        if keepalive is not None:
+            keepalive.stop()
 
-    async def _heartbeat_loop(self) -> None:
-        """Heartbeat while the server runs; a dead server's lease is released at once, and a
-        server whose lease ended is stopped at once (then its slice returns)."""
-        while self.gpu_lease_id and self._gpu_stopping() is None:
-            status = await self._poll_server()
-            if self._gpu_stopping() is not None:
-                return
-            if status is not None:
-                await self.release_slice(f"the server is not running (status {status})", holder_gone=True)
-                return
-            try:
-                alive = await self.gpu_link().heartbeat(self.gpu_holder)
-                if not any(lease["id"] == self.gpu_lease_id for lease in alive):
-                    lease = await self.gpu_link().lease(self.gpu_lease_id)
-                    self._gpu_lost = (lease or {}).get("reason") or "the service no longer knows it"
-                    self._gpu_heartbeats = None  # the stop's release must not cancel what follows
-                    asyncio.ensure_future(self._stop_lost_server_and_tell_the_hub())
-                    return
-            except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
-                self.log.warning("%s: heartbeat of lease %s failed: %s", self._log_name, self.gpu_lease_id, err)
-            await asyncio.sleep(self.gpu_heartbeat_interval)
+    async def _server_runs(self) -> bool:
+        """The server's proof of life: its process runs (a stop under way counts as running: the
+        stop gives the slice back itself)."""
+        return self._gpu_stopping() is not None or await self._poll_server() is None
+
+    async def _server_ended(self, holder: str) -> None:
+        await self.release_slice("the server is not running", holder_gone=True)
+
+    async def _server_lease_lost(self, holder: str) -> None:
+        lease = await self.gpu_link().lease(self.gpu_lease_id) if self.gpu_lease_id else None
+        self._gpu_lost = (lease or {}).get("reason") or "the service no longer knows it"
+        self._stop_heartbeats()  # (from inside the beat: it ends, its callbacks done)
+        asyncio.ensure_future(self._stop_lost_server_and_tell_the_hub())

@@ -37,6 +37,8 @@ from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..client import Availability
+from ..core.holders import job_holder
+from ..holder import Keepalive
 from ..lease_env import SLICE_ENV_NAMES, slice_env
 from ..job_folder import INPUTS_DIR, JobFolder, inside
 from .notebook import job_notebook
@@ -115,7 +117,7 @@ class JobRunner:
                 await self._recover(jobs)
                 self._recovered = True
                 return  # the interrupted jobs are queued again: the next round sees them so
-            holders = [f"job:{j['id']}" for j in jobs]
+            holders = [job_holder(j['id']) for j in jobs]
             if holders:
                 await self.client.heartbeat(holders)
                 if self.on_activity is not None:
@@ -353,16 +355,15 @@ async def run_in_pod(client: GpuAllocClient, job_id: str, *, heartbeat_interval:
     attempt.task = asyncio.ensure_future(runner._run(job, attempt))
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: _terminate(runner, attempt))
+    # the job's token names its holder: the heartbeat carries none
+    keepalive = Keepalive(lambda holders: client.heartbeat(), heartbeat_interval, log=log, what=f"gpualloc jobs: job {job_id}")
+    keepalive.keep(job_holder(job_id))
+    keepalive.start()
     try:
-        while not attempt.task.done():
-            await asyncio.wait([attempt.task], timeout=heartbeat_interval)
-            if not attempt.task.done():
-                try:
-                    await client.heartbeat()
-                except GpuAllocError as err:  # the lease's TTL is long; the next beat tries again
-                    log.warning("gpualloc jobs: heartbeat of job %s failed: %s", job_id, err)
+        await asyncio.wait([attempt.task])
         outcome = attempt.task.result()
     finally:
+        keepalive.stop()
         loop.remove_signal_handler(signal.SIGTERM)
     if outcome != "stopped":  # a job that ended for good (no retry queued) has its pickled inputs deleted
         try:

@@ -9,19 +9,20 @@ slice when the server holds one. Every failure prints one line to stderr, never 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 import sys
-import threading
 import time
-from typing import Any, Callable, MutableMapping
+from typing import Callable, MutableMapping
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..core.holders import KERNEL, kernel_of
-from ..lease_env import IN_A_POD_VARIABLE
+from ..holder import Waiting, WaitGaveUp, wait_in_queue
+from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
@@ -36,6 +37,11 @@ ACTIVE = ("queued", "granted")
 HEARTBEAT_INTERVAL = 30.0
 POLL_INTERVAL = 1.0
 SERVER_NAME_VARIABLE = "JUPYTERHUB_SERVER_NAME"  # JupyterHub sets it in every single-user server
+# A failed heartbeat is tried again at the next one; the lease's notices say what matters to the user,
+# so nothing of it is printed into a cell.
+QUIET_LOG = logging.getLogger("jupyter_gpualloc.kernel.keepalive")
+QUIET_LOG.addHandler(logging.NullHandler())
+QUIET_LOG.propagate = False
 
 
 def kernel_holder(environ: MutableMapping[str, str], connection_file: str | None) -> str:
@@ -66,33 +72,6 @@ def running_connection_file() -> str | None:
     from ipykernel.kernelapp import IPKernelApp
 
     return IPKernelApp.instance().connection_file if IPKernelApp.initialized() else None
-
-
-class Heartbeat:
-    """Tells the service every `interval` seconds that this kernel (the holder) is alive."""
-
-    def __init__(self, send: Callable[[], Any], interval: float = HEARTBEAT_INTERVAL):
-        self.send = send
-        self.interval = interval
-        self._stop: threading.Event | None = None
-
-    def start(self) -> None:
-        if self._stop is not None:
-            return
-        stop = self._stop = threading.Event()
-        threading.Thread(target=self._run, args=(stop,), name="gpualloc-heartbeat", daemon=True).start()
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval):
-            try:
-                self.send()
-            except Exception:  # the service may be restarting: the next beat tries again
-                continue
 
 
 class Progress:
@@ -143,7 +122,8 @@ class KernelGpu:
         self.applied_id: str | None = self.lease_id
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
-        self.heartbeat = Heartbeat(lambda: self.client.heartbeat([self.holder]), heartbeat_interval)
+        self.heartbeat_interval = heartbeat_interval
+        self._keepalive = None
         self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id,
                                     read_lease=lambda lease_id: self.client.lease(lease_id),
                                     read_quotas=self.usage_quotas)
@@ -181,13 +161,23 @@ class KernelGpu:
     def service_url(self) -> str:
         return getattr(self._client, "url", "") or self.environ.get("GPUALLOC_URL", "")
 
+    @property
+    def kept_alive_by_server(self) -> bool:
+        """This kernel's Jupyter server heartbeats every kernel it runs (its extension's activity
+        report): the kernel adds no heartbeat of its own."""
+        return bool(self.environ.get(KEPT_ALIVE_VARIABLE))
+
     def _holding(self) -> None:
-        """This kernel holds a lease: heartbeat it, and say when the service warns about it."""
-        self.heartbeat.start()
+        """This kernel holds a lease: keep it alive (unless its server does), and say when the
+        service warns about it."""
+        if self._keepalive is None and not self.kept_alive_by_server:
+            self._keepalive = self.client.keep_alive([self.holder], self.heartbeat_interval, QUIET_LOG)
         self.notices.start()
 
     def _not_holding(self) -> None:
-        self.heartbeat.stop()
+        if self._keepalive is not None:
+            self.client.stop_keepalive(self._keepalive)
+            self._keepalive = None
         self.notices.stop()
 
     def close(self) -> None:
@@ -258,21 +248,26 @@ class KernelGpu:
         return [f"gpu: {self.events_client.restart_as_gpu_kernel(kernel_of(self.holder), spec)['note']}"]
 
     def _wait(self, lease: dict, timeout: float) -> dict:
-        """Poll a queued lease, showing its position, until it is granted, ends, or `timeout` passes."""
+        """Wait in the queue (holder.wait_in_queue, on the client's loop), showing the position and
+        the reason, until the lease is granted, ends, or `timeout` passes (then it is withdrawn)."""
         progress = Progress(self.in_kernel)
-        started = self.clock()
         what, a_what = describe_request(lease), describe_request(lease, article=True)
-        while lease["state"] == "queued":
-            waited = self.clock() - started
-            progress.show(f"gpu: queued for {a_what}: position {lease.get('position')}, "
-                          f"waited {format_duration(waited)} (interrupt to withdraw)")
-            if waited >= timeout:
-                withdrawn = self.client.release(lease["id"])
-                progress.done(f"gpu: no {what} within {format_duration(timeout)}: request withdrawn "
-                              f"(use a longer --wait, or --no-wait)")
-                return withdrawn
-            time.sleep(min(self.poll_interval, max(0.0, timeout - waited)))
-            lease = self.client.lease(lease["id"])
+        started = self.clock()
+
+        def tell(waiting: Waiting) -> None:
+            why = f" ({waiting.reason})" if waiting.reason else ""
+            left = f", gives up in {format_duration(waiting.left)}" if waiting.left != math.inf else ""
+            progress.show(f"gpu: queued for {a_what}: position {waiting.position}{why}, waited "
+                          f"{format_duration(waiting.waited)}{left} (interrupt to withdraw)")
+
+        try:
+            lease = self.client.run(lambda client: wait_in_queue(
+                lambda view: client.lease(view["id"]), lease, patience=timeout, on_round=tell, poll=self.poll_interval))
+        except WaitGaveUp:
+            withdrawn = self.client.release(lease["id"])
+            progress.done(f"gpu: no {what} within {format_duration(timeout)}: request withdrawn "
+                          f"(use a longer --wait, or --no-wait)")
+            return withdrawn
         if lease["state"] == "granted":
             progress.done(f"gpu: granted after {format_duration(self.clock() - started)} in the queue")
         return lease

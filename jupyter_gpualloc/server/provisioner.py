@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,8 @@ from traitlets import Dict, Float, Unicode
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, ServiceUnavailable, discover
 from ..core.holders import kernel_holder
-from ..lease_env import IN_A_POD_VARIABLE, SLICE_ENV_NAMES, slice_env
+from ..holder import Waiting, WaitGaveUp, wait_in_queue
+from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, SLICE_ENV_NAMES, slice_env
 from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
@@ -76,6 +76,8 @@ class KernelLink:
     def base_env(self, kernel_id: str) -> dict[str, str]:
         env = {"GPUALLOC_URL": self.kernel_url, "GPUALLOC_TOKEN": self.kernel_token,
                "GPUALLOC_HOLDER": kernel_holder(kernel_id)}
+        if self.monitor is not None:  # its report heartbeats every kernel of the server
+            env[KEPT_ALIVE_VARIABLE] = "1"
         if self.events_url:
             env["GPUALLOC_EVENTS_URL"] = self.events_url
         return env
@@ -218,33 +220,44 @@ class GpuAllocProvisioner(LocalProvisioner):
         """Until the kernel's pod runs: its place in the queue is logged; past the wait timeout in the
         queue the request is withdrawn and the start fails saying so."""
         timeout = self.wait_timeout if self.wait_timeout is not None else link.wait_timeout
-        deadline, said, pause = time.monotonic() + timeout, None, FIRST_POD_POLL_SECONDS
-        what = self.offer or self.spec
-        while pod["state"] != "running":
-            if pod["state"] == "ended":
-                self.pod_state = "ended"
-                raise SliceWaitTimeout(f"The GPU kernel's pod ({what}) did not start: {pod.get('reason', '')}")
-            if pod["state"] == "queued" and time.monotonic() > deadline:
-                await self._end_pod(link)
-                raise SliceWaitTimeout(
-                    f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
-                    f"It was number {pod.get('position')} in the queue; try again later or pick a smaller slice.")
-            where = f"waiting for a GPU slice: position {pod['position']}" if pod["state"] == "queued" \
-                else f"waiting for its pod {pod.get('pod') or ''} to start {pod.get('reason') or ''}".rstrip()
-            if where != said:
-                self.log.info("kernel %s: %s", self.kernel_id, where)
-                said = where
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, POLL_SECONDS)
+        what, said = self.offer or self.spec, []
+
+        def tell(waiting: Waiting) -> None:
+            view = waiting.view
+            if view["state"] == "ended":
+                return
+            where = f"waiting for a GPU slice: position {view['position']}" if view["state"] == "queued" \
+                else f"waiting for its pod {view.get('pod') or ''} to start {view.get('reason') or ''}".rstrip()
+            self._log_once(said, where)
+
+        async def read(view: dict) -> dict:
             try:
-                pod = await self._pod_view(link)
+                view = await self._pod_view(link)
             except ServiceUnavailable as err:  # e.g. the service restarts: the request is told again after
-                if said != str(err):
-                    self.log.warning("kernel %s: %s; still waiting", self.kernel_id, err)
-                    said = str(err)
-                continue
-            self.pod_state = pod["state"]
+                self._log_once(said, f"{err}; still waiting", warning=True)
+                return view
+            self.pod_state = view["state"]
+            return view
+
+        try:
+            pod = await wait_in_queue(read, pod, patience=timeout, on_round=tell, poll=POLL_SECONDS,
+                                      first_poll=FIRST_POD_POLL_SECONDS,
+                                      waiting=lambda view: view["state"] not in ("running", "ended"))
+        except WaitGaveUp as gave_up:
+            await self._end_pod(link)
+            raise SliceWaitTimeout(
+                f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
+                f"It was number {gave_up.waiting.position} in the queue; try again later or pick a smaller slice.")
+        if pod["state"] == "ended":
+            self.pod_state = "ended"
+            raise SliceWaitTimeout(f"The GPU kernel's pod ({what}) did not start: {pod.get('reason', '')}")
         return pod
+
+    def _log_once(self, said: list[str], words: str, warning: bool = False) -> None:
+        """Log where the kernel's start stands, when that changed."""
+        if not said or said[-1] != words:
+            (self.log.warning if warning else self.log.info)("kernel %s: %s", self.kernel_id, words)
+            said.append(words)
 
     async def _pod_view(self, link: KernelLink) -> dict:
         """Where the kernel's pod is; a service that restarted since is told the request again."""
@@ -314,22 +327,25 @@ class GpuAllocProvisioner(LocalProvisioner):
         return None
 
     async def _wait_for_grant(self, link: KernelLink, lease: dict) -> dict:
-        """Long-poll the queued lease until granted; cancel it and fail after the wait timeout."""
+        """Poll the queued lease until granted, logging its place; cancel it and fail after the wait timeout."""
         timeout = self.wait_timeout if self.wait_timeout is not None else link.wait_timeout
-        deadline = time.monotonic() + timeout
-        what = self.offer or lease["spec"]
-        while lease["state"] == "queued":
-            left = deadline - time.monotonic()
-            if left <= 0:
-                await self._release(link, lease["id"])
-                raise SliceWaitTimeout(
-                    f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
-                    f"It was number {lease.get('position')} in the queue; try again later or pick a smaller slice.")
-            await asyncio.sleep(min(POLL_SECONDS, left))
-            lease = await link.client.lease(lease["id"])
-            if lease["state"] not in ("queued", "granted"):
-                raise SliceWaitTimeout(f"The GPU request for this kernel ended ({lease['state']}: "
-                                       f"{lease.get('reason', '')}): the kernel was not started.")
+        what, said = self.offer or lease["spec"], []
+
+        def tell(waiting: Waiting) -> None:
+            why = f" ({waiting.reason})" if waiting.reason else ""
+            self._log_once(said, f"waiting for a GPU slice: position {waiting.position}{why}")
+
+        try:
+            lease = await wait_in_queue(lambda view: link.client.lease(view["id"]), lease, patience=timeout,
+                                        on_round=tell, poll=POLL_SECONDS)
+        except WaitGaveUp as gave_up:
+            await self._release(link, lease["id"])
+            raise SliceWaitTimeout(
+                f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
+                f"It was number {gave_up.waiting.position} in the queue; try again later or pick a smaller slice.")
+        if lease["state"] != "granted":
+            raise SliceWaitTimeout(f"The GPU request for this kernel ended ({lease['state']}: "
+                                   f"{lease.get('reason', '')}): the kernel was not started.")
         return lease
 
     @staticmethod

@@ -13,7 +13,7 @@ import urllib.error
 
 import pytest
 
-from jupyter_gpualloc.lease_env import slice_env
+from jupyter_gpualloc.lease_env import KEPT_ALIVE_VARIABLE, slice_env
 from tests.kernel.conftest import ALICE, BOB, CAROL, assert_one_line_error
 
 
@@ -297,10 +297,33 @@ def test_the_kernel_heartbeats_while_it_holds_a_lease(service, kernel):
     [lease] = mine(service, kernel)
     beat = lease["heartbeat_at"]
     kernel.run("from jupyter_gpualloc.kernel import _LOADED\n"
-               "[gpu] = _LOADED.values(); gpu.heartbeat.stop(); gpu.heartbeat.interval = 0.2; gpu.heartbeat.start()")
+               "[gpu] = _LOADED.values(); gpu._not_holding(); gpu.heartbeat_interval = 0.2; gpu._holding()")
     time.sleep(1.0)
     [lease] = mine(service, kernel)
     assert lease["heartbeat_at"] > beat
+
+
+def test_a_kernel_its_server_keeps_alive_sends_no_heartbeat_of_its_own(service, tmp_path):
+    """Inside a server with the extension (which heartbeats every kernel it runs), %gpu request adds
+    no second keeper: one heartbeat per process."""
+    from jupyter_gpualloc.kernel.magics import KernelGpu
+
+    environ = {"GPUALLOC_URL": service.url, "GPUALLOC_TOKEN": ALICE, "GPUALLOC_HOLDER": "kernel:kept"}
+    alone = KernelGpu(environ=dict(environ), heartbeat_interval=0.1)
+    kept = KernelGpu(environ={**environ, "GPUALLOC_HOLDER": "kernel:kept2", KEPT_ALIVE_VARIABLE: "1"},
+                     heartbeat_interval=0.1)
+    try:
+        for gpu in (alone, kept):
+            gpu.request({"kind": "shared", "memory_gib": 2, "model": "L4"})
+        beats = {gpu.holder: gpu.client.lease(gpu.lease_id)["heartbeat_at"] for gpu in (alone, kept)}
+        time.sleep(0.8)
+        after = {gpu.holder: gpu.client.lease(gpu.lease_id)["heartbeat_at"] for gpu in (alone, kept)}
+        assert after["kernel:kept"] > beats["kernel:kept"]
+        assert after["kernel:kept2"] == beats["kernel:kept2"]
+    finally:
+        for gpu in (alone, kept):
+            gpu.client.release(gpu.lease_id)
+            gpu.close()
 
 
 SLICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPUALLOC_LEASE_ID", "GPUALLOC_SLICE_KIND", "GPUALLOC_MEMORY_LIMIT_MIB",
