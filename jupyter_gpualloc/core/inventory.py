@@ -42,17 +42,20 @@ def offers(offer_plans: Iterable[tuple[Offer, tuple[Plan, ...]]], fleet: FleetSt
            used_up: QuotaStatus | None) -> list[dict]:
     """The offers `user` (in `groups`) may take, each with how many could be granted now, the quota
     that never allows one, the idle timeout and time limit a kernel's lease on it gets (what the
-    policy decides: shown, never sent back), its extensions, and the usage quota `used_up` (if any)."""
+    policy decides: shown, never sent back), its extensions, the quota the user's slices in use fill now
+    (`quota_full`: a request waits, or is refused, until one of them ends), and the usage quota `used_up` (if any)."""
     out = []
     for offer, plans in offer_plans:
         if not offer.open_to(groups):
             continue
         never = quota_block(policy, active, user, groups, plans, None, assume_empty=True) if user else None
+        full = quota_block(policy, active, user, groups, plans, None) if user and not never else None
         max_duration = offer_terms.max_duration("server", offer=offer)
         out.append({"name": offer.name, "label": offer.label, "spec": offer.spec.to_json(),
                     "idle_timeout": offer.idle_timeout, "max_duration": max_duration,
                     "available": count_available(fleet, plans),
                     "over_quota": never.limit_text if never else None,
+                    "quota_full": str(full) if full else None,
                     "max_extensions": policy.max_extensions if max_duration else None,
                     "over_usage_quota": used_up.sentence() if used_up else None})
     return out

@@ -267,7 +267,8 @@ class Jobs:
         return lease if lease.state.active else None
 
     def view(self, job: Job, now: float) -> dict[str, Any]:
-        """The job as the API shows it: its record, queue position (0: its slice is ready), lease and runtime."""
+        """The job as the API shows it: its record, queue position (0: its slice is ready), lease and runtime;
+        a queued job's reason is why its lease waits (a quota, a reservation, no fitting GPU)."""
         data = job.to_json()
         del data["pod"], data["token_sha256"]
         lease = self._lease(job) if job.state.active else None
@@ -275,6 +276,8 @@ class Jobs:
         if job.state is JobState.QUEUED and lease is not None:
             position = 0 if lease.state is LeaseState.GRANTED else self.scheduler.position(lease.id)
         data["position"] = position
+        if position and lease.reason and not job.reason:  # why it waits: the core's reason for its lease
+            data["reason"] = lease.reason
         data["lease"] = lease.to_json() if lease is not None else None
         data["slice"] = lease.slice.to_json() if lease is not None and lease.slice else None
         end = now if job.state is JobState.RUNNING else job.ended_at

@@ -62,10 +62,13 @@ def refusal(offer: Mapping[str, Any]) -> str:
 
 
 def availability(offer: Mapping[str, Any]) -> str:
-    """'3 free now', 'none free now: you will wait in the queue', or '' (no count: No GPU)."""
+    """'3 free now', 'none free now: you will wait in the queue', 'your quota is full now: ...',
+    or '' (no count: No GPU)."""
     free = offer.get("available")
     if free is None:
         return ""
+    if offer.get("quota_full"):
+        return f"your quota is full now: {offer['quota_full']}"
     if free <= 0:
         return "none free now: you will wait in the queue"
     return f"{free} free now"

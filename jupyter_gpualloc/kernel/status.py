@@ -233,7 +233,8 @@ def job_submitted_text(job: Mapping[str, Any]) -> str:
 
 
 def job_state_text(job: Mapping[str, Any], now: float) -> str:
-    """'queued (position 2)', 'starting (it has its slice)', 'running for 3m', 'failed: ZeroDivisionError ...'."""
+    """'queued (position 2): user quota for alice: ...', 'starting (it has its slice)', 'running for 3m',
+    'failed: ZeroDivisionError ...'."""
     state = job["state"]
     if state == "queued":
         position = job.get("position")
@@ -241,7 +242,8 @@ def job_state_text(job: Mapping[str, Any], now: float) -> str:
         if position == 0:  # its slice is granted: the job is being started
             return f"starting (it has its slice{again})"
         where = f"position {position}" if position else "waiting for a slice"
-        return f"queued ({where}{again})"
+        why = f": {job['reason']}" if job.get("reason") else ""
+        return f"queued ({where}{again}){why}"
     if state == "running":
         return f"running for {format_duration(now - job['started_at'])}"
     runtime = f" after {format_duration(job['runtime_s'])}" if job.get("runtime_s") is not None else ""

@@ -226,7 +226,11 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"name": {"type": "string"}, "label": {"type": "string"}, "spec": _ref("SliceSpec"),
                        "idle_timeout": NULLABLE_NUMBER, "available": {"type": "integer"},
                        "over_quota": {"type": ["string", "null"],
-                                      "description": "The caller's quota never allows this offer: 'at most 20 GiB'."}}}},
+                                      "description": "The caller's quota never allows this offer: 'at most 20 GiB'."},
+                       "quota_full": {"type": ["string", "null"], "description": (
+                           "The quota the caller's slices in use fill now, in the words of a queued lease's "
+                           "reason: a request for this offer waits (or, asked with no wait, is refused) until "
+                           "one of them ends. `available` counts free GPUs whoever asks.")}}}},
         "refused_holders": {"type": "object", "propertyNames": {"enum": ["kernel", "job"]},
                             "additionalProperties": {"type": "string"},
                             "description": ("Each kind of holder that gets no slice on this backend, with why and "

@@ -105,3 +105,19 @@ def test_batch_work_cannot_opt_out_of_preemption_unless_the_policy_allows_it(har
     lenient = harness(fleet({"model": "L4", "count": 1}), heartbeat_ttl=0, allow_non_preemptible=True).scheduler
     pinned = lenient.submit("alice", "job:j1", spec(L4_WHOLE), PriorityClass.BATCH, now=0, preemptible=False)
     assert not pinned.preemptible
+
+
+def test_an_offer_says_per_user_when_their_quota_is_full_now(harness):
+    """carol's offers said '12 free now' while her quota was full: each offer now carries the quota
+    her slices in use fill, in the words of a queued lease's reason, and bob's do not."""
+    h = harness(fleet({"model": "L4", "count": 4}), offers=OFFERS, heartbeat_ttl=0,
+                quotas={"carol": {"slices": 1}})
+    s = h.scheduler
+    assert all(o["quota_full"] is None for o in s.offers("carol", ["staff"]))
+    s.submit("carol", "kernel:k1", spec(L4_4GB), now=0)
+    queued = s.submit("carol", "job:j1", spec(L4_4GB), PriorityClass.BATCH, now=0)
+    carol = {o["name"]: o for o in s.offers("carol", ["staff"])}
+    assert carol["small"]["quota_full"] == queued.reason
+    assert carol["small"]["quota_full"].startswith("user quota for carol: at most 1 slice (1 slice in use")
+    assert carol["small"]["available"] > 0 and carol["small"]["over_quota"] is None
+    assert all(o["quota_full"] is None for o in s.offers("bob", ["staff"]))

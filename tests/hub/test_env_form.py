@@ -92,6 +92,14 @@ def test_form_lists_offers_with_what_is_free():
     assert 'value="none" checked' in form.render_form(OFFERS, "gone")
 
 
+def test_form_says_when_the_users_quota_is_full_now_instead_of_what_is_free():
+    full = {**OFFERS[1], "quota_full": "user quota for carol: at most 2 slices (2 slices in use; this request "
+                                       "needs 1 slice)"}
+    html = form.render_form([form.no_gpu_offer(), full])
+    assert "free now" not in html
+    assert "your quota is full now: user quota for carol: at most 2 slices (2 slices in use" in html
+
+
 def test_form_greys_out_what_the_quota_never_allows():
     html = form.render_form(OFFERS, "whole-a100")
     assert 'value="whole-a100" disabled' in html and "(over your quota: at most 20 GiB)" in html

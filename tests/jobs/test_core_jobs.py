@@ -241,6 +241,10 @@ def test_quotas_count_jobs(tmp_path):
     core.scheduler.submit("alice", "kernel:k", SliceSpec.from_json({"kind": "shared", "memory_gib": 2}), now=0.0)
     job = core.jobs.submit("alice", request(), now=1.0)
     assert "quota" in core.scheduler.lease(job.lease_id).reason
+    # what every view of the job shows (the cell, %gpu jobs, the sidebar): why it waits
+    view = core.jobs.view(job, now=2.0)
+    assert view["position"] == 1 and view["reason"] == core.scheduler.lease(job.lease_id).reason
+    assert view["reason"].startswith("user quota for alice: at most 1 slice")
     with pytest.raises(QuotaExceeded):
         core.jobs.submit("carol", request(), now=1.0)
     assert [j.user for j in core.jobs.jobs()] == ["alice"]

@@ -122,6 +122,8 @@ def test_a_job_whose_slice_is_granted_is_starting_not_queued_at_position_0():
     assert job_state_text({"state": "queued", "position": 0, "attempts": 1}, now=0) == (
         "starting (it has its slice, attempt 2)")
     assert job_state_text({"state": "queued", "position": 1}, now=0) == "queued (position 1)"
+    assert job_state_text({"state": "queued", "position": 1, "reason": "user quota for alice: at most 2 slices"},
+                          now=0) == "queued (position 1): user quota for alice: at most 2 slices"
 
 
 def test_a_mig_grant_says_its_memory_and_why_it_is_less_than_asked():
