@@ -552,6 +552,20 @@ class Scheduler:
         """A time-boxed lease's deadline, extensions used and left (None without a time limit)."""
         return self.deadlines.describe(lease_id)
 
+    def idle_release(self, lease_id: str) -> dict | None:
+        """When idle release takes a granted lease back if its holder stays idle: `since` (idle from),
+        `warn_at`, `release_at` and the policy's `grace` between them; `warned` once it is. None for a
+        lease without idle release, or whose holder counts as active now (busy)."""
+        lease = self._book.by_id.get(lease_id)
+        if lease is None or lease.state is not LeaseState.GRANTED or not lease.idle_timeout:
+            return None
+        since = self.usage.idle_since(lease, max(lease.last_activity or 0.0, lease.granted_at or 0.0))
+        if since is None:
+            return None
+        warn_at = lease.idle_warned_at if lease.idle_warned_at is not None else since + lease.idle_timeout
+        return {"since": since, "warn_at": warn_at, "release_at": warn_at + self.policy.idle_grace,
+                "grace": self.policy.idle_grace, "warned": lease.idle_warned_at is not None}
+
     # ------------------------------------------------------------- internals
 
     def _active(self, lease_id: str) -> Lease:

@@ -82,22 +82,36 @@ def cap_mechanism(slice_: Mapping[str, Any], environ: Mapping[str, str], framewo
 
 
 def idle_seconds_left(lease: Mapping[str, Any], now: float) -> float | None:
-    """Seconds until the idle warning (0 once due), or None when idle release does not apply."""
+    """Seconds until the idle warning (0 once due), or None when idle release does not apply now."""
     timeout = lease.get("idle_timeout")
     if lease.get("state") != "granted" or not timeout:
         return None
+    if "idle_release" in lease:  # the service's own account of it
+        release = lease["idle_release"]
+        return None if release is None else max(0.0, release["warn_at"] - now)
     last = lease.get("last_activity") or lease.get("granted_at") or now
     return max(0.0, last + timeout - now)
 
 
 def idle_text(lease: Mapping[str, Any], now: float) -> str | None:
-    """The idle countdown of a granted lease, or None when idle release does not apply."""
-    left = idle_seconds_left(lease, now)
-    if left is None:
+    """The idle countdown of a granted lease: when the warning comes, how long the grace after it
+    lasts, and when the slice goes; None when idle release does not apply to it."""
+    if lease.get("state") != "granted" or not lease.get("idle_timeout"):
         return None
+    release = lease.get("idle_release", False)
+    if release is None:
+        return "not idle now (a cell runs): the countdown starts when it ends"
+    after = format_duration(lease["idle_timeout"])
+    if release:
+        grace = format_duration(release["grace"])
+        if release["warned"]:
+            return (f"warned: released in {format_duration(max(0.0, release['release_at'] - now))} unless this "
+                    "kernel is used (or extended)")
+        return (f"warning in {format_duration(max(0.0, release['warn_at'] - now))}, then released {grace} later "
+                f"unless a cell runs (idle release after {after} idle)")
+    left = idle_seconds_left(lease, now)
     if lease.get("idle_warned_at"):
         return "warned: the slice is released soon unless this kernel is used (or extended)"
-    after = format_duration(lease["idle_timeout"])
     if left <= 0:
         return f"idle for over {after}: a warning is due"
     return f"warning in {format_duration(left)} (released when idle for {after} plus a grace period)"

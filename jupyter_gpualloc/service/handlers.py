@@ -223,6 +223,7 @@ class ApiHandler(web.RequestHandler):
         data = lease.to_json()
         data["position"] = self.scheduler.position(lease.id) if lease.state is LeaseState.QUEUED else None
         data["deadline"] = self.scheduler.deadline(lease.id)
+        data["idle_release"] = self.scheduler.idle_release(lease.id)
         reservation = self.scheduler.reservations.of_lease(lease.id)
         data["reservation"] = reservation.name if reservation else None
         if self.ctx.cluster is not None:

@@ -706,6 +706,14 @@ SCHEMAS["Event"] = {
         "data": {"type": "object"}, "id": EVENT_ID,
     },
 }
+SCHEMAS["Lease"]["properties"]["idle_release"] = {
+    "type": ["object", "null"],
+    "description": ("When idle release takes this lease back if its holder stays idle (times in epoch seconds): "
+                    "warned at `warn_at`, released `grace` seconds later at `release_at`; any activity of a person "
+                    "starts it over. Null without idle release, or while the holder is busy."),
+    "properties": {"since": {"type": "number"}, "warn_at": {"type": "number"}, "release_at": {"type": "number"},
+                   "grace": {"type": "number"}, "warned": {"type": "boolean"}},
+}
 SCHEMAS["Lease"]["properties"]["deadline"] = {
     "type": ["object", "null"], "description": "A time-boxed lease's deadline; null when it has none.",
     "properties": {"at": {"type": "number"}, "extensions": {"type": "integer"},

@@ -278,6 +278,30 @@ def test_idle_warning_then_expiry_and_busy_is_spared(harness):
     assert s.lease(busy.id).state is LeaseState.GRANTED
 
 
+def test_a_lease_says_when_idle_release_will_take_it_and_the_tick_keeps_to_it(harness):
+    h = harness(fleet({"model": "L4", "count": 2}), idle_timeout=100, idle_grace=20, heartbeat_ttl=0)
+    s = h.scheduler
+    idle = s.submit("a", "kernel:1", shared(4), now=0)
+    server = s.submit("a", "server", shared(4), now=0)
+    assert s.idle_release(idle.id) == {"since": 0, "warn_at": 100, "release_at": 120, "grace": 20, "warned": False}
+    assert s.idle_release(server.id) is None  # no idle release for servers by default
+    s.touch(idle.id, now=30, last_activity=30)
+    assert s.idle_release(idle.id)["warn_at"] == 130
+    s.touch(idle.id, now=40, last_activity=40, busy=True)
+    assert s.idle_release(idle.id) is None  # a running cell: not idle
+    s.touch(idle.id, now=50, last_activity=50, busy=False)
+    expected = s.idle_release(idle.id)
+    s.tick(expected["warn_at"] - 1)
+    assert h.types().count("lease.idle_warning") == 0
+    s.tick(expected["warn_at"])
+    assert h.types().count("lease.idle_warning") == 1
+    assert s.idle_release(idle.id) == {**expected, "warned": True}
+    s.tick(expected["release_at"] - 1)
+    assert s.lease(idle.id).state is LeaseState.GRANTED
+    s.tick(expected["release_at"])
+    assert s.lease(idle.id).state is LeaseState.EXPIRED and s.idle_release(idle.id) is None
+
+
 def test_activity_after_warning_clears_it(harness):
     h = harness(fleet({"model": "L4", "count": 1}), idle_timeout=100, idle_grace=20, heartbeat_ttl=0)
     s = h.scheduler

@@ -104,6 +104,13 @@ def test_idle_countdown_words():
     assert idle_text(SHARED, now=1000.0 + 4000) == "idle for over 30m: a warning is due"
     assert idle_text({**SHARED, "idle_warned_at": 2800.0}, now=2900.0).startswith("warned:")
     assert idle_text({**SHARED, "idle_timeout": None}, now=0) is None
+    # the service's own account: the warning's time, the grace after it, a running cell
+    release = {"since": 1000.0, "warn_at": 2800.0, "release_at": 2920.0, "grace": 120.0, "warned": False}
+    assert idle_text({**SHARED, "idle_release": release}, now=1060.0) == (
+        "warning in 29m, then released 2m later unless a cell runs (idle release after 30m idle)")
+    assert idle_text({**SHARED, "idle_release": {**release, "warned": True}}, now=2860.0) == (
+        "warned: released in 1m unless this kernel is used (or extended)")
+    assert idle_text({**SHARED, "idle_release": None}, now=1060.0).startswith("not idle now (a cell runs)")
 
 
 def test_status_without_a_lease_and_while_queued():

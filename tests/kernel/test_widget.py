@@ -38,7 +38,7 @@ def test_the_view_shows_slice_memory_and_countdown(client, lease):
     assert view.cap.value == "cap: shared 8 GiB: framework caps: PyTorch (fraction 0.3556)"
     assert view.memory.value == pytest.approx(0.75)
     assert view.memory_label.value == "6 GiB of 8 GiB"
-    assert view.idle.value.startswith("idle: warning in 20m (released when idle for 30m")
+    assert view.idle.value.startswith("idle: warning in 20m, then released 5m later unless a cell runs")
     assert view.idle_seconds_left == pytest.approx(1200)
     bundle = view._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == view.widget.model_id
