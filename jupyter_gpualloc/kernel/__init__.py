@@ -1,7 +1,8 @@
 """Inside the user's kernel: the `%gpu` magic, the lease view and framework memory caps.
 
 `%load_ext jupyter_gpualloc` (or `jupyter_gpualloc.kernel`) registers `%gpu` and `%%gpu job`. Loading imports no
-framework (torch, tensorflow, jax, cupy) and no server code, and makes no network call: the
+framework (torch, tensorflow, jax, cupy) and no server code, and makes no network call, except in a
+kernel launched with its slice, which follows its lease's notices from the start; otherwise the
 service client is made on the first `%gpu`.
 """
 
@@ -23,6 +24,7 @@ def load_ipython_extension(ipython: Any) -> None:
     _LOADED[id(ipython)] = kernel_gpu
     ipython.register_magics(GpuMagics(ipython, kernel_gpu))
     ipython.register_magics(GpuJobMagics(ipython, kernel_gpu))
+    kernel_gpu.follow_lease_from_launch()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -174,6 +174,13 @@ class KernelGpu:
             self._keepalive = self.client.keep_alive([self.holder], self.heartbeat_interval, QUIET_LOG)
         self.notices.start()
 
+    def follow_lease_from_launch(self) -> None:
+        """A kernel launched with its slice (a GPU kernelspec) tells its lease's notices (the idle
+        warning, the time limit, its end) from the start, without a %gpu command; its server keeps
+        the lease alive."""
+        if self.in_kernel and self.lease_id and self.environ.get("GPUALLOC_URL"):
+            self.notices.start()
+
     def _not_holding(self) -> None:
         if self._keepalive is not None:
             self.client.stop_keepalive(self._keepalive)

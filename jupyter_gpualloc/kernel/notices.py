@@ -56,7 +56,9 @@ def missed_events(lease: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]] 
         return []
     made = []
     if lease.get("idle_warned_at") is not None:
-        made.append({"type": "lease.idle_warning", "time": lease["idle_warned_at"], "lease_id": lease_id, "data": {}})
+        release = lease.get("idle_release") or {}
+        made.append({"type": "lease.idle_warning", "time": lease["idle_warned_at"], "lease_id": lease_id,
+                     "data": {"release_at": release["release_at"]} if "release_at" in release else {}})
     deadline = lease.get("deadline") or {}
     if deadline.get("warned_at") is not None:
         made.append({"type": "lease.deadline_warning", "time": deadline["warned_at"], "lease_id": lease_id,

@@ -113,3 +113,12 @@ def test_a_catch_up_that_cannot_read_the_quotas_still_tells_what_the_lease_says(
                            read_lease=lambda lease_id: {"id": "L1", "state": "granted", "idle_warned_at": 1000.0})
     notices._catch_up()
     assert len(lines) == 1 and "is idle" in lines[0], lines
+
+
+def test_an_idle_warning_missed_while_the_stream_was_down_says_when_the_slice_goes():
+    lease = {"id": "L1", "state": "granted", "idle_warned_at": 1000.0,
+             "idle_release": {"since": 700.0, "warn_at": 1000.0, "release_at": 1120.0, "grace": 120.0, "warned": True}}
+    lines: list[str] = []
+    notices = LeaseNotices(lambda: None, lambda: "L1", read_lease=lambda lease_id: lease, show=lines.append)
+    notices._catch_up()
+    assert lines == ["gpu: lease L1 is idle: it is released in 2m unless this kernel is used"]

@@ -3,6 +3,8 @@ is warned, then shut down; a busy one is left alone."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.server.conftest import MIG_KERNEL, extension_config, wait_for
@@ -61,4 +63,28 @@ async def test_a_person_s_cell_is_activity_and_a_silent_execution_is_not(gpuallo
         await wait_for(lambda: (monitor.activity(kernel_id)["last_activity"] or 0) > (before or 0))
         await wait_for(lambda: monitor.activity(kernel_id)["busy"] is False)  # the cell's idle status arrives
     finally:
+        client.stop_channels()
+
+
+async def test_a_gpu_kernel_is_told_under_its_cell_that_it_is_idle_before_it_is_released(gpualloc, jp_serverapp):
+    """A kernel that got its slice at launch (a GPU kernelspec) hears its lease's idle warning, with
+    when the slice goes, on its output, before idle release shuts it down: with no %gpu typed."""
+    km = jp_serverapp.kernel_manager
+    kernel_id = await km.start_kernel(kernel_name=MIG_KERNEL)
+    client = km.get_kernel(kernel_id).client()
+    client.start_channels()
+    told: list[str] = []
+
+    async def listen():
+        while True:
+            msg = await client.get_iopub_msg(timeout=60)
+            if msg["msg_type"] == "stream":
+                told.append(msg["content"]["text"])
+
+    listener = asyncio.ensure_future(listen())
+    try:
+        await wait_for(lambda: kernel_id not in km, timeout=30)
+        await wait_for(lambda: any("is idle: it is released" in text for text in told), timeout=5)
+    finally:
+        listener.cancel()
         client.stop_channels()
