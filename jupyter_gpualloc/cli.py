@@ -425,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     ob.set_defaults(func=simulate_openb)
 
     rq = sim_sub.add_parser("requests", help="a JSON-lines stream of submit/release/tick operations")
-    rq.add_argument("--fleet", required=True, help="fleet file (YAML or JSON)")
+    rq.add_argument("--fleet", required=True, help="fleet file (YAML or JSON), or example:demo")
     rq.add_argument("--requests", required=True, help="JSON-lines operations")
     rq.add_argument("--placement", default="default", help="placement policy for shares and whole GPUs")
     rq.add_argument("--db", help="SQLAlchemy URL to keep the state in (default: a temporary SQLite file)")
@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     rq.set_defaults(func=simulate_requests)
 
     inv = sub.add_parser("inventory", help="draw the fleet and its MIG layouts")
-    inv.add_argument("--fleet", help="fleet file for the simulated backend")
+    inv.add_argument("--fleet", help="fleet file for the simulated backend, or example:demo")
     inv.add_argument("--backend", default=None, choices=["simulated", "nvml"],
                      help="where GPUs come from (default: simulated with --fleet, else nvml)")
     inv.set_defaults(func=inventory)

@@ -82,13 +82,38 @@ class UtilizationPattern:
         return self.steps[-1][1]
 
 
+EXAMPLE_PREFIX = "example:"
+# Where the shipped example fleets lie: inside an installed wheel, else in a checkout.
+EXAMPLE_FOLDERS = (Path(__file__).parents[1] / "example_fleets", Path(__file__).parents[2] / "examples" / "fleets")
+
+
+def example_fleets() -> dict[str, Path]:
+    """The shipped example fleets by name ("demo": two MIG A100-80GB, a shared H100, an L4)."""
+    for folder in EXAMPLE_FOLDERS:
+        if folder.is_dir():
+            return {path.stem: path for path in sorted(folder.glob("*.yaml"))}
+    return {}
+
+
+def fleet_path(source: str | os.PathLike[str]) -> Path:
+    """A fleet file's path: `example:<name>` names a shipped example, anything else is a path."""
+    text = os.fspath(source)
+    if not text.startswith(EXAMPLE_PREFIX):
+        return Path(text)
+    name, examples = text[len(EXAMPLE_PREFIX):], example_fleets()
+    if name not in examples:
+        raise FleetError(f"{text}: no such example fleet (there are: "
+                         f"{', '.join(EXAMPLE_PREFIX + n for n in examples) or 'none in this installation'})")
+    return examples[name]
+
+
 def load_fleet(source: str | os.PathLike[str] | Mapping[str, Any],
                utilization: dict[str, UtilizationPattern] | None = None) -> list[Node]:
-    """Parse a fleet file (YAML or JSON) or an already-loaded mapping into nodes; the GPUs'
-    utilisation patterns go into `utilization` when it is given."""
+    """Parse a fleet file (YAML or JSON; `example:demo` for a shipped example) or an already-loaded
+    mapping into nodes; the GPUs' utilisation patterns go into `utilization` when it is given."""
     if isinstance(source, Mapping):
         return parse_fleet(source, utilization)
-    path = Path(source)
+    path = fleet_path(source)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -51,7 +51,7 @@ def no_gpu_reason(nvml_error: str) -> str:
     """Embedded mode on a machine without GPUs and without a fleet file: what is off, and what to set."""
     config = Path(jupyter_config_dir()) / "jupyter_server_config.py"
     return (f"GPU slices and jobs are off: no GPU was found ({nvml_error}) and no fleet file is configured. "
-            f"To use simulated GPUs, set c.GpuAllocExtension.fleet = \"/path/to/fleet.yaml\" in {config} "
+            f"To use simulated GPUs, set c.GpuAllocExtension.fleet = \"example:demo\" (or a fleet file's path) in {config} "
             "and restart the server.")
 
 
@@ -103,7 +103,8 @@ class GpuAllocExtension(ExtensionApp):
         "", help="""Embedded mode (and the watchdog): where GPUs come from, simulated or nvml. Default:
         simulated when a fleet is given, else nvml.""",
     ).tag(config=True)
-    fleet = Unicode("", help="Fleet file (YAML or JSON) of the simulated backend.").tag(config=True)
+    fleet = Unicode("", help="""Fleet file (YAML or JSON) of the simulated backend, or a shipped example:
+        example:demo (two MIG A100-80GB, a shared H100, an L4), example:multi-node, example:static-mig.""").tag(config=True)
     process_dir = Unicode(
         "", help="Simulated backend: directory where processes report their GPU memory (see report_process_memory).",
     ).tag(config=True)

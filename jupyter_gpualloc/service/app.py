@@ -260,7 +260,8 @@ class GpuAllocService(Application):
     base_url = Unicode(
         help="URL prefix the service is served under. Default: $JUPYTERHUB_SERVICE_PREFIX, else /.",
     ).tag(config=True)
-    fleet = Unicode("", help="Fleet file (YAML or JSON) for the simulated backend.").tag(config=True)
+    fleet = Unicode("", help="""Fleet file (YAML or JSON) for the simulated backend, or a shipped example:
+        example:demo (two MIG A100-80GB, a shared H100, an L4), example:multi-node, example:static-mig.""").tag(config=True)
     simulated_state = Unicode(
         help="""File where the simulated backend keeps its MIG layout across restarts, as real GPUs
         keep theirs. Default: beside the SQLite database (none for other databases).""",

@@ -144,3 +144,15 @@ def test_an_a30_layout_is_placed_on_its_four_memory_slices():
     assert mig.is_legal(gpu.instances, profiles)
     with pytest.raises(FleetError, match=r"gpus\[0\]\.layout\[2\]: 2g\.12gb does not fit"):
         load_fleet(one_node({"model": "A30", "mig": "static", "layout": ["2g.12gb"] * 3}))
+
+
+def test_a_shipped_example_fleet_is_named_example_colon_name():
+    """An installed package runs on simulated GPUs without a checkout: `example:demo` is the README's fleet."""
+    from jupyter_gpualloc.core.fleet import example_fleets, fleet_path, load_fleet
+
+    assert {"demo", "multi-node", "static-mig"} <= set(example_fleets())
+    nodes = load_fleet("example:demo")
+    assert sorted(g.model for n in nodes for g in n.gpus)[:2] == ["A100-SXM4-80GB", "A100-SXM4-80GB"]
+    assert fleet_path("fleets/demo.yaml").as_posix() == "fleets/demo.yaml"  # a path stays a path
+    with pytest.raises(FleetError, match=r"example:nope: no such example fleet \(there are: example:"):
+        load_fleet("example:nope")
