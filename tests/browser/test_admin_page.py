@@ -1,9 +1,10 @@
 """The allocator's page (the service's root URL) in Debian's chromium through Playwright.
 
 Standalone: a `jupyter-gpualloc serve` over the service tests' fleet, where bob's server, alice's
-kernel and her job "train-resnet" hold slices and carol's second kernel waits behind her quota.
-The admin signs in with a token, sees every slice with its user and readable holder, the queue
-with the core's reason, usage by user, and drains a GPU from the page (accepting its confirmation);
+kernel (whose GPU use her watchdog reported) and her job "train-resnet" hold slices, carol's kernel
+too, and carol's job "sweep" waits behind her quota. The admin signs in with a token, sees every
+slice with its user, readable holder, local time and measured use, the queue with the core's
+reason, usage by user, and drains a GPU from the page (accepting its confirmation);
 the core then holds that GPU drained. alice sees her own slices and none of the others' names, and
 no actions.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 
 import pytest
 
@@ -44,6 +46,9 @@ def service(tmp_path_factory):
     held["carol_queued"] = submit_job(svc, CAROL, "sweep", MIG, workdir)["lease"]  # a batch job waits for her quota
     assert [held[k].get("state") for k in held] == ["granted", "granted", "granted", "queued"], held
     assert svc.job["lease"]["state"] == "granted", svc.job
+    for sm_percent in (80, 80):  # two samples of alice's kernel's GPU use, as its watchdog sends them
+        assert svc.call("POST", f"leases/{held['alice']['id']}/utilization", {"sm_percent": sm_percent}, ALICE).status == 200
+        time.sleep(1)
     svc.held = held
     yield svc
     svc.kill(signal.SIGTERM)
@@ -97,7 +102,8 @@ def test_an_admin_sees_every_slice_and_the_queue_and_drains_a_gpu(browser, servi
     job = row(page, "#gpu-list", service.job["lease"])
     assert job.locator("td").all_inner_texts()[1:3] == ["alice", 'job "train-resnet"']
     assert job.get_by_role("button").inner_text() == "Cancel job"
-    assert row(page, "#gpu-list", service.held["alice"]).locator("td").nth(2).inner_text() == "kernel 5f2c9e01"
+    kernel = row(page, "#gpu-list", service.held["alice"]).locator("td").all_inner_texts()
+    assert kernel[2] == "kernel 5f2c9e01" and re.fullmatch(r"[1-9][0-9]?% busy", kernel[6]), kernel
 
     queued = row(page, "#queue-list", service.held["carol_queued"]).locator("td").all_inner_texts()
     assert queued[:3] == ["1", "carol", 'job "sweep"'], queued

@@ -86,6 +86,13 @@ function gib(mib) {
   return `${Number.isInteger(value) ? value : value.toFixed(1)} GiB`;
 }
 
+/** GPU-hours as a person reads them: 12.5, 0.42, 0.0017 (two significant digits below 0.01), 0. */
+function hours(value) {
+  if (value === 0) return "0";
+  if (value >= 10) return value.toFixed(1);
+  return value >= 0.01 ? value.toFixed(2) : value.toPrecision(2);
+}
+
 function duration(seconds) {
   const s = Math.max(0, Math.round(seconds));
   if (s < 60) return `${s} s`;
@@ -154,7 +161,8 @@ function idleCell(lease, now) {
 function utilisationCell(lease, efficiency) {
   const row = efficiency.get(lease.id);
   if (!row) return el("span", { class: "muted" }, "not measured");
-  return `busy ${Math.round(row.efficiency * 100)}% of ${row.gpu_hours.toFixed(2)} GPU-hours held`;
+  return el("span", { title: `${hours(row.busy_gpu_hours)} of ${hours(row.gpu_hours)} GPU-hours held were busy` },
+    `${Math.round(row.efficiency * 100)}% busy`);
 }
 
 // ------------------------------------------------------------------ actions
@@ -218,7 +226,7 @@ function gpuSummary(gpu) {
     const profiles = Object.entries(gpu.free_profiles || {}).filter(([, n]) => n > 0);
     free = profiles.length ? `free: ${profiles.map(([name, n]) => `${n} × ${name}`).join(", ")}` : "no free slice";
   } else {
-    free = gpu.whole_free ? "free" : `free: ${gib(gpu.free_memory_mib)}`;
+    free = gpu.whole_free ? "free" : gpu.free_memory_mib > 0 ? `free: ${gib(gpu.free_memory_mib)}` : "full";
   }
   return [states, el("span", { class: "free" }, free)];
 }
@@ -286,10 +294,10 @@ function renderUsage(state) {
   const rows = usage.rows;
   const most = Math.max(...rows.map((row) => row.gpu_hours), 0);
   const body = rows.map((row) => el("tr", {},
-    el("td", {}, row.user), el("td", {}, row.gpu_hours.toFixed(2)),
+    el("td", {}, row.user), el("td", {}, hours(row.gpu_hours)),
     el("td", {}, el("meter", { min: 0, max: most || 1, value: row.gpu_hours, title: `${row.gpu_hours} GPU-hours` })),
-    el("td", {}, row.gib_hours.toFixed(1)), el("td", {}, row.leases)));
-  const parts = [el("p", { class: "muted" }, `Since ${localTime(since)}: ${usage.total.gpu_hours.toFixed(2)} GPU-hours `
+    el("td", {}, hours(row.gib_hours)), el("td", {}, row.leases)));
+  const parts = [el("p", { class: "muted" }, `Since ${localTime(since)}: ${hours(usage.total.gpu_hours)} GPU-hours `
     + `in all${me.admin ? "" : " (yours)"}.`),
   table(["User", "GPU-hours", "", "GiB-hours", "Leases"], body, "No GPU was used in this window.")];
   if (!me.admin) parts.push(...usage.quotas.map((quota) => el("p", { class: "quota" }, quota.message)));
