@@ -321,6 +321,8 @@ const notice = document.getElementById("notice");
 const tokenForm = document.getElementById("token-form");
 const windowSelect = document.getElementById("window");
 let timer = null;
+let generation = 0; // the latest refresh: an older one still reading gives way to it
+let readFailed = false; // the notice says the last read failed: the next good one clears it
 
 function say(text, error = false) {
   notice.textContent = text;
@@ -330,6 +332,7 @@ function say(text, error = false) {
 
 function askForToken(message = "") {
   clearTimeout(timer);
+  generation += 1;
   document.getElementById("content").hidden = true;
   document.getElementById("sign-out").hidden = true;
   document.getElementById("token-error").textContent = message;
@@ -339,16 +342,23 @@ function askForToken(message = "") {
 
 async function refresh() {
   clearTimeout(timer);
+  const mine = ++generation;
   try {
-    render(await load(windowSelect.value));
+    const state = await load(windowSelect.value);
+    if (mine !== generation) return;
+    render(state);
+    if (readFailed) say("");
+    readFailed = false;
     if (!HUB) document.getElementById("sign-out").hidden = false;
   } catch (err) {
+    if (mine !== generation) return;
     if (err instanceof Unauthorized) {
       if (HUB) say("Your login to this service has expired: reload the page to log in again.", true);
       else askForToken(sessionStorage.getItem(TOKEN_KEY) ? `That token was refused: ${err.message}` : "");
       return;
     }
     say(`Could not read the allocator: ${err.message}`, true);
+    readFailed = true;
   }
   timer = setTimeout(refresh, REFRESH_MS);
 }
