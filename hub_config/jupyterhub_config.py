@@ -132,7 +132,8 @@ c.JupyterHub.services = [{
     "cwd": str(service_dir),
     "oauth_no_confirm": True,
     # A browser's OAuth token for the service may carry the admin scope (for users who hold it),
-    # so an admin sees every lease and holder at /services/gpualloc/api/v1/... in a browser.
+    # so an admin sees every lease and holder, and gets the admin's actions, on the service's page
+    # (/services/gpualloc/, in the menu bar's Services) and at /services/gpualloc/api/v1/... in a browser.
     "oauth_client_allowed_scopes": ["custom:gpualloc:admin"],
     "display": True,
 }]

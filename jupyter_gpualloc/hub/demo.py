@@ -63,9 +63,9 @@ JupyterHub on GPU slices: {url}
      another user (e.g. dave) while bob holds it: the spawn page shows "waiting for a whole GPU
      on H100 80GB HBM3: position 1 in queue" until bob stops his server (in JupyterLab: File ->
      Hub Control Panel -> Stop My Server); then dave's server starts.
-  3. As admin, the Hub Control Panel shows every server; in the same browser the allocator's API
-     shows {url}/services/gpualloc/api/v1/leases?all=1 (every lease) and .../inventory (every GPU,
-     with who holds each slice).
+  3. As admin, the Hub Control Panel shows every server, and Services -> gpualloc opens the
+     allocator's page ({url}/services/gpualloc/): every GPU and slice with who holds it, the queue
+     with its reasons, usage by user, and Release, Cancel job, Drain and Undrain.
   Runtime files: {runtime}. Ctrl-C stops the hub and the servers it started.
 """
 

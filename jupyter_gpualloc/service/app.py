@@ -41,7 +41,8 @@ from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
 from . import handlers as h
 from .group_commit import GroupCommit
-from .auth import ADMIN_SCOPE, HubAuthenticator, JobTokenAuthenticator, TokenAuthenticator, oauth_login_url
+from .admin_page import page_routes
+from .auth import ADMIN_SCOPE, HubAuthenticator, JobTokenAuthenticator, TokenAuthenticator
 from .checkpoint import WalCheckpointer
 from .cluster import ClusterReconciler
 from .job_pods import JobPods
@@ -95,25 +96,6 @@ def join_url(*parts: str) -> str:
     """Join URL path parts with exactly one slash between them, keeping a leading slash."""
     text = "/".join(p.strip("/") for p in parts if p.strip("/"))
     return "/" + text
-
-
-class RootHandler(h.ApiHandler):
-    """`<prefix>`: in hub mode, a browser is sent through JupyterHub's OAuth login first."""
-
-    async def prepare(self) -> None:
-        hub_auth = self.settings.get("hub_auth")
-        if hub_auth is not None and not await hub_auth.get_user(self, sync=False):
-            self.set_status(302)
-            self.set_header("Location", self.login_url())
-            self.finish()
-            return
-        await super().prepare()
-
-    def login_url(self) -> str:
-        return oauth_login_url(self.settings["hub_auth"], self)
-
-    def get(self) -> None:
-        self.write_json({**self.identity.to_json(), "api": join_url(self.settings["base_url"], API_PATH) + "/"})
 
 
 class OAuthCallbackHandler(HubOAuthCallbackHandler):
@@ -215,7 +197,7 @@ def make_app(ctx: h.ServiceContext, base_url: str = "/", hub_auth: HubOAuth | No
         if handler is h.OpenApiHandler:
             kwargs["document"] = document
         handlers.append(web.url(api + route_regex(template), handler, kwargs, name=name))
-    handlers.append(web.url(join_url(base_url) + "/?", RootHandler, {"ctx": ctx}, name="root"))
+    handlers += page_routes(base_url, ctx)
     if hub_auth is not None:
         callback = urlparse(hub_auth.oauth_redirect_uri).path
         handlers.append((callback, OAuthCallbackHandler))
