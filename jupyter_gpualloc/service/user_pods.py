@@ -14,6 +14,7 @@ its GPU resources, as the spawner's `gpu_*` settings do for server pods.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Mapping
 
 from traitlets import Dict, Enum, List, Unicode
@@ -21,7 +22,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..core.devices.kubernetes import node_affinity, resource_limits
 from ..core.holders import SERVER
-from ..core.model import SpecError
+from ..core.model import SliceSpec, SpecError
 from ..lease_env import SLICE_ENV_NAMES, slice_env
 
 HUB_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the user's name, unescaped
@@ -64,7 +65,7 @@ class UserPods(LoggingConfigurable):
         ["ReadWriteMany", "ReadWriteOnce"], "ReadWriteMany",
         help="""How the users' homes are mounted. ReadWriteMany (NFS and the like): a kernel's pod may run on
         any node. ReadWriteOnce (a default zero-to-jupyterhub install's dynamic PVCs): the home mounts on
-        one node only, so a GPU kernel asks for a slice on its server's node, and runs there.""",
+        one node only, so a GPU kernel's or a job's pod asks for a slice on its server's node, and runs there.""",
     ).tag(config=True)
     pod_annotations = Dict(
         {}, help="""Annotations put on every job's and kernel's pod, e.g.
@@ -82,6 +83,21 @@ class UserPods(LoggingConfigurable):
             raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
                                         "to make the pod from: start the server, then try again")
         return pod_template(max(found, key=_created))
+
+    def placed(self, spec: SliceSpec, template: Mapping[str, Any], what: str) -> SliceSpec:
+        """Where a pod made from `template` for `what` (a GPU kernel, a job) may be granted its slice:
+        anywhere `spec` says, or with ReadWriteOnce homes on the server's node only (its home mounts
+        there); SpecError naming `spec.node` for another node."""
+        if self.home_access_mode != "ReadWriteOnce":
+            return spec
+        node = template.get("node") or ""
+        if not node:
+            raise SpecError("runner", f"homes mount on one node here (ReadWriteOnce), and the server's pod "
+                                      f"{template.get('server_pod', '')} has no node yet: try again once it runs")
+        if spec.node not in (None, node):
+            raise SpecError("spec.node", f"homes mount on one node here (ReadWriteOnce): a {what} runs on its "
+                                         f"server's node {node}, not {spec.node}")
+        return replace(spec, node=node)
 
     def pod_spec(self, template: Mapping[str, Any], lease: Mapping[str, Any], *, container: str,
                  command: list[str], working_dir: str, env: list[dict[str, Any]], grace_seconds: int,

@@ -418,6 +418,33 @@ def test_a_job_queued_while_its_owners_server_stops_still_runs(service, k8s_clus
     assert listed[job["id"]]["state"] == "succeeded", listed[job["id"]]
 
 
+def test_with_readwriteonce_homes_a_job_runs_on_its_servers_node(service, k8s_cluster, namespace, tmp_path):
+    """A default zero-to-jupyterhub home mounts on one node: the job's pod goes where the server runs."""
+    rwo = JobPodService(tmp_path / "rwo", k8s_cluster.kubeconfig,
+                        "c.UserPods.home_access_mode = 'ReadWriteOnce'\nc.GpuAllocService.instance = 'rwo'\n",
+                        namespace=namespace)
+    rwo.start()
+    try:
+        pod = server_pod(rwo, "alice", tmp_path, server_name="rwo")
+        pod["spec"]["nodeName"] = "gpu-a100-jobs"  # the server runs on a GPU node, with no GPU of its own
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(namespace, pod))
+        elsewhere = cell_job(tmp_path, "1", {"kind": "whole", "node": "gpu-l4-jobs"}, runner="server:rwo")
+        refused = wait_for(lambda: (r := rwo.call("POST", "jobs", elsewhere, ALICE)).json().get("field") != "runner"
+                           and r, what="the service seeing the server pod")
+        assert refused.status == 400 and refused.json()["field"] == "spec.node", refused
+        assert "job runs on its server's node gpu-a100-jobs" in refused.json()["error"], refused
+        job = submit(rwo, cell_job(tmp_path, "1", {"kind": "whole"}, runner="server:rwo"))
+        assert job["spec"]["node"] == "gpu-a100-jobs", job
+        job_pod = running_pod(k8s_cluster, namespace, job["id"], rwo)
+        assert job_pod.spec.node_name == "gpu-a100-jobs"
+        terms = job_pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        assert terms.node_selector_terms[0].match_expressions[0].values == ["gpu-a100-jobs"]
+        assert rwo.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
+        wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
+    finally:
+        rwo.kill()
+
+
 def test_a_service_crash_loses_nothing_the_running_job_reports_to_the_restarted_service(
         service, k8s_cluster, namespace, alice_server):
     job = submit(service, cell_job(alice_server.home, "print('after the crash')", {"kind": "whole", "node": "gpu-l4-jobs"},
