@@ -17,8 +17,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_gpualloc"
 LAYERS = [
     {"core"},  # every decision; plain Python
     # a lease's environment (CUDA_VISIBLE_DEVICES, caps); where a job's files lie; how a user's files are
-    # opened; a holder's wait in the queue and its keepalive; standard library only
-    {"lease_env", "job_folder", "user_files", "holder"},
+    # opened; a holder's wait in the queue and its keepalive; standard library only; what pods ask of a
+    # cluster's GPUs (traitlets config)
+    {"lease_env", "job_folder", "user_files", "holder", "kube"},
     {"client"},  # the one client of the REST API
     {"jobs", "hub"},  # the job runner; the JupyterHub side
     {"kernel", "service"},  # inside the user's kernel; the core behind HTTP

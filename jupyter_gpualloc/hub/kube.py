@@ -5,10 +5,12 @@ lease's id as `gpualloc.jupyter.org/lease` and the service's instance as
 `gpualloc.jupyter.org/instance`), in the namespace it names (`pod.namespace`), so the service ties
 the lease to the pod (a pod deleted or ended releases it, a lease ended deletes the pod, a pod that
 cannot be scheduled ends it); required node affinity to the lease's node; the NVIDIA device
-plugin's extended resources (`nvidia.com/mig-<profile>` in the mixed MIG strategy or
-`nvidia.com/gpu` in the single one, `nvidia.com/gpu` x count for whole GPUs, and configurable
-names for shared slices such as time-sliced `nvidia.com/gpu.shared` or HAMi's
-`nvidia.com/gpumem`); tolerations for GPU nodes; and the slice env (memory caps, service URL).
+plugin's extended resources by the names that node advertises, which the service names in the
+lease (`pod.resources`: `nvidia.com/mig-<profile>` on a node with the mixed MIG strategy,
+`nvidia.com/gpu` on a single one, `nvidia.com/gpu` x count for whole GPUs, a time-sliced
+replica renamed or not, HAMi's `nvidia.com/gpumem` where configured); tolerations for GPU nodes
+(`c.KubeGpu`, kube/gpu.py, shared with the service's kernel and job pods); and the slice env
+(memory caps, service URL).
 A pod without a slice gets `NVIDIA_VISIBLE_DEVICES=void`, so a CUDA image's `all` shows it no GPU.
 
 KubeSpawner's own options keep working beside the GPU choice: `profile_list` and
@@ -21,34 +23,18 @@ from __future__ import annotations
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, List, TraitError, Unicode, default, validate
+from traitlets import Bool, default
 
-from ..core.devices.kubernetes import LEASE_LABEL, node_affinity, resource_limits
+from ..core.devices.kubernetes import LEASE_LABEL
+from ..kube.gpu import KubeGpu
 from .mixin import GPUSpawnerMixin, spawn_error
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     """KubeSpawner on GPU slices from the scheduler service."""
 
-    gpu_mig_strategy = Unicode(
-        "mixed", help="""The NVIDIA device plugin's MIG strategy: 'mixed' (resources named
-        nvidia.com/mig-<profile>) or 'single' (MIG devices advertised as nvidia.com/gpu).""",
-    ).tag(config=True)
-    gpu_resource_name = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
-    gpu_shared_resources = Dict(
-        {"nvidia.com/gpu.shared": "1"},
-        help="""Extended resources requested for a shared slice; values are templates with
-        {memory_mib}, {memory_gib}, {percent} and {milli}. Time-slicing with renamed replicas:
-        {"nvidia.com/gpu.shared": "1"} (the default); HAMi: {"nvidia.com/gpu": "1",
-        "nvidia.com/gpumem": "{memory_mib}"}; empty: only the memory-cap env applies.""",
-    ).tag(config=True)
-    gpu_node_label = Unicode(
-        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
-    ).tag(config=True)
-    gpu_tolerations = List(
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        help="Tolerations added to pods holding a GPU slice (GPU nodes are often tainted).",
-    ).tag(config=True)
+    _kube_gpu: KubeGpu | None = None
+
     gpu_device_env = Bool(
         False, help="""Whether the pod's env names the devices (CUDA_VISIBLE_DEVICES and
         NVIDIA_VISIBLE_DEVICES = the lease's UUIDs). Leave False when the device plugin assigns
@@ -60,11 +46,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         every GPU of the node to a pod that requested none where the NVIDIA runtime is the default.""",
     ).tag(config=True)
 
-    @validate("gpu_mig_strategy")
-    def _check_mig_strategy(self, proposal):
-        if proposal["value"] not in ("mixed", "single"):
-            raise TraitError("gpu_mig_strategy must be 'mixed' or 'single'")
-        return proposal["value"]
+    @property
+    def kube_gpu(self) -> KubeGpu:
+        """The cluster's GPU settings (c.KubeGpu), as the service's kernel and job pods use them."""
+        if self._kube_gpu is None:
+            self._kube_gpu = KubeGpu(parent=self)
+        return self._kube_gpu
 
     @default("gpu_containers")
     def _kube_containers_default(self) -> bool:
@@ -80,12 +67,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if not self._gpu_lease:
             return {"extra_resource_limits": {}, "node_affinity_required": [], "tolerations": []}
         slice_ = self._gpu_lease["slice"]
+        named = (self._gpu_lease.get("pod") or {}).get("resources")  # by the service, as the node advertises them
         return {
-            "extra_resource_limits": resource_limits(slice_, mig_strategy=self.gpu_mig_strategy,
-                                                     shared_resources=self.gpu_shared_resources,
-                                                     gpu_resource=self.gpu_resource_name),
-            "node_affinity_required": [node_affinity(slice_["node"], self.gpu_node_label)],
-            "tolerations": list(self.gpu_tolerations),
+            "extra_resource_limits": dict(named) if named is not None else self.kube_gpu.limits(slice_, None),
+            "node_affinity_required": [self.kube_gpu.node_term(slice_["node"])],
+            "tolerations": list(self.kube_gpu.tolerations),
         }
 
     async def get_pod_manifest(self):

@@ -39,6 +39,7 @@ from ..core.holders import JOB, KERNEL
 from ..core.policy import SchedulerPolicy
 from ..core.store import Store, sqlite_url
 from ..core.wiring import device_backend, open_core
+from ..kube.gpu import KubeGpu
 from . import handlers as h
 from .group_commit import GroupCommit
 from .admin_page import page_routes
@@ -218,7 +219,7 @@ class GpuAllocService(Application):
     jupyter-gpualloc serve --port 8765 --fleet fleet.yaml --db sqlite:///gpualloc.sqlite -f gpualloc_config.py
     jupyter-gpualloc serve --help-all
     """
-    classes = [SchedulerPolicy, JobPods, UserPods, HubOAuth]
+    classes = [SchedulerPolicy, JobPods, UserPods, KubeGpu, HubOAuth]
     aliases = {
         "f": "GpuAllocService.config_file", "config": "GpuAllocService.config_file",
         "ip": "GpuAllocService.ip", "port": "GpuAllocService.port",
@@ -324,7 +325,7 @@ class GpuAllocService(Application):
         False, help="""With the kubernetes backend: run each background job's attempt in a Kubernetes Job
         of its own, made from the submitting server's pod with the lease's GPU resources (a server pod
         cannot gain a device, so without this GPU jobs are refused there). Jobs then outlive their
-        owner's server. Configure them with c.JobPods (service_url) and c.UserPods (resources); the
+        owner's server. Configure them with c.JobPods (service_url), c.UserPods and c.KubeGpu; the
         service's service account needs hub_config/gpualloc-rbac.yaml's Role.""",
     ).tag(config=True)
     kernel_pods = Bool(
@@ -457,9 +458,9 @@ class GpuAllocService(Application):
         """Backend, store, scheduler, events, metrics, authentication and the tornado app."""
         self.device_backend = device_backend(self.backend, fleet=self.fleet,
                                              state_file=self.simulated_state or self._state_beside_db())
-        user_pods = UserPods(parent=self)
+        kube_gpu = KubeGpu(parent=self)
         if isinstance(self.device_backend, KubernetesBackend):  # nodes whose taints our pods do not tolerate drain
-            self.device_backend.tolerations = list(user_pods.tolerations)
+            self.device_backend.tolerations = list(kube_gpu.tolerations)
         self.store = Store(self.db_url, sqlite_synchronous=self.sqlite_synchronous.upper(),
                            sqlite_autocheckpoint=self.sqlite_checkpoint_interval <= 0)
         self.policy = SchedulerPolicy(parent=self)
@@ -473,7 +474,7 @@ class GpuAllocService(Application):
         self.cluster = None
         if isinstance(self.device_backend, KubernetesBackend):
             self.cluster = ClusterReconciler(self.scheduler, self.device_backend, namespace=self.namespace,
-                                             instance=self.instance, record=self.broker.publish,
+                                             instance=self.instance, record=self.broker.publish, gpu=kube_gpu,
                                              pod_unschedulable_timeout=self.pod_unschedulable_timeout,
                                              pod_missing_timeout=self.pod_missing_timeout)
             self.log.info("Kubernetes: this install's pods are those of instance %s in namespace %s",
@@ -483,6 +484,8 @@ class GpuAllocService(Application):
         self.job_runner_pods = self.gpu_kernel_pods = None
         if (self.job_pods or self.kernel_pods) and self.cluster is None:
             raise TraitError("GpuAllocService.job_pods and kernel_pods need the kubernetes backend")
+        if self.job_pods or self.kernel_pods:
+            user_pods = UserPods(kube_gpu, self.device_backend.node_resources, parent=self)
         if self.job_pods:
             self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time, parent=self)
             self.cluster.job_pods = self.job_runner_pods

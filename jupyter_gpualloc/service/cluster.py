@@ -2,7 +2,9 @@
 calls, and every lease is tied to the pod made for it.
 
 Only this install's pods are its own: in its namespace, labelled with its instance and a lease it
-made (`pod_labels`). It deletes no other pod, and every other GPU pod is outside use.
+made (`pod_labels`). It deletes no other pod, and every other GPU pod is outside use. A granted
+lease tells its spawner the extended resources its pod asks for, by the names its node advertises
+(`pod`), since the nodes of a cluster name them differently.
 
 - Nodes and pods the allocator did not place reach `Scheduler.nodes_changed` and
   `Scheduler.outside_use` (ClusterWatch reports them on the IOLoop; no decision reads the cluster).
@@ -29,8 +31,9 @@ from typing import Callable
 from ..core.devices.kubernetes import KubernetesBackend, OwnPod
 from .cluster_watch import ClusterWatch
 from ..core.errors import NotFound, StoreFailed
-from ..core.model import Event, LeaseState, Node, OutsideUse
+from ..core.model import Event, Lease, LeaseState, Node, OutsideUse
 from ..core.scheduler import Scheduler
+from ..kube.gpu import KubeGpu
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,12 @@ class ClusterReconciler:
     def __init__(self, scheduler: Scheduler, backend: KubernetesBackend, *, namespace: str, instance: str,
                  kubeconfig: str | None = None, pod_unschedulable_timeout: float = 300.0,
                  pod_missing_timeout: float = 120.0, clock: Callable[[], float] = time.time,
-                 record: Callable[[Event], None] | None = None):
+                 record: Callable[[Event], None] | None = None, gpu: KubeGpu | None = None):
         """`namespace` and `instance`: where this install's pods run and the name they carry;
-        `record`: where what the reconciler does to the cluster is written (the audit log)."""
+        `record`: where what the reconciler does to the cluster is written (the audit log);
+        `gpu`: how the cluster's pods get their slice (the resources a lease's pod asks for)."""
         self.scheduler, self.clock, self.record = scheduler, clock, record
+        self.backend, self.gpu = backend, gpu or KubeGpu()
         self.namespace, self.instance = namespace, instance
         self.pod_unschedulable_timeout = pod_unschedulable_timeout
         self.pod_missing_timeout = pod_missing_timeout
@@ -111,9 +116,13 @@ class ClusterReconciler:
             return True
         return True
 
-    def pod(self, lease_id: str) -> dict[str, object]:
-        """Where lease `lease_id`'s pod must run and the labels it must carry to be the lease's."""
-        return {"namespace": self.namespace, "labels": self.watch.pod_labels(lease_id)}
+    def pod(self, lease: Lease) -> dict[str, object]:
+        """Where `lease`'s pod must run, the labels it must carry to be the lease's and, once granted,
+        the extended resources it asks for, by the names its node advertises."""
+        pod: dict[str, object] = {"namespace": self.namespace, "labels": self.watch.pod_labels(lease.id)}
+        if lease.slice is not None:
+            pod["resources"] = self.gpu.limits(lease.slice.to_json(), self.backend.node_resources(lease.slice.node))
+        return pod
 
     # ---------------------------------------------------------------- leases
     def tick(self) -> None:

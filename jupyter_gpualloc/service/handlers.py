@@ -227,7 +227,7 @@ class ApiHandler(web.RequestHandler):
         reservation = self.scheduler.reservations.of_lease(lease.id)
         data["reservation"] = reservation.name if reservation else None
         if self.ctx.cluster is not None:
-            data["pod"] = self.ctx.cluster.pod(lease.id)
+            data["pod"] = self.ctx.cluster.pod(lease)
         return data
 
 

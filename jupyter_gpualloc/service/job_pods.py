@@ -4,7 +4,9 @@ A running pod cannot gain a device, so on Kubernetes a job does not run in its o
 When `c.GpuAllocService.job_pods` is on:
 
 - At submit the service copies the submitting server's pod (service/user_pods.py) into the job's
-  record (runner 'pod'), so a job queued now still starts after its owner's server stopped.
+  record (runner 'pod'), so a job queued now still starts after its owner's server stopped. With
+  ReadWriteOnce homes (`c.UserPods.home_access_mode`) the job's slice is asked for on that server's
+  node, where its home mounts, as a GPU kernel's is; a submit naming another node is refused.
 - Once the job's lease is granted, the service creates a Job from that copy, with the lease's GPU
   resources, node affinity to the lease's node, the GPU tolerations, `backoffLimit: 0` (retries
   are the core's), `ttlSecondsAfterFinished`, `terminationGracePeriodSeconds = preempt_grace`, no
@@ -24,6 +26,7 @@ import base64
 import hashlib
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from traitlets import Int, List, Unicode
@@ -32,7 +35,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.devices.kubernetes import JOB_LABEL, OwnPod
 from ..core.errors import NotFound, SchedulerError, StoreFailed
 from ..core.holders import job_of
-from ..core.jobs import POD_RUNNER, Jobs
+from ..core.jobs import POD_RUNNER, JobRequest, Jobs
 from ..core.model import Event, Job, JobState, LeaseState, SpecError
 from .auth import job_token
 from .user_pods import UserPods, api_message
@@ -67,9 +70,11 @@ class JobPods(LoggingConfigurable):
         self.scheduler.subscribe(self._on_event)
 
     # ------------------------------------------------------------- at submit
-    def pod_template(self, user: str, runner: str) -> dict[str, Any]:
-        """What a job's pod takes from the submitting server's pod (runner: 'server' or 'server:<name>')."""
-        return self.pods.server_template(self.watch.pods(), user, runner, self.watch.namespace)
+    def submission(self, user: str, request: JobRequest) -> tuple[JobRequest, dict[str, Any]]:
+        """`request` as its pod may run it (with ReadWriteOnce homes, pinned to the submitting server's
+        node), and what its pod takes from that server's pod (NoServerPod where none runs)."""
+        template = self.pods.server_template(self.watch.pods(), user, request.runner, self.watch.namespace)
+        return replace(request, spec=self.pods.placed(request.spec, template, "job")), template
 
     # ------------------------------------------------------------ the leases
     def tick(self) -> None:

@@ -73,8 +73,9 @@ class JobsHandler(JobApiHandler):
         roots = workdir_roots(self.identity.user, self.ctx.job_workdir_roots)
         if roots is not None and root_of(request.workdir, roots) is None:
             raise ApiError(400, f"workdir must lie in {' or '.join(roots) or 'a configured root'}", field="workdir")
-        job_pods = self.ctx.job_pods
-        pod = job_pods.pod_template(self.identity.user, request.runner) if job_pods is not None else None
+        pod = None
+        if self.ctx.job_pods is not None:
+            request, pod = self.ctx.job_pods.submission(self.identity.user, request)
         with self.ctx.metrics.timed("job_submit"):
             job = self.jobs.submit(self.identity.user, request, now=self.ctx.clock(), groups=self.identity.groups,
                                    pod=pod)

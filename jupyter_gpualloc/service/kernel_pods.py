@@ -27,7 +27,7 @@ import base64
 import json
 import logging
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..core.errors import HolderBusy, NotFound, SchedulerError, StoreFailed
@@ -82,11 +82,7 @@ class KernelPods:
         template = self.pods.server_template(self.watch.pods(), user, body.get("server", "server"), self.watch.namespace)
         if body.get("resume"):
             return self._resume(user, kernel_id, template, body)
-        if self.pods.home_access_mode == "ReadWriteOnce":  # the home mounts on the server's node only
-            if spec.node not in (None, template["node"]):
-                raise SpecError("spec.node", f"homes mount on one node here (ReadWriteOnce): a GPU kernel runs on "
-                                             f"its server's node {template['node']}, not {spec.node}")
-            spec = replace(spec, node=template["node"])
+        spec = self.pods.placed(spec, template, "GPU kernel")
         lease = self.scheduler.submit(user, kernel_holder(kernel_id), spec,
                                       PriorityClass(body.get("priority", "interactive")), now=self.clock(),
                                       groups=groups, wait=True, idle_timeout=body.get("idle_timeout"),

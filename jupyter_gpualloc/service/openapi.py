@@ -137,9 +137,13 @@ SCHEMAS: dict[str, Any] = {
                                         "not in the lease a job carries."},
             "pod": {"type": "object", "required": ["namespace", "labels"],
                     "description": "Kubernetes backend only: the namespace and labels that make a pod this "
-                                   "lease's (its spawner's pod must have both).",
+                                   "lease's (its spawner's pod must have both), and the resources it asks for.",
                     "properties": {"namespace": {"type": "string"},
-                                   "labels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+                                   "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                   "resources": {"type": "object", "additionalProperties": {"type": "string"},
+                                                 "description": "Once a slice is granted: the extended resources "
+                                                                "its pod asks for, by the names its node "
+                                                                "advertises (e.g. nvidia.com/gpu: 1)."}}},
         },
     },
     "LeaseList": {"type": "object", "required": ["leases"],

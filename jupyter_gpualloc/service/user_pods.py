@@ -6,22 +6,23 @@ GPU kernel (service/kernel_pods.py) run in pods of their own, which the service 
 user's server pod, as the cluster watch sees it (KubeSpawner's annotations name the user and the
 server): image, env without the server's own hub credentials and slice, volumes and mounts (the
 home, so files are where the notebook is), security contexts, pull secrets, CPU and memory; and
-from the lease: the device plugin's extended resources, node affinity to the lease's node and
-the GPU tolerations. No service-account token is mounted. `c.UserPods` says how the cluster names
-its GPU resources, as the spawner's `gpu_*` settings do for server pods.
+from the lease: the extended resources its node advertises, node affinity to that node and the
+GPU tolerations (`c.KubeGpu`, kube/gpu.py, as for server pods). No service-account token is mounted.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
-from traitlets import Dict, Enum, List, Unicode
+from traitlets import Dict, Enum
 from traitlets.config import LoggingConfigurable
 
-from ..core.devices.kubernetes import node_affinity, resource_limits
+from ..core.devices.kubernetes import NodeResources
 from ..core.holders import SERVER
-from ..core.model import SpecError
+from ..core.model import SliceSpec, SpecError
+from ..kube.gpu import KubeGpu
 from ..lease_env import SLICE_ENV_NAMES, slice_env
 
 HUB_USER = "hub.jupyter.org/username"  # KubeSpawner's annotation: the user's name, unescaped
@@ -42,34 +43,21 @@ class NoServerPod(SpecError):
 class UserPods(LoggingConfigurable):
     """How the service's pods for a user's slice are made (see the module)."""
 
-    mig_strategy = Unicode(
-        "mixed", help="The NVIDIA device plugin's MIG strategy, as GPUKubeSpawner.gpu_mig_strategy.",
-    ).tag(config=True)
-    gpu_resource = Unicode("nvidia.com/gpu", help="Extended resource of a whole GPU.").tag(config=True)
-    shared_resources = Dict(
-        {"nvidia.com/gpu.shared": "1"},
-        help="Extended resources requested for a shared slice, as GPUKubeSpawner.gpu_shared_resources.",
-    ).tag(config=True)
-    node_label = Unicode(
-        "kubernetes.io/hostname", help="Node label whose value is the lease's node name (node affinity).",
-    ).tag(config=True)
-    tolerations = List(
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        help="""Tolerations added to the pods (GPU nodes are often tainted), and those the service counts on
-        every GPU pod of this install carrying (keep GPUKubeSpawner.gpu_tolerations the same): a node with a
-        NoSchedule or NoExecute taint none of them tolerates is drained (its GPUs are not offered or granted;
-        /inventory says which taint), as its pods would stay Pending there.""",
-    ).tag(config=True)
     home_access_mode = Enum(
         ["ReadWriteMany", "ReadWriteOnce"], "ReadWriteMany",
         help="""How the users' homes are mounted. ReadWriteMany (NFS and the like): a kernel's pod may run on
         any node. ReadWriteOnce (a default zero-to-jupyterhub install's dynamic PVCs): the home mounts on
-        one node only, so a GPU kernel asks for a slice on its server's node, and runs there.""",
+        one node only, so a GPU kernel's or a job's pod asks for a slice on its server's node, and runs there.""",
     ).tag(config=True)
     pod_annotations = Dict(
         {}, help="""Annotations put on every job's and kernel's pod, e.g.
         {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}.""",
     ).tag(config=True)
+
+    def __init__(self, gpu: KubeGpu, node_resources: Callable[[str], NodeResources | None], **kwargs: Any):
+        """`gpu`: the cluster's GPU settings; `node_resources`: the names a node advertises its GPUs by."""
+        super().__init__(**kwargs)
+        self.gpu, self.node_resources = gpu, node_resources
 
     def server_template(self, pods: list[Mapping[str, Any]], user: str, server: str, namespace: str) -> dict[str, Any]:
         """What a pod for `user` takes from their server's pod (server: 'server' or 'server:<name>'),
@@ -82,6 +70,21 @@ class UserPods(LoggingConfigurable):
             raise NoServerPod("runner", f"no running pod of {user}'s server {server_name or '(default)'!s} "
                                         "to make the pod from: start the server, then try again")
         return pod_template(max(found, key=_created))
+
+    def placed(self, spec: SliceSpec, template: Mapping[str, Any], what: str) -> SliceSpec:
+        """Where a pod made from `template` for `what` (a GPU kernel, a job) may be granted its slice:
+        anywhere `spec` says, or with ReadWriteOnce homes on the server's node only (its home mounts
+        there); SpecError naming `spec.node` for another node."""
+        if self.home_access_mode != "ReadWriteOnce":
+            return spec
+        node = template.get("node") or ""
+        if not node:
+            raise SpecError("runner", f"homes mount on one node here (ReadWriteOnce), and the server's pod "
+                                      f"{template.get('server_pod', '')} has no node yet: try again once it runs")
+        if spec.node not in (None, node):
+            raise SpecError("spec.node", f"homes mount on one node here (ReadWriteOnce): a {what} runs on its "
+                                         f"server's node {node}, not {spec.node}")
+        return replace(spec, node=node)
 
     def pod_spec(self, template: Mapping[str, Any], lease: Mapping[str, Any], *, container: str,
                  command: list[str], working_dir: str, env: list[dict[str, Any]], grace_seconds: int,
@@ -97,15 +100,14 @@ class UserPods(LoggingConfigurable):
         container_env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=url,
                                                                         visible_devices=False).items() if k not in own]
         resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
-        gpus = resource_limits(slice_, mig_strategy=self.mig_strategy, shared_resources=self.shared_resources,
-                               gpu_resource=self.gpu_resource)
+        gpus = self.gpu.limits(slice_, self.node_resources(slice_["node"]))
         resources["limits"] = {**resources.get("limits", {}), **gpus}
         return {**template.get("spec", {}),
                 "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
                 "terminationGracePeriodSeconds": grace_seconds,
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [node_affinity(slice_["node"], self.node_label)]}}},
-                "tolerations": [*template.get("spec", {}).get("tolerations", []), *self.tolerations],
+                    "nodeSelectorTerms": [self.gpu.node_term(slice_["node"])]}}},
+                "tolerations": [*template.get("spec", {}).get("tolerations", []), *self.gpu.tolerations],
                 "containers": [{**copied, "name": container, "command": command, "workingDir": working_dir,
                                 "env": container_env + env, "resources": resources}]}
 

@@ -10,11 +10,12 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 from jupyterhub.spawner import SpawnException
-from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpualloc.core.model import Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec
-from jupyter_gpualloc.hub.kube import GPUKubeSpawner, resource_limits
+from jupyter_gpualloc.core.devices.kubernetes import NodeResources, resource_limits
+from jupyter_gpualloc.hub.kube import GPUKubeSpawner
+from jupyter_gpualloc.kube.gpu import KubeGpu
 
 K8S_VERSION = "1.30.0"
 SERVICE = "http://proxy-public/services/gpualloc/"
@@ -50,12 +51,14 @@ def offline_kubeconfig(tmp_path, monkeypatch):
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
 
 
-def make_spawner(service: str | None = SERVICE, **settings) -> GPUKubeSpawner:
+def make_spawner(service: str | None = SERVICE, kube_gpu: dict | None = None, **settings) -> GPUKubeSpawner:
     c = Config()
     if service:
         c.GPUKubeSpawner.gpualloc_url = service
     for name, value in settings.items():
         setattr(c.GPUKubeSpawner, name, value)
+    for name, value in (kube_gpu or {}).items():
+        setattr(c.KubeGpu, name, value)
     return GPUKubeSpawner(config=c, _mock=True)
 
 
@@ -67,10 +70,11 @@ def validated(pod: dict) -> dict:
     return pod
 
 
-def pod_for(kind: str | None, service: str | None = SERVICE, owned: dict | None = None, **settings) -> dict:
-    """The pod for a lease of `kind`, the service's `pod` (namespace and labels) in the lease when `owned`."""
+def pod_for(kind: str | None, service: str | None = SERVICE, owned: dict | None = None, kube_gpu: dict | None = None,
+            **settings) -> dict:
+    """The pod for a lease of `kind`, the service's `pod` (namespace, labels, resources) in the lease when `owned`."""
     async def build():
-        spawner = make_spawner(service, **settings)
+        spawner = make_spawner(service, kube_gpu, **settings)
         spawner._gpu_init()
         spawner._gpu_lease = {**lease_json(kind), **({"pod": owned} if owned else {})} if kind else None
         spawner._gpu_memory = 81559 if kind == "shared" else None
@@ -116,9 +120,12 @@ def test_a_pod_the_service_would_not_own_is_not_made():
     assert "c.GpuAllocService.namespace" in refused.value.jupyterhub_message
 
 
-def test_mig_single_strategy_and_device_env():
-    pod = pod_for("mig", gpu_mig_strategy="single", gpu_device_env=True)
-    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+def test_the_pod_asks_for_the_resources_the_service_names_and_device_env():
+    owned = {"namespace": "default", "labels": {"gpualloc.jupyter.org/lease": "lease-mig"},
+             "resources": {"nvidia.com/gpu": "1"}}  # a MIG device on a node of the single strategy
+    pod = pod_for("mig", owned=owned, gpu_device_env=True)
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and not [r for r in limits if r.startswith("nvidia.com/mig-")], limits
     env = container_env(pod)
     assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "MIG-b"
 
@@ -135,8 +142,8 @@ def test_shared_pod_gets_sharing_resources_and_memory_caps():
 
 
 def test_shared_pod_with_hami_resource_names():
-    pod = pod_for("shared", gpu_shared_resources={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "{memory_mib}",
-                                                  "nvidia.com/gpucores": "{percent}"})
+    pod = pod_for("shared", kube_gpu={"shared_resources": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "{memory_mib}",
+                                                           "nvidia.com/gpucores": "{percent}"}})
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1" and limits["nvidia.com/gpumem"] == "8192"
     assert limits["nvidia.com/gpucores"] == "11"
@@ -170,15 +177,6 @@ def test_pods_and_env_need_no_service():
     assert container_env(pod_for("mig", service=None))["GPUALLOC_LEASE_ID"] == "lease-mig"
 
 
-async def constructed(**settings) -> GPUKubeSpawner:
-    return make_spawner(**settings)
-
-
-def test_invalid_mig_strategy_is_refused():
-    with pytest.raises(TraitError, match="mixed"):
-        asyncio.run(constructed(gpu_mig_strategy="double"))
-
-
 def test_resource_limits_templates():
     shared = SLICES["shared"].to_json()
     assert resource_limits(shared, shared_resources={"x/mem": "{memory_gib}Gi", "x/milli": "{milli}"}) == {
@@ -191,7 +189,21 @@ def test_media_extension_profile_uses_the_device_plugins_resource_name():
     mig = {"kind": "mig", "profile": "1g.10gb+me"}
     assert resource_limits(mig) == {"nvidia.com/mig-1g.10gb.me": "1"}
     assert resource_limits({"kind": "mig", "profile": "1g.10gb"}) == {"nvidia.com/mig-1g.10gb": "1"}
-    assert resource_limits(mig, mig_strategy="single") == {"nvidia.com/gpu": "1"}
+    assert resource_limits(mig, NodeResources(mig={"1g.10gb+me": "nvidia.com/mig-1g.10gb.me.shared"})) == {
+        "nvidia.com/mig-1g.10gb.me.shared": "1"}
+
+
+def test_resources_are_named_as_the_leases_node_advertises_them():
+    single, renamed = NodeResources(mig_single=True), NodeResources(gpu="nvidia.com/gpu.shared")
+    shared, whole = SLICES["shared"].to_json(), SLICES["whole"].to_json()
+    assert resource_limits({"kind": "mig", "profile": "1g.10gb"}, single) == {"nvidia.com/gpu": "1"}
+    template = {"nvidia.com/gpu.shared": "1"}
+    assert resource_limits(shared, NodeResources(), shared_resources=template) == {"nvidia.com/gpu": "1"}
+    assert resource_limits(shared, renamed, shared_resources=template) == {"nvidia.com/gpu.shared": "1"}
+    hami = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "{memory_mib}"}
+    assert resource_limits(shared, NodeResources(), shared_resources=hami) == {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192"}
+    assert resource_limits(whole, NodeResources()) == {"nvidia.com/gpu": "2"}
 
 
 PROFILES = [
@@ -281,6 +293,7 @@ def test_z2jh_values_configure_a_working_gpu_kube_spawner():
     assert getattr(import_module(module), name) is GPUKubeSpawner
     settings = hub["config"]["GPUKubeSpawner"]
     assert set(settings) <= set(GPUKubeSpawner.class_trait_names(config=True))
+    assert set(hub["config"]["KubeGpu"]) <= set(KubeGpu.class_trait_names(config=True))
     assert "gpualloc" in hub["services"] and settings["gpualloc_url"].endswith("/services/gpualloc/")
     access = "access:services!service=gpualloc"
     assert access in hub["loadRoles"]["user"]["scopes"] and access in hub["loadRoles"]["server"]["scopes"]

@@ -58,7 +58,8 @@ class JobPodService(ClusterService):
 
 
 # nodes of this module's own, copies of the demo fleet's (other modules' pods may be left on those)
-OWN_NODES = {"gpu-l4-jobs": "gpu-l4-1", "gpu-h100-jobs": "gpu-h100-mig-1", "gpu-a100-jobs": "gpu-a100-1"}
+OWN_NODES = {"gpu-l4-jobs": "gpu-l4-1", "gpu-h100-jobs": "gpu-h100-mig-1", "gpu-a100-jobs": "gpu-a100-1",
+             "gpu-l4-shared-jobs": "gpu-l4-shared-1"}
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +417,46 @@ def test_a_job_queued_while_its_owners_server_stops_still_runs(service, k8s_clus
     end_pod(k8s_cluster, namespace, pod, "Succeeded")
     listed = {j["id"]: j for j in service.call("GET", "jobs", token=ALICE).json()["jobs"]}
     assert listed[job["id"]]["state"] == "succeeded", listed[job["id"]]
+
+
+def test_a_shared_jobs_pod_asks_for_what_its_node_advertises(service, k8s_cluster, namespace, alice_server):
+    """The demo's time-sliced L4s are not renamed: a shared slice there is one `nvidia.com/gpu` replica."""
+    job = submit(service, cell_job(alice_server.home, "1", {"kind": "shared", "memory_gib": 4,
+                                                             "node": "gpu-l4-shared-jobs"}, runner=alice_server.runner))
+    [kube_job] = wait_for(lambda: kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job")
+    limits = kube_job.spec.template.spec.containers[0].resources.limits
+    assert limits == {"nvidia.com/gpu": "1", "memory": "2Gi"}, limits
+    pod = running_pod(k8s_cluster, namespace, job["id"], service)  # bound there by kube-scheduler
+    assert pod.spec.node_name == "gpu-l4-shared-jobs"
+    assert service.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
+    wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
+
+
+def test_with_readwriteonce_homes_a_job_runs_on_its_servers_node(service, k8s_cluster, namespace, tmp_path):
+    """A default zero-to-jupyterhub home mounts on one node: the job's pod goes where the server runs."""
+    rwo = JobPodService(tmp_path / "rwo", k8s_cluster.kubeconfig,
+                        "c.UserPods.home_access_mode = 'ReadWriteOnce'\nc.GpuAllocService.instance = 'rwo'\n",
+                        namespace=namespace)
+    rwo.start()
+    try:
+        pod = server_pod(rwo, "alice", tmp_path, server_name="rwo")
+        pod["spec"]["nodeName"] = "gpu-a100-jobs"  # the server runs on a GPU node, with no GPU of its own
+        k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(namespace, pod))
+        elsewhere = cell_job(tmp_path, "1", {"kind": "whole", "node": "gpu-l4-jobs"}, runner="server:rwo")
+        refused = wait_for(lambda: (r := rwo.call("POST", "jobs", elsewhere, ALICE)).json().get("field") != "runner"
+                           and r, what="the service seeing the server pod")
+        assert refused.status == 400 and refused.json()["field"] == "spec.node", refused
+        assert "job runs on its server's node gpu-a100-jobs" in refused.json()["error"], refused
+        job = submit(rwo, cell_job(tmp_path, "1", {"kind": "whole"}, runner="server:rwo"))
+        assert job["spec"]["node"] == "gpu-a100-jobs", job
+        job_pod = running_pod(k8s_cluster, namespace, job["id"], rwo)
+        assert job_pod.spec.node_name == "gpu-a100-jobs"
+        terms = job_pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        assert terms.node_selector_terms[0].match_expressions[0].values == ["gpu-a100-jobs"]
+        assert rwo.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
+        wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
+    finally:
+        rwo.kill()
 
 
 def test_a_service_crash_loses_nothing_the_running_job_reports_to_the_restarted_service(

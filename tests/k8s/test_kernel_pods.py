@@ -28,7 +28,7 @@ from .test_job_pods import JobPodService, own_nodes, server_pod, wait_for, wait_
 client = pytest.importorskip("kubernetes_asyncio.client")
 
 KERNEL_LABEL = "gpualloc.jupyter.org/kernel"
-NODES = {"gpu-h100-kernels": "gpu-h100-mig-1"}
+NODES = {"gpu-h100-kernels": "gpu-h100-mig-1", "gpu-l4-shared-kernels": "gpu-l4-shared-1"}
 MIG_1G = {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-kernels"}
 
 
@@ -254,6 +254,28 @@ def test_with_readwriteonce_homes_a_gpu_kernel_runs_on_its_servers_node(service,
         assert rwo.call("DELETE", f"kernels/{kernel_id}/pod", token=ALICE).status == 200
     finally:
         rwo.kill()
+
+
+def test_a_shared_kernels_pod_asks_for_what_its_node_advertises(service, server, k8s_cluster, namespace):
+    """The demo's time-sliced L4s are not renamed: a shared slice there is one `nvidia.com/gpu` replica."""
+    body = {"spec": {"kind": "shared", "memory_gib": 4, "node": "gpu-l4-shared-kernels"}, "server": server,
+            "argv": ["python"], "connection": {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1,
+                                               "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}}
+    kernel_id = str(uuid.uuid4())
+    made = wait_for(lambda: (r := service.call("POST", f"kernels/{kernel_id}/pod", body, ALICE)).json()
+                    .get("field") != "runner" and r, what="the service seeing the server pod")
+    assert made.status == 201, made
+    try:
+        async def bound(api):
+            async def check():
+                return next((p for p in await _kernel_pods(api, namespace, kernel_id) if p.spec.node_name), None)
+            return await until(check, timeout=60, what="the kernel's pod bound by kube-scheduler")
+        pod = k8s_cluster.run(bound)
+        assert pod.spec.node_name == "gpu-l4-shared-kernels"
+        limits = pod.spec.containers[0].resources.limits
+        assert limits.get("nvidia.com/gpu") == "1" and "nvidia.com/gpu.shared" not in limits, limits
+    finally:
+        end_kernels(service, kernel_id)
 
 
 def _kernel_pods(api, namespace: str, kernel_id: str):

@@ -1,5 +1,6 @@
 """GPUKubeSpawner through a real JupyterHub on the local control plane: the pod of each slice kind is
-bound by kube-scheduler itself to the lease's node with the lease's resources, KubeSpawner's
+bound by kube-scheduler itself to the lease's node with the lease's resources, named as that node
+advertises them (a time-sliced node renamed or not), KubeSpawner's
 profile still reaches it, a No GPU pod gets no GPU, and concurrent spawns beside a foreign GPU pod
 never put two users on one device beyond its capacity.
 
@@ -146,7 +147,8 @@ def stopped(hub, k8s_cluster, user: str, lease_id: str) -> dict:
 @pytest.mark.parametrize("user, offer, resource, count", [
     ("mig-user", "mig-1g.10gb-h100-80gb-hbm3", "nvidia.com/mig-1g.10gb", "1"),
     ("whole-user", "whole-a100-sxm4-80gb", "nvidia.com/gpu", "1"),
-    ("shared-user", "shared-8gb-t4", "nvidia.com/gpu.shared", "1"),
+    ("shared-user", "shared-8gb-t4", "nvidia.com/gpu.shared", "1"),  # time-sliced, renamed
+    ("shared-l4-user", "shared-8gb-l4", "nvidia.com/gpu", "1"),  # time-sliced, not renamed: gpu-l4-shared-1
 ])
 def test_each_slice_kinds_pod_is_bound_by_kube_scheduler_to_the_leases_node(hub, k8s_cluster, user, offer,
                                                                                resource, count):
@@ -156,7 +158,7 @@ def test_each_slice_kinds_pod_is_bound_by_kube_scheduler_to_the_leases_node(hub,
     assert lease["state"] == "granted" and pod.spec.node_name == lease["slice"]["node"]
     assert scheduled_by_kube_scheduler(k8s_cluster, pod)
     limits = pod.spec.containers[0].resources.limits
-    assert limits.get(resource) == count, limits
+    assert limits.get(resource) == count and lease["pod"]["resources"] == {resource: count}, (limits, lease)
     assert pod.spec.containers[0].image == "registry.example.org/big:2"  # the profile's choice
     assert not pod.spec.automount_service_account_token
     ended = stopped(hub, k8s_cluster, user, lease["id"])

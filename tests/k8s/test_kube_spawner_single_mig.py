@@ -1,9 +1,10 @@
-"""GPUKubeSpawner on a cluster whose GPU Operator runs the `single` MIG strategy (cluster-global):
-MIG devices are advertised as `nvidia.com/gpu`, GFD labels the node `nvidia.com/mig.strategy=single`,
-`nvidia.com/gpu.product=...-MIG-1g.10gb`, and counts MIG devices in `nvidia.com/gpu.count`. A
-control plane of its own (the session's one runs the `mixed` strategy), with one such node and a
-node of whole GPUs, which also advertises `nvidia.com/gpu`: the MIG slice's pod must land on the
-MIG node, bound there by kube-scheduler, asking for one `nvidia.com/gpu`.
+"""GPUKubeSpawner on a cluster whose nodes differ in MIG strategy, with no strategy configured
+anywhere: on a node of the `single` strategy MIG devices are advertised as `nvidia.com/gpu`, GFD
+labels it `nvidia.com/mig.strategy=single`, `nvidia.com/gpu.product=...-MIG-1g.10gb`, and counts MIG
+devices in `nvidia.com/gpu.count`; a node of the `mixed` one advertises `nvidia.com/mig-<profile>`.
+A control plane of its own, with one node of each and a node of whole GPUs (which also advertises
+`nvidia.com/gpu`): each MIG slice's pod must land on its node, bound there by kube-scheduler,
+asking for what that node advertises.
 """
 
 from __future__ import annotations
@@ -43,11 +44,27 @@ WHOLE = {
 }
 
 
+MIXED = {
+    "name": "gpu-a100-mixed-1", "cpu_milli": 64000, "memory_mib": 524288,
+    "labels": {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.memory": "40960",
+        "nvidia.com/mig.capable": "true",
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-1g.5gb",
+        "nvidia.com/mig.config.state": "success",
+    },
+    "resources": {"nvidia.com/mig-1g.5gb": "7"},
+}
+
+
 @pytest.fixture(scope="module")
 def single_cluster(tmp_path_factory):
     require_binary()
     directory = tmp_path_factory.mktemp("k8s-single")
-    (directory / "fleet.yaml").write_text(yaml.safe_dump({"nodes": [SINGLE, WHOLE]}))
+    (directory / "fleet.yaml").write_text(yaml.safe_dump({"nodes": [SINGLE, MIXED, WHOLE]}))
     control_plane = ControlPlane(directory / "k8s", fleet=directory / "fleet.yaml").start()
     yield Cluster(control_plane)
     control_plane.stop()
@@ -55,8 +72,7 @@ def single_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(single_cluster, tmp_path_factory):
-    yield from hub_on(single_cluster, tmp_path_factory.mktemp("hub-single"),
-                      ("c.GPUKubeSpawner.gpu_mig_strategy = 'single'",))
+    yield from hub_on(single_cluster, tmp_path_factory.mktemp("hub-single"))  # no MIG strategy set anywhere
 
 
 def test_a_mig_slice_is_bound_to_a_single_strategy_node_asking_for_one_gpu(hub, single_cluster):
@@ -68,5 +84,18 @@ def test_a_mig_slice_is_bound_to_a_single_strategy_node_asking_for_one_gpu(hub, 
     assert scheduled_by_kube_scheduler(single_cluster, pod)
     limits = pod.spec.containers[0].resources.limits
     assert limits.get("nvidia.com/gpu") == "1" and not [r for r in limits if r.startswith("nvidia.com/mig-")], limits
+    assert lease["pod"]["resources"] == {"nvidia.com/gpu": "1"}, lease
     ended = stopped(hub, single_cluster, "mig-single-user", lease["id"])
+    assert ended["state"] == "released", ended
+
+
+def test_beside_it_a_mig_slice_on_a_mixed_strategy_node_asks_for_its_profile(hub, single_cluster):
+    spawn(hub, "mig-mixed-user", {"gpu": "mig-1g.5gb-a100-sxm4-40gb", "profile": "small"})
+    pod = pod_of(single_cluster, "mig-mixed-user")
+    lease = lease_of(hub, pod)
+    assert lease["slice"]["node"] == pod.spec.node_name == "gpu-a100-mixed-1", lease
+    assert scheduled_by_kube_scheduler(single_cluster, pod)
+    limits = pod.spec.containers[0].resources.limits
+    assert limits.get("nvidia.com/mig-1g.5gb") == "1" and "nvidia.com/gpu" not in limits, limits
+    ended = stopped(hub, single_cluster, "mig-mixed-user", lease["id"])
     assert ended["state"] == "released", ended

@@ -383,7 +383,7 @@ def whole_l4_available(service) -> int:
     return next(o for o in service.call("GET", "offers", token=ROOT).json()["offers"] if o["name"] == "whole-l4")["available"]
 
 
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # c.UserPods.tolerations
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}  # c.KubeGpu.tolerations
 
 
 def test_a_node_tainted_against_the_pods_is_drained_and_one_they_tolerate_serves(service, k8s_cluster, namespace):

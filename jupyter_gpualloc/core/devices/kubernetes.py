@@ -18,9 +18,10 @@ otherwise the advertised MIG devices are packed onto the node's MIG GPUs by coun
 same instance counts are interchangeable), in time polynomial in the device counts. Pods get their
 devices from the device plugin, so the GPU and MIG UUIDs here are stable identifiers for the
 scheduler's bookkeeping (derived from node name and index), not driver UUIDs; spawners request
-extended resources rather than setting CUDA_VISIBLE_DEVICES. What a plain GPU may carry follows
-its device plugin (`Gpu.sharing`): a time-sliced or MPS GPU only shares (its replicas), a GPU
-without sharing only whole-GPU slices, a HAMi GPU either. Cordoned and not-Ready nodes are
+extended resources rather than setting CUDA_VISIBLE_DEVICES, by the names the lease's node
+advertises (`node_resources`: the nodes of one cluster differ in MIG strategy and in renaming
+shared GPUs). What a plain GPU may carry follows its device plugin (`Gpu.sharing`): a time-sliced
+or MPS GPU only shares (its replicas), a GPU without sharing only whole-GPU slices, a HAMi GPU either. Cordoned and not-Ready nodes are
 read with the reason (`Node.unschedulable`: the scheduler drains them), and so are nodes with a
 NoSchedule or NoExecute taint that the install's pods do not tolerate (`tolerations`: the
 kube-scheduler would leave their pods Pending there); nodes without NVIDIA
@@ -97,14 +98,30 @@ def parse_quantity(value: str | int | float) -> Decimal:
     return amount * Decimal(_SUFFIXES[suffix or ""])
 
 
+@dataclass(frozen=True)
+class NodeResources:
+    """The names a node's device plugin advertises its GPUs by, so a pod on it asks for what is there:
+    `gpu`, its GPUs' (or their time-sliced or MPS replicas') resource, `nvidia.com/gpu` or, renamed,
+    `nvidia.com/gpu.shared`; `mig_single`, its MIG devices advertised as `gpu` (the `single` MIG
+    strategy); `mig`, each MIG profile's resource under the `mixed` one (`nvidia.com/mig-1g.10gb`,
+    `nvidia.com/mig-1g.10gb.me` for 1g.10gb+me, or `.shared` when renamed). The default: the device
+    plugin's own names, mixed strategy."""
+
+    gpu: str = "nvidia.com/gpu"
+    mig_single: bool = False
+    mig: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class _Reading:
-    """What one Node object says: the Node (None when skipped) and each MIG GPU's profile table."""
+    """What one Node object says: the Node (None when skipped), each MIG GPU's profile table, and
+    the names its GPUs are advertised by."""
 
     node: Node | None
     profiles: dict[str, dict[int, MigProfile]] = field(default_factory=dict)
     problem: str | None = None
     labels: "_Labels | None" = None
+    resources: NodeResources | None = None
 
 
 class KubernetesBackend(DeviceBackend):
@@ -171,6 +188,11 @@ class KubernetesBackend(DeviceBackend):
 
     def unusable_nodes(self) -> list[UnusableNode]:
         return list(self._unusable)
+
+    def node_resources(self, node: str) -> NodeResources | None:
+        """The resource names GPU node `node` advertises, as last read (None: no GPU node of that name)."""
+        cached = self._readings.get(node)
+        return cached[1].resources if cached is not None else None
 
     def outside_use(self, pod: Mapping[str, Any]) -> OutsideUse | None:
         """What a pod bound to a GPU node and not finished holds of that node's devices, as read
@@ -301,26 +323,30 @@ def pod_resources(spec: Mapping[str, Any]) -> dict[str, int]:
     return total
 
 
-def resource_limits(slice_: Mapping[str, Any], *, mig_strategy: str = "mixed",
-                    shared_resources: Mapping[str, str] | None = None,
-                    gpu_resource: str = "nvidia.com/gpu") -> dict[str, str]:
-    """The extended resources a pod needs for a slice (values are strings, as Kubernetes wants).
+def resource_limits(slice_: Mapping[str, Any], node: NodeResources | None = None, *,
+                    shared_resources: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The extended resources a pod needs for a slice (values are strings, as Kubernetes wants), by
+    the names `node`, the slice's node, advertises (None: unknown, the device plugin's defaults).
 
     `shared_resources` values are templates: `{memory_mib}`, `{memory_gib}`, `{percent}`
-    (of the GPU, rounded up) and `{milli}` are filled in from the slice.
+    (of the GPU, rounded up) and `{milli}` are filled in from the slice; a key naming the device
+    plugin's GPU resource (`nvidia.com/gpu` or `nvidia.com/gpu.shared`) is the one a known node advertises.
     """
+    known, node = node is not None, node or NodeResources()
     kind = slice_["kind"]
     if kind == "mig":
+        if node.mig_single:
+            return {node.gpu: "1"}
+        profile = str(slice_["profile"])
         # The device plugin writes a profile's '+' as '.': 1g.10gb+me is nvidia.com/mig-1g.10gb.me.
-        profile = str(slice_["profile"]).replace("+", ".")
-        name = f"nvidia.com/mig-{profile}" if mig_strategy == "mixed" else gpu_resource
-        return {name: "1"}
+        return {node.mig.get(profile) or f"nvidia.com/mig-{profile.replace('+', '.')}": "1"}
     if kind == "whole":
-        return {gpu_resource: str(len(slice_["gpu_uuids"]))}
+        return {node.gpu: str(len(slice_["gpu_uuids"]))}
     milli = int(slice_.get("milli", 1000))
     values = {"memory_mib": int(slice_["memory_mib"]), "memory_gib": int(slice_["memory_mib"]) // MIB_PER_GIB,
               "percent": -(-milli // 10), "milli": milli}
-    return {name: str(template).format(**values) for name, template in (shared_resources or {}).items()}
+    return {node.gpu if known and name in GPU_RESOURCES else name: str(template).format(**values)
+            for name, template in (shared_resources or {}).items()}
 
 
 def node_affinity(node: str, label: str = "kubernetes.io/hostname") -> dict[str, Any]:
@@ -399,12 +425,21 @@ def _read_node(raw: Mapping[str, Any], tolerations: list[dict] | None = None) ->
     mig_devices = {profile: n for profile, n in mig_devices.items() if n > 0}
     if advertised == 0 and not mig_devices:
         return _Reading(None)
+    product = _PRODUCT.match(labels.product)
+    model_name, single_profile = _VENDOR.sub("", product.group(1)), product.group(2)
+    renamed = _count(allocatable.get("nvidia.com/gpu.shared", 0), name, "nvidia.com/gpu.shared") > 0 \
+        and _count(allocatable.get("nvidia.com/gpu", 0), name, "nvidia.com/gpu") == 0
+    mig_names: dict[str, str] = {}
+    for key in sorted(allocatable):  # a profile's plain name before its `.shared` one
+        if (match := _MIG_RESOURCE.match(key)) and _count(allocatable[key], name, key) > 0:
+            mig_names.setdefault(_profile_name(match.group(1)), key)
     reading = _Reading(Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
                             memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20),
                             unschedulable=_unschedulable(raw) or _untolerated(raw, tolerations)),
-                       labels=labels)
-    product = _PRODUCT.match(labels.product)
-    model_name, single_profile = _VENDOR.sub("", product.group(1)), product.group(2)
+                       labels=labels,
+                       resources=NodeResources(gpu="nvidia.com/gpu.shared" if renamed else "nvidia.com/gpu",
+                                               mig_single=labels.strategy == "single" and bool(single_profile),
+                                               mig=mig_names))
     hami = _hami_gpus(metadata.get("annotations") or {}, name)
     if hami and not model_name:
         model_name = _VENDOR.sub("", hami[0][0])

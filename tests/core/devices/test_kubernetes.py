@@ -130,6 +130,24 @@ def test_whole_and_time_sliced_gpus(fleet):
     assert {g.sharing for g in l4.gpus} == {"whole"} and t4.gpus[0].sharing == "shared"
 
 
+def test_each_node_says_the_names_its_gpus_are_advertised_by():
+    backend = KubernetesBackend.from_node_objects([*NODE_LIST["items"], renamed_shared_node()])
+    backend.discover()
+    mixed, single = backend.node_resources("a100-mixed"), backend.node_resources("a100-single")
+    assert (mixed.mig_single, mixed.mig["2g.10gb"], mixed.gpu) == (False, "nvidia.com/mig-2g.10gb", "nvidia.com/gpu")
+    assert (single.mig_single, single.gpu) == (True, "nvidia.com/gpu")
+    assert backend.node_resources("t4-shared").gpu == "nvidia.com/gpu"  # time-sliced, not renamed
+    assert backend.node_resources("t4-renamed").gpu == "nvidia.com/gpu.shared"
+    assert backend.node_resources("cpu-only") is None and backend.node_resources("no-such-node") is None
+
+
+def renamed_shared_node() -> dict:
+    node = json.loads(json.dumps(NODES["t4-shared"]))
+    node["metadata"]["name"] = "t4-renamed"
+    node["status"]["allocatable"] = {**node["status"]["allocatable"], "nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "4"}
+    return node
+
+
 def test_uuids_are_stable_identifiers(fleet):
     again = {n.name: n for n in KubernetesBackend.from_node_objects(NODE_LIST["items"]).discover()}
     assert [g.uuid for g in fleet["l4-pool-1"].gpus] == [g.uuid for g in again["l4-pool-1"].gpus]
