@@ -15,6 +15,8 @@ IN_A_POD_VARIABLE = "GPUALLOC_KERNEL_POD"  # "1" in a GPU kernel running in a po
 # "1" in a kernel whose Jupyter server heartbeats it (the server extension's activity report keeps
 # every kernel it runs alive): the kernel sends no heartbeat of its own
 KEPT_ALIVE_VARIABLE = "GPUALLOC_KEPT_ALIVE_BY_SERVER"
+# Why GPU slices are off in the kernel's server (no GPU and no fleet, no allocator): %gpu says it
+OFF_VARIABLE = "GPUALLOC_OFF_REASON"
 
 # Every variable slice_env may set, so a caller can clear stale ones before applying a new lease.
 SLICE_ENV_NAMES = (

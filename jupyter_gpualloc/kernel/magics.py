@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..core.holders import KERNEL, kernel_of
 from ..holder import Waiting, WaitGaveUp, wait_in_queue
-from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE
+from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
 from .cuda_state import cuda_initialised_by, memory_used_mib
@@ -138,6 +138,9 @@ class KernelGpu:
         if self._client is None:
             from ..client import SyncGpuAllocClient
 
+            off = self.environ.get(OFF_VARIABLE)
+            if off and not self.environ.get("GPUALLOC_URL"):
+                raise InputError(off)
             try:
                 self._client = SyncGpuAllocClient(env=self.environ)
             except ValueError as err:

@@ -42,7 +42,7 @@ from .events import GpuAllocEvents
 from .gpu_restart import RESTART_PATH, GpuKernelRestarts, KernelRestartHandler
 from .idle import KernelActivityMonitor
 from .kernelspecs import install_kernelspecs
-from .provisioner import KernelLink, install_link
+from .provisioner import KernelLink, install_link, install_off_reason
 from .relay import EVENTS_PATH, RELAY_ROOT, KernelEventRelay, KernelEventsHandler
 from .resync import RESET, StreamMirror
 from .watchdog import Watchdog, cap_mechanisms
@@ -167,6 +167,7 @@ class GpuAllocExtension(ExtensionApp):
                     raise
                 self.off_reason = no_gpu_reason(str(err))
                 self.log.warning("gpualloc: %s", self.off_reason)
+                self._tell_kernels_gpu_is_off()
                 return
             device_backend = self.embedded.backend
             self.client = GpuAllocClient(self.embedded_url(), self.server_token() or "unused")
@@ -178,6 +179,7 @@ class GpuAllocExtension(ExtensionApp):
                 self.off_reason = f"no GPU allocator is configured for this server ({err})"
                 self.log.warning("gpualloc: no GPU allocator is configured for this server (%s); "
                                  "GPU slices and jobs are off, kernels start as usual", err)
+                self._tell_kernels_gpu_is_off()
                 return
             self.client = GpuAllocClient(endpoint.url, endpoint.token)
             self.kernel_token = endpoint.token
@@ -236,7 +238,17 @@ class GpuAllocExtension(ExtensionApp):
             return None
 
     def _link_kernels(self) -> None:
-        """Make gpualloc the kernels' provisioner (the default one, kept to put back at stop), linked to the client."""
+        """Make gpualloc the kernels' provisioner, linked to the client."""
+        self._use_gpualloc_provisioner()
+        self._install_kernel_link()
+
+    def _tell_kernels_gpu_is_off(self) -> None:
+        """GPU features are off: kernels still get %gpu, which says why in one line."""
+        self._use_gpualloc_provisioner()
+        install_off_reason(self.off_reason)
+
+    def _use_gpualloc_provisioner(self) -> None:
+        """Make gpualloc the kernels' default provisioner (the default one kept to put back at stop)."""
         factory = KernelProvisionerFactory.instance(parent=self.serverapp)
         if "gpualloc" not in factory.provisioners:  # an editable checkout without installed entry points
             from importlib.metadata import EntryPoint
@@ -245,7 +257,6 @@ class GpuAllocExtension(ExtensionApp):
         if self.all_kernels:
             self._default_provisioner = factory.default_provisioner_name
             factory.default_provisioner_name = "gpualloc"
-        self._install_kernel_link()
 
     def _install_kernel_link(self) -> None:
         """What this server's kernels are given to reach the allocator: its client's URL and token."""
@@ -450,6 +461,7 @@ class GpuAllocExtension(ExtensionApp):
             else:  # kernels whose end the service did not hear yet: told once more
                 await self.monitor.report_gone()
         install_link(None)
+        install_off_reason("")
         if self._sigint_handler is not None:
             signal.signal(signal.SIGINT, self._sigint_handler)
         if self._default_provisioner is not None:

@@ -37,7 +37,7 @@ from traitlets import Dict, Float, Unicode
 from ..client import GpuAllocClient, GpuAllocError, NotFound, ServiceUnavailable, discover
 from ..core.holders import kernel_holder
 from ..holder import Waiting, WaitGaveUp, wait_in_queue
-from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, SLICE_ENV_NAMES, slice_env
+from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE, SLICE_ENV_NAMES, slice_env
 from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
@@ -90,6 +90,15 @@ def install_link(link: KernelLink | None) -> None:
     """Set (or clear) the link the provisioners of this process use."""
     global _link
     _link = link
+
+
+_off_reason = ""  # why this server's GPU features are off (its extension found no allocator), for %gpu to say
+
+
+def install_off_reason(reason: str) -> None:
+    """Set (or clear, with "") why GPU slices are off for the kernels of this process."""
+    global _off_reason
+    _off_reason = reason
 
 
 def current_link() -> KernelLink | None:
@@ -149,8 +158,12 @@ class GpuAllocProvisioner(LocalProvisioner):
         link = current_link()
         if link is None:
             if self.spec:
-                raise NoService(f"this kernel asks for a GPU slice ({self.offer or self.spec}), but no gpualloc "
-                                "service is configured: enable the jupyter_gpualloc.server extension or set GPUALLOC_URL")
+                raise NoService(f"this kernel asks for a GPU slice ({self.offer or self.spec}), but "
+                                + (_off_reason or "no gpualloc service is configured: enable the "
+                                   "jupyter_gpualloc.server extension or set GPUALLOC_URL"))
+            if _off_reason and any("ipykernel" in part for part in kwargs.get("cmd", ())):
+                kwargs["env"][OFF_VARIABLE] = _off_reason  # %gpu says why, in one line
+                kwargs["cmd"] = [*kwargs["cmd"], f"--ext={MAGIC_EXTENSION}"]
             return kwargs  # a plain kernel, as LocalProvisioner would start it
         env = kwargs["env"]
         env.update(link.base_env(self.kernel_id))

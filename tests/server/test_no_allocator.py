@@ -10,7 +10,8 @@ import pytest
 from jupyter_gpualloc.core.devices import make_backend
 from jupyter_gpualloc.core.devices.base import DeviceUnavailable
 
-from tests.server.test_server_process import JupyterServerProcess, servers  # noqa: F401 (fixture)
+from tests.server.test_server_process import (JupyterServerProcess, ready_kernel_client, run_cell,  # noqa: F401
+                                              servers)
 from tests.service.conftest import ALICE, ServiceProcess
 
 pytestmark = pytest.mark.slow
@@ -59,6 +60,14 @@ def test_no_gpu_and_no_fleet_says_in_one_line_what_to_set_and_where(tmp_path, se
     assert server.call("GET", "gpualloc/api/status")[1]["mode"] == "off"
     status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
     assert status == 201, kernel
+    # %gpu is there, and says in one line why GPU slices are off and what to set
+    client = ready_kernel_client(server.workdir / "runtime" / f"kernel-{kernel['id']}.json", server, 60)
+    try:
+        stdout, stderr = run_cell(client, "%gpu status")
+    finally:
+        client.stop_channels()
+    assert "UsageError" not in stderr and "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and 'c.GpuAllocExtension.fleet = "example:demo"' in stderr, stderr
     log = log_of(server)
     lines = [line for line in log.splitlines() if "gpualloc: " in line]
     assert len(lines) == 1 and "c.GpuAllocExtension.fleet" in lines[0] and config_file in lines[0], log
