@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.browser.test_sidebar import CHROMIUM_ARGS, chromium_or_skip
+from tests.browser.test_sidebar import chromium_or_skip, headless_chromium
 from tests.service.conftest import ALICE, BOB, CAROL, POLICY, ROOT, ServiceProcess
 
 pytestmark = pytest.mark.slow
@@ -63,15 +63,8 @@ def submit_job(svc, token: str, name: str, spec: dict, workdir) -> dict:
 
 @pytest.fixture
 def browser(service):  # one per test: pytest-jupyter's event loop is made and closed around each test
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(chromium_or_skip()), headless=True,
-                                              args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with headless_chromium() as launched:
+        yield launched
 
 
 def signed_in(browser, service, token: str):
@@ -178,33 +171,26 @@ def demo_hub(tmp_path):
 
 
 def test_in_the_hub_an_admin_opens_the_page_from_the_services_menu_and_releases_a_slice(demo_hub):
-    from playwright.sync_api import sync_playwright
-
     reply = demo_hub.service("POST", "leases", {"offer": "shared-8gb-l4", "holder": "kernel:0e1d2c3b4a"}, user="alice")
     assert reply.status_code == 201, reply.text
     lease = reply.json()
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium_or_skip()), headless=True,
-                                             args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport={"width": 1300, "height": 900}).new_page()
-            page.goto(demo_hub.url + "/hub/login", timeout=MIN)
-            page.locator("#username_input").fill("admin")
-            page.locator("#password_input").fill("any password")
-            page.locator("#login_submit").click()
-            page.wait_for_url(lambda url: "/hub/login" not in url, timeout=MIN)
-            page.goto(demo_hub.url + "/hub/home", timeout=MIN)
-            page.get_by_role("button", name="Services").click()
-            page.get_by_role("link", name="gpualloc").click()  # through JupyterHub's OAuth, back to the page
-            page.wait_for_url(demo_hub.url + "/services/gpualloc/", timeout=MIN)
-            alice = row(page, "#gpu-list", lease)
-            alice.wait_for(timeout=MIN)
-            assert alice.locator("td").all_inner_texts()[:3] == ["shared 8 GiB", "alice", "kernel 0e1d2c3b"]
-            assert "admin" in page.locator("#who").inner_text() and page.locator("#token-form").is_hidden()
-            page.once("dialog", lambda dialog: dialog.accept())
-            alice.get_by_role("button", name="Release").click()
-            page.locator("#notice", has_text="Released alice's kernel 0e1d2c3b").wait_for(timeout=MIN)
-        finally:
-            browser.close()
+    with headless_chromium() as browser:
+        page = browser.new_context(viewport={"width": 1300, "height": 900}).new_page()
+        page.goto(demo_hub.url + "/hub/login", timeout=MIN)
+        page.locator("#username_input").fill("admin")
+        page.locator("#password_input").fill("any password")
+        page.locator("#login_submit").click()
+        page.wait_for_url(lambda url: "/hub/login" not in url, timeout=MIN)
+        page.goto(demo_hub.url + "/hub/home", timeout=MIN)
+        page.get_by_role("button", name="Services").click()
+        page.get_by_role("link", name="gpualloc").click()  # through JupyterHub's OAuth, back to the page
+        page.wait_for_url(demo_hub.url + "/services/gpualloc/", timeout=MIN)
+        alice = row(page, "#gpu-list", lease)
+        alice.wait_for(timeout=MIN)
+        assert alice.locator("td").all_inner_texts()[:3] == ["shared 8 GiB", "alice", "kernel 0e1d2c3b"]
+        assert "admin" in page.locator("#who").inner_text() and page.locator("#token-form").is_hidden()
+        page.once("dialog", lambda dialog: dialog.accept())
+        alice.get_by_role("button", name="Release").click()
+        page.locator("#notice", has_text="Released alice's kernel 0e1d2c3b").wait_for(timeout=MIN)
     ended = demo_hub.service("GET", f"leases/{lease['id']}").json()
     assert (ended["state"], ended["reason"]) == ("released", "released by admin"), ended

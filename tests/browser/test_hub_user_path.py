@@ -31,7 +31,7 @@ import pytest
 import requests
 
 from jupyter_gpualloc.hub.local import still_running
-from tests.browser.test_sidebar import CHROMIUM_ARGS, chromium_or_skip
+from tests.browser.test_sidebar import chromium_or_skip, headless_chromium
 from tests.hub.conftest import DemoHub, server_environ
 
 pytestmark = pytest.mark.slow
@@ -105,15 +105,8 @@ def hub(tmp_path):
 
 @pytest.fixture
 def browser(hub, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(chromium_or_skip()), headless=True,
-                                              args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with headless_chromium() as launched:
+        yield launched
 
 
 def person(browser, hub: DemoHub, user: str):

@@ -15,6 +15,7 @@ docs/img/sidebar-*.png so); a plain run leaves the repository as it was.
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import re
 import shutil
@@ -61,6 +62,20 @@ def chromium_or_skip() -> Path:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium before make test")
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's chromium, headless, through Playwright; closed when the block ends."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium_or_skip()), headless=True,
+                                             args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 class JupyterLabProcess:
