@@ -81,6 +81,7 @@ class Attempt:
     km: AsyncKernelManager | None = None
     task: asyncio.Task | None = None
     stopping: str = ""  # why the runner stops it (then the core has already moved the job on)
+    ready: bool = False  # its kernel answers: cells run (before, there is nothing to interrupt)
     stopper: asyncio.Task | None = field(default=None, repr=False)
 
 
@@ -253,6 +254,7 @@ class JobRunner:
         client = LoggingNotebookClient(nb, log_file, km=km, kernel_name=job["kernel_name"], timeout=None,
                                        resources={"metadata": {"path": job["workdir"]}})
         await client.async_start_new_kernel_client()
+        attempt.ready = True
         try:
             client.reset_execution_trackers()
             cells = asyncio.ensure_future(self._execute_cells(client, nb))
@@ -283,8 +285,13 @@ class JobRunner:
                 self.log.warning("gpualloc jobs: kernel of job %s did not shut down cleanly: %s", attempt.job_id, err)
 
     async def _stop(self, attempt: Attempt, grace: float) -> None:
-        """SIGINT, then SIGTERM after `grace`, then SIGKILL after `grace` again."""
+        """SIGINT, then SIGTERM after `grace`, then SIGKILL after `grace` again. A kernel still starting
+        has no cell to interrupt: its start is given up (the attempt's end shuts the kernel down)."""
         task = attempt.task
+        if task is not None and not task.done() and not attempt.ready:
+            task.cancel()
+            await asyncio.wait([task], timeout=SHUTDOWN_WAIT)
+            return
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             km = attempt.km
             if task is None or task.done():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import cloudpickle
 import nbformat
 
@@ -66,3 +69,34 @@ async def test_two_jobs_beyond_capacity_run_one_after_the_other(jobs_client, wor
     done_second = await job_ends(jobs_client, second["id"])
     assert (done_first["state"], done_second["state"]) == ("succeeded", "succeeded")
     assert done_first["ended_at"] <= done_second["started_at"]
+
+
+# A kernel that takes its time to start (a big environment's imports): it says when it is starting.
+SLOW_START = """
+import pathlib, runpy, sys, time
+pathlib.Path(sys.argv[2]).write_text("starting")
+time.sleep(60)
+sys.argv = ["ipykernel_launcher", "-f", sys.argv[1]]
+runpy.run_module("ipykernel_launcher", run_name="__main__")
+"""
+
+
+async def test_cancelling_a_job_whose_kernel_still_starts_gives_the_start_up_quietly(jobs_client, workdir, gpualloc,
+                                                                                    jp_data_dir, capfd):
+    """Cancel while the job's kernel starts: nothing to interrupt yet, so no SIGINT (whose KeyboardInterrupt
+    traceback the server's log showed), the start is given up, the kernel ended and the slice returned."""
+    starting = workdir / "kernel-starting"
+    spec_dir = jp_data_dir / "kernels" / "slow-start"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", SLOW_START, "{connection_file}", str(starting)],
+        "display_name": "Python (slow start)", "language": "python"}))
+    job = await jobs_client.submit_job(cell_job(workdir, "x = 1", kernel_name="slow-start"))
+    await wait_for(starting.exists, 30)
+    capfd.readouterr()
+    assert (await jobs_client.cancel_job(job["id"]))["state"] == "cancelled"
+    await wait_for(lambda: not gpualloc.runner.attempts, 15)
+    out, err = capfd.readouterr()
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+    assert "stopped: cancelled" in (workdir / ".gpualloc" / "jobs" / job["id"] / "job.log").read_text()
+    assert gpualloc.embedded.scheduler.leases() == []
