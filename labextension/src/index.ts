@@ -20,7 +20,7 @@ import { IJobActions } from './components/jobs';
 import { outputFactories } from './components/outputs';
 import { ICurrentNotebook } from './components/request';
 import { ISliceActions } from './components/slices';
-import { Question, releaseQuestion } from './model/format';
+import { kernelOfHolder, Question, releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
 
@@ -88,7 +88,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     const slices: ISliceActions = {
       release: async lease => {
-        const question = releaseQuestion(lease);
+        const kernelId = kernelOfHolder(lease.holder);
+        const question = releaseQuestion(lease, kernelId ? notebookOfKernel(kernelId)?.context.path ?? null : null);
         if (question && !(await confirm(question))) {
           return;
         }
