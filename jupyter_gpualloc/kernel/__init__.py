@@ -14,6 +14,7 @@ _LOADED: dict[int, Any] = {}
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register `%gpu` in this IPython shell (a kernel's, or a terminal's)."""
+    from .granted import register_comm_target
     from .job_magics import GpuJobMagics
     from .magics import GpuMagics, KernelGpu
 
@@ -23,6 +24,7 @@ def load_ipython_extension(ipython: Any) -> None:
     _LOADED[id(ipython)] = kernel_gpu
     ipython.register_magics(GpuMagics(ipython, kernel_gpu))
     ipython.register_magics(GpuJobMagics(ipython, kernel_gpu))
+    register_comm_target(getattr(ipython, "kernel", None), kernel_gpu)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

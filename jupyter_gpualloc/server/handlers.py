@@ -98,6 +98,10 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
                                "execution_state": kernel.execution_state}
         entry["caps"] = self.ext.caps(lease)
         entry["used_mib"] = (memory or {}).get(kernel_id) if kernel_id is not None else None
+        if entry["kernel"] is not None:  # what the kernel made of a slice granted to it from here
+            note = self.ext.monitor.slices.note(kernel_id, lease["id"], lambda: self.kernel_uses_gpu(kernel_id))
+            if note:
+                entry["note"] = note
         return entry
 
     def kernel_memory(self) -> dict[str, int]:
@@ -232,15 +236,13 @@ class RequestHandler(SidebarHandler):
         lease = await self.service(self.ext.client.request_lease(spec, holder, offer=offer, wait=wait))
         if kernel_id and lease["state"] == "granted":
             self.ext.monitor.attach(kernel_id, lease)
-        elif not kernel_id:
-            self.ext.monitor.extra_holders.add(server_holder())
-        entry = self.lease_entry(lease)
-        if kernel_id and self.kernel_uses_gpu(kernel_id):
-            entry["note"] = "restart the kernel to use the slice: CUDA already runs in it on another GPU"
+            self.ext.monitor.slices.tell(kernel_id, lease["id"])  # it takes effect before the kernel's next cell
         elif kernel_id:
-            entry["note"] = "the kernel uses the slice from its next %gpu command, or when it restarts"
+            self.ext.monitor.slices.awaiting[lease["id"]] = kernel_id  # told once granted
+        else:
+            self.ext.monitor.extra_holders.add(server_holder())
         self.set_status(201 if lease["state"] == "granted" else 202)
-        self.finish(json.dumps(entry))
+        self.finish(json.dumps(self.lease_entry(lease)))
 
 
     async def _restart_as_gpu_kernel(self, kernel_id: str | None, spec: dict, offer: str) -> None:
