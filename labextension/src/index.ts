@@ -47,9 +47,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const notebookOfKernel = (kernelId: string) =>
       notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
+    // the notebook a kernel ran, still named once the kernel was shut down (its slice released, or idle)
+    const ranIn = new Map<string, string>();
+    const pathOfKernel = (kernelId: string): string | null => {
+      const path = notebookOfKernel(kernelId)?.context.path;
+      if (path) {
+        ranIn.set(kernelId, path);
+      }
+      return path ?? ranIn.get(kernelId) ?? null;
+    };
     const model = new GpuModel(
       new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot')),
-      kernelId => notebookOfKernel(kernelId)?.context.path ?? null
+      pathOfKernel
     );
     const currentChanged = new Signal<unknown, void>(notebooks);
     notebooks.currentChanged.connect(() => currentChanged.emit());
@@ -89,7 +98,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const slices: ISliceActions = {
       release: async lease => {
         const kernelId = kernelOfHolder(lease.holder);
-        const question = releaseQuestion(lease, kernelId ? notebookOfKernel(kernelId)?.context.path ?? null : null);
+        const question = releaseQuestion(lease, kernelId ? pathOfKernel(kernelId) : null);
         if (question && !(await confirm(question))) {
           return;
         }
@@ -97,7 +106,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       },
       keep: lease => void model.keep(lease.id),
       extendDeadline: lease => void model.extendDeadline(lease.id),
-      notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
+      notebookOf: pathOfKernel,
       openNotebook: kernelId => {
         const found = notebookOfKernel(kernelId);
         if (found) {
