@@ -15,6 +15,7 @@ _LOADED: dict[int, Any] = {}
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register `%gpu` in this IPython shell (a kernel's, or a terminal's)."""
+    from .granted import register_comm_target
     from .job_magics import GpuJobMagics
     from .magics import GpuMagics, KernelGpu
 
@@ -25,6 +26,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(GpuMagics(ipython, kernel_gpu))
     ipython.register_magics(GpuJobMagics(ipython, kernel_gpu))
     kernel_gpu.follow_lease_from_launch()
+    register_comm_target(getattr(ipython, "kernel", None), kernel_gpu)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

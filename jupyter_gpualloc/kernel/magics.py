@@ -247,6 +247,19 @@ class KernelGpu:
             return [f"gpu: the request ended ({lease['state']}): {lease.get('reason') or 'no reason given'}"]
         return [self.take_effect(lease)]
 
+    def adopt(self, lease_id: str) -> str:
+        """A lease granted to this kernel from outside it (the sidebar): it takes effect now, as `%gpu
+        status` makes it, and its notices are told here (the server that asked for it keeps it alive).
+        The line that says so ('' when in effect already)."""
+        lease = self.client.lease(lease_id)
+        if lease["holder"] != self.holder or lease["state"] != "granted":
+            return f"gpu: lease {lease_id} is not a granted slice of this kernel"
+        self.lease_id = lease_id
+        self.notices.start()
+        if lease_id in (self.applied_id, self.restart_needed_for):
+            return ""
+        return self.take_effect(lease)
+
     def restart_as_gpu_kernel(self, spec: dict) -> list[str]:
         """Where GPU kernels run in pods of their own (Kubernetes): this kernel's server restarts it as one."""
         if self.environ.get(IN_A_POD_VARIABLE):

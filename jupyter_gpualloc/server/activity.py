@@ -7,6 +7,8 @@ and counts only executions a client asked for: an `execute_input` (the kernel st
 client sent; silent executions publish none) and the `idle` status that ends that cell. A cell
 waiting for `input()` is running, so the person's answer falls within it. Widget messages
 (`comm_msg`), kernel info and completion requests, and any output outside a cell are not activity.
+Each kernel's IOPub is read once: a comm the kernel closes is passed on to `on_comm_close` (the
+kernel's answer to a slice it was told of, server/kernel_slices.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 class _Watch:
     """One kernel's IOPub subscription and what it saw."""
 
+    kernel_id: str
     stream: Any
     session: Session
     last_activity: float | None = None  # when a cell last started or ended; None: none seen yet
@@ -34,10 +37,12 @@ class PersonActivity:
     """Each watched kernel's last cell run by a client, and whether one runs now."""
 
     def __init__(self, kernel_manager: Any, clock: Callable[[], float] = time.time,
-                 log: logging.Logger | None = None):
+                 log: logging.Logger | None = None,
+                 on_comm_close: Callable[[str, dict], None] | None = None):
         self.kernel_manager = kernel_manager
         self.clock = clock
         self.log = log or logging.getLogger(__name__)
+        self.on_comm_close = on_comm_close  # (kernel id, the comm_close message's content)
         self._watches: dict[str, _Watch] = {}
 
     def watch(self, kernel_id: str) -> None:
@@ -48,7 +53,7 @@ class PersonActivity:
         socket = kernel.connect_iopub()
         stream = socket if isinstance(socket, ZMQStream) else ZMQStream(socket)
         watch = self._watches[kernel_id] = _Watch(
-            stream, Session(config=kernel.session.config, key=kernel.session.key))
+            kernel_id, stream, Session(config=kernel.session.config, key=kernel.session.key))
         stream.on_recv(lambda parts: self._receive(watch, parts))
 
     def forget(self, kernel_id: str) -> None:
@@ -88,3 +93,5 @@ class PersonActivity:
             if watch.session.unpack(message["content"]).get("execution_state") == "idle":
                 watch.running.discard(parent)
                 watch.last_activity = self.clock()
+        elif kind == "comm_close" and self.on_comm_close is not None:
+            self.on_comm_close(watch.kernel_id, watch.session.unpack(message["content"]))

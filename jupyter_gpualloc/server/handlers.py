@@ -98,6 +98,10 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
                                "execution_state": kernel.execution_state}
         entry["caps"] = self.ext.caps(lease)
         entry["used_mib"] = (memory or {}).get(kernel_id) if kernel_id is not None else None
+        if entry["kernel"] is not None:  # what the kernel made of a slice granted to it from here
+            note = self.ext.monitor.slices.note(kernel_id, lease["id"], lambda: self.kernel_uses_gpu(kernel_id))
+            if note:
+                entry["note"] = note
         return entry
 
     def kernel_memory(self) -> dict[str, int]:
@@ -232,15 +236,13 @@ class RequestHandler(SidebarHandler):
         lease = await self.service(self.ext.client.request_lease(spec, holder, offer=offer, wait=wait))
         if kernel_id and lease["state"] == "granted":
             self.ext.monitor.attach(kernel_id, lease)
-        elif not kernel_id:
-            self.ext.monitor.extra_holders.add(server_holder())
-        entry = self.lease_entry(lease)
-        if kernel_id and self.kernel_uses_gpu(kernel_id):
-            entry["note"] = "restart the kernel to use the slice: CUDA already runs in it on another GPU"
+            self.ext.monitor.slices.tell(kernel_id, lease["id"])  # it takes effect before the kernel's next cell
         elif kernel_id:
-            entry["note"] = "the kernel uses the slice from its next %gpu command, or when it restarts"
+            self.ext.monitor.slices.awaiting[lease["id"]] = kernel_id  # told once granted
+        else:
+            self.ext.monitor.extra_holders.add(server_holder())
         self.set_status(201 if lease["state"] == "granted" else 202)
-        self.finish(json.dumps(entry))
+        self.finish(json.dumps(self.lease_entry(lease)))
 
 
     async def _restart_as_gpu_kernel(self, kernel_id: str | None, spec: dict, offer: str) -> None:
@@ -257,10 +259,12 @@ class RequestHandler(SidebarHandler):
 
 
 class ReleaseHandler(SidebarHandler):
-    """POST {"lease_id": id}. A kernel's slice that the kernel may still use (CUDA runs in it) returns
-    to the pool only when the kernel ends, any other kernel's at once. A JupyterHub server's slice
-    returns once the hub has stopped the server (hub/mixin.py); in embedded mode the server's own
-    slice runs nothing of its own, so it returns at once."""
+    """POST {"lease_id": id}. A granted slice of a kernel of this server ends with the kernel: the
+    kernel is shut down (its variables are lost: the sidebar asks first), and its slice returns to
+    the pool only once the kernel's process has ended (its provisioner reports it gone), as after an
+    idle release. A queued request is withdrawn; a kernel's slice held elsewhere returns at once. A
+    JupyterHub server's slice returns once the hub has stopped the server (hub/mixin.py); in embedded
+    mode the server's own slice runs nothing of its own, so it returns at once."""
 
     @web.authenticated
     @authorized
@@ -268,15 +272,21 @@ class ReleaseHandler(SidebarHandler):
         lease_id = self.lease_id()
         held = {l["id"]: l for l in await self.service(self.ext.client.leases())}.get(lease_id)
         kernel_id = kernel_of(held["holder"]) if held else None
-        in_use = kernel_id is not None and self.kernel_uses_gpu(kernel_id)
+        stops_kernel = kernel_id in self.ext.serverapp.kernel_manager and held["state"] == "granted"
         server_slice = held is not None and is_server(held["holder"])
-        gone = (kernel_id is not None and not in_use) or (server_slice and self.ext.embedded is not None)
+        gone = (kernel_id is not None and not stops_kernel) or (server_slice and self.ext.embedded is not None)
         lease = await self.service(self.ext.client.release(lease_id, holder_gone=gone))
         if kernel_id is not None:
             self.ext.monitor.detach(kernel_id)
+        note = None
+        if stops_kernel:
+            stopped = await self.ext.monitor.shut_down(kernel_id)
+            lease = await self.service(self.ext.client.lease(lease_id))
+            note = "the kernel was shut down, and its slice returned to the pool" if stopped else \
+                "the kernel could not be shut down: its slice returns to the pool when it stops"
         entry = self.lease_entry(lease)
-        if in_use:
-            entry["note"] = "CUDA runs in the kernel: its slice returns to the pool when the kernel restarts or shuts down"
+        if note:
+            entry["note"] = note
         self.finish(json.dumps(entry))
 
 

@@ -23,6 +23,7 @@ from ..client import GpuAllocClient, GpuAllocError, NotFound
 from ..core.holders import kernel_holder, kernel_of
 from .activity import PersonActivity
 from .events import GpuAllocEvents
+from .kernel_slices import KernelSlices
 
 ENDS_KERNEL = ("expired", "preempted")
 
@@ -39,7 +40,8 @@ class KernelActivityMonitor:
         self.leases: dict[str, dict] = {}  # kernel id -> its granted lease (JSON of REST API v1)
         self.extra_holders: set[str] = set()  # other holders this server keeps alive (e.g. "server")
         self.shutdowns: dict[str, asyncio.Task] = {}  # kernel id -> its shutdown in progress
-        self.person = PersonActivity(kernel_manager, log=self.log)
+        self.person = PersonActivity(kernel_manager, log=self.log, on_comm_close=self._comm_closed)
+        self.slices = KernelSlices(kernel_manager, self.person.watch, log=self.log)
         self.unreported: set[str] = set()  # holders of kernels found gone, not yet reported gone
         # Kernels with a lease seen in the kernel manager: one still starting (its provisioner
         # holds the lease before the manager lists it) is not gone.
@@ -62,16 +64,19 @@ class KernelActivityMonitor:
         return {**self.person.of(kernel_id), "connections": int(connections)}
 
     async def report(self) -> None:
-        """One round: report kernels found gone, heartbeat every kernel's holder, touch each GPU kernel's lease."""
+        """One round: report kernels found gone, tell kernels again of slices they did not answer for,
+        heartbeat every kernel's holder, touch each GPU kernel's lease."""
         running = set(self.kernel_manager.list_kernel_ids())
         for kernel_id in running:
             self.person.watch(kernel_id)
         for kernel_id in self.person.watched() - running:
             self.person.forget(kernel_id)
+            self.slices.forget(kernel_id)
         for kernel_id in (set(self.leases) & self.seen) - running:
             self.detach(kernel_id)
             self.unreported.add(kernel_holder(kernel_id))
         self.seen |= running & set(self.leases)
+        self.slices.tell_again()
         await self.report_gone()
         holders = [kernel_holder(k) for k in sorted(running)] + sorted(self.extra_holders)
         if holders:
@@ -99,8 +104,14 @@ class KernelActivityMonitor:
             return
         self.unreported.difference_update(holders)
 
+    def _comm_closed(self, kernel_id: str, content: dict) -> None:
+        self.slices.answered(kernel_id, content)
+
     async def on_event(self, event: Mapping[str, Any]) -> None:
-        """React at once to a scheduler event that ends one of this server's kernels' leases."""
+        """React at once to a scheduler event that grants a slice asked for a running kernel of this
+        server (it is told to the kernel), or ends one of this server's kernels' leases."""
+        if event.get("type") == "lease.granted" and event.get("lease_id"):
+            self.slices.granted(event["lease_id"])
         data = event.get("data") or {}
         kernel_id = kernel_of(data.get("holder"))
         if kernel_id is not None and data.get("state") in ENDS_KERNEL:

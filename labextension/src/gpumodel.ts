@@ -13,7 +13,7 @@ import { ApiError, plainError, unreachableText } from './model/errors';
 import { namedAfterNotebook, Question } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
-import { KernelRules, PendingRestart, restartQuestion, settleRestarts } from './model/request';
+import { KernelRules, PendingRestart, restartQuestion, settleNotes, settleRestarts } from './model/request';
 import { reconnectDelay } from './model/stream';
 import { GpuEvent, Inventory, Job, KernelRestart, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
 
@@ -139,6 +139,7 @@ export class GpuModel {
       this.kernelPods = sheet.kernel_pods === true;
       this.stream = withSlices(this.stream, slices);
       this.restarts = settleRestarts(this.restarts, this.slices);
+      this.notes = settleNotes(this.notes, slices);
       this.dismissClearedWarnings();
       this.unreachable = null;
     } catch (err) {

@@ -20,7 +20,7 @@ import { IJobActions } from './components/jobs';
 import { outputFactories } from './components/outputs';
 import { ICurrentNotebook } from './components/request';
 import { ISliceActions } from './components/slices';
-import { Question, releaseQuestion } from './model/format';
+import { kernelOfHolder, Question, releaseQuestion } from './model/format';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
 
@@ -47,9 +47,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const notebookOfKernel = (kernelId: string) =>
       notebooks.find(panel => panel.sessionContext.session?.kernel?.id === kernelId) ?? null;
+    // the notebook a kernel ran, still named once the kernel was shut down (its slice released, or idle)
+    const ranIn = new Map<string, string>();
+    const pathOfKernel = (kernelId: string): string | null => {
+      const path = notebookOfKernel(kernelId)?.context.path;
+      if (path) {
+        ranIn.set(kernelId, path);
+      }
+      return path ?? ranIn.get(kernelId) ?? null;
+    };
     const model = new GpuModel(
       new GpuApi(app.serviceManager.serverSettings, PageConfig.getOption('serverRoot')),
-      kernelId => notebookOfKernel(kernelId)?.context.path ?? null
+      pathOfKernel
     );
     const currentChanged = new Signal<unknown, void>(notebooks);
     notebooks.currentChanged.connect(() => currentChanged.emit());
@@ -88,7 +97,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     const slices: ISliceActions = {
       release: async lease => {
-        const question = releaseQuestion(lease);
+        const kernelId = kernelOfHolder(lease.holder);
+        const question = releaseQuestion(lease, kernelId ? pathOfKernel(kernelId) : null);
         if (question && !(await confirm(question))) {
           return;
         }
@@ -96,7 +106,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       },
       keep: lease => void model.keep(lease.id),
       extendDeadline: lease => void model.extendDeadline(lease.id),
-      notebookOf: kernelId => notebookOfKernel(kernelId)?.context.path ?? null,
+      notebookOf: pathOfKernel,
       openNotebook: kernelId => {
         const found = notebookOfKernel(kernelId);
         if (found) {

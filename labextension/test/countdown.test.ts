@@ -102,10 +102,22 @@ describe('status-bar text', () => {
     expect(releaseQuestion({ ...granted, holder: 'server:gpu2' })?.accept).toBe('Release and stop the server');
   });
 
-  it("asks nothing before releasing a kernel's or job's slice, or a queued request", () => {
+  it("asks before releasing the slice of a kernel of this server: that shuts the kernel down", () => {
+    const ref = { id: 'k-1', name: 'python3', execution_state: 'idle' };
+    const kernel = { ...granted, holder: 'kernel:k-1', kernel: ref };
+    const question = releaseQuestion(kernel, 'train.ipynb');
+    expect(question?.title).toBe('Release the GPU slice of train.ipynb?');
+    expect(question?.body).toContain('shuts the kernel of train.ipynb down: its variables are lost');
+    expect(question?.accept).toBe('Release and shut down the kernel');
+    expect(releaseQuestion(kernel)?.body).toContain('shuts this kernel down');
+  });
+
+  it("asks nothing before releasing a job's slice, a kernel's held elsewhere, or a queued request", () => {
     expect(releaseQuestion({ ...granted, holder: 'kernel:k-1' })).toBeNull();
     expect(releaseQuestion({ ...granted, holder: 'job:7' })).toBeNull();
     expect(releaseQuestion({ ...granted, holder: 'server', state: 'queued' })).toBeNull();
+    const ref = { id: 'k-1', name: 'python3', execution_state: 'idle' };
+    expect(releaseQuestion({ ...granted, holder: 'kernel:k-1', state: 'queued', kernel: ref }, 'a.ipynb')).toBeNull();
   });
 });
 

@@ -123,6 +123,31 @@ describe('restarting a kernel as a GPU kernel', () => {
   });
 });
 
+describe('a slice requested for a running kernel (no kernel pods)', () => {
+  const TOLD = 'the kernel uses the slice from its next cell';
+
+  it("shows the server's note until the listing says the kernel applied the slice", async () => {
+    const { fake, model } = fakeApi();
+    const granted = kernelLease('k1', 'granted');
+    fake.request.mockResolvedValueOnce({ ...granted, note: TOLD });
+    fake.slices = [{ ...granted, note: TOLD }];
+    await model.request('mig-1g', 'k1');
+    await settled();
+    expect(model.notes).toEqual({ 'lease-k1': TOLD });
+
+    // the kernel answered that CUDA runs in it: the listing's note replaces the first one
+    const restart = 'restart the kernel to use the slice: CUDA already runs in it on another GPU';
+    fake.slices = [{ ...granted, note: restart }];
+    await model.refresh();
+    expect(model.notes).toEqual({ 'lease-k1': restart });
+
+    // in effect (or ended): no note, so no Restart kernel button
+    fake.slices = [granted];
+    await model.refresh();
+    expect(model.notes).toEqual({});
+  });
+});
+
 describe('the API client', () => {
   beforeEach(() => makeRequest.mockReset());
   const api = new GpuApi({ baseUrl: 'http://lab/user/me/' } as never, '/home/me');

@@ -158,10 +158,24 @@ export interface Question {
 }
 
 /** The question asked before releasing a slice, or null when it needs none: releasing the slice
- * of a JupyterHub server stops that server (its kernels end). */
-export function releaseQuestion(lease: LeaseEntry): Question | null {
+ * of a JupyterHub server stops that server (its kernels end), and releasing the slice of a kernel
+ * of this server (`lease.kernel`; `notebook`: its notebook, when open) shuts that kernel down. */
+export function releaseQuestion(lease: LeaseEntry, notebook: string | null = null): Question | null {
   const [kind] = lease.holder.split(':', 1);
-  if (kind !== 'server' || lease.state !== 'granted') {
+  if (lease.state !== 'granted') {
+    return null;
+  }
+  if (kind === 'kernel' && lease.kernel) {
+    const what = notebook ? `the kernel of ${notebook}` : 'this kernel';
+    return {
+      title: `Release the GPU slice of ${notebook ?? 'this kernel'}?`,
+      body:
+        `The kernel runs on this slice, so releasing it shuts ${what} down: its variables are lost. ` +
+        'The slice returns to the pool once the kernel has stopped; start the kernel again from the Kernel menu.',
+      accept: 'Release and shut down the kernel'
+    };
+  }
+  if (kind !== 'server') {
     return null;
   }
   return {

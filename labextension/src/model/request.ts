@@ -99,3 +99,17 @@ export function settleRestarts(
   }
   return pending;
 }
+
+/** The notes a request was answered with (by lease id), after a fresh list of my slices: the list's own
+ * note replaces each ("the kernel uses the slice from its next cell"), and one the list no longer gives
+ * is over (the kernel applied the slice, or the lease ended). */
+export function settleNotes(notes: Record<string, string>, slices: LeaseEntry[]): Record<string, string> {
+  const left: Record<string, string> = {};
+  for (const leaseId of Object.keys(notes)) {
+    const note = slices.find(l => l.id === leaseId)?.note;
+    if (note) {
+      left[leaseId] = note;
+    }
+  }
+  return left;
+}
