@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, TextIO
 
+from .core.holders import job_holder
 from .core.devices.base import DeviceError, DeviceUnavailable
 
 # ----------------------------------------------------------------- simulate openb
@@ -131,7 +132,7 @@ class _OutcomePrinter:
         try:
             if kind == "submit":
                 priority = PriorityClass(op.get("priority", "interactive"))
-                scheduler.submit(op.get("user", "user"), op.get("holder", f"job:{op['id']}"),
+                scheduler.submit(op.get("user", "user"), op.get("holder", job_holder(str(op["id"]))),
                                  SliceSpec.from_json(op.get("spec", {})), priority, now=self.now,
                                  lease_id=str(op["id"]), wait=op.get("wait", 1) != 0,
                                  groups=op.get("groups", ()))

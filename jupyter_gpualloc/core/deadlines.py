@@ -18,7 +18,7 @@ from .journal import SchedulerJournal
 from .model import Lease
 from .store import DeadlineRecord, Store
 from .offers import Offers
-from .usage import holder_kind
+from .holders import kind_of
 
 
 class ExtensionRefused(Exception):
@@ -70,7 +70,7 @@ class Deadlines:
 
     def max_duration(self, lease: Lease) -> float | None:
         """Seconds this lease may last: its offer's max_duration, else the policy's for its holder kind."""
-        return self._offers.max_duration(holder_kind(lease.holder), lease.spec)
+        return self._offers.max_duration(kind_of(lease.holder), lease.spec)
 
     def of(self, lease_id: str) -> DeadlineRecord | None:
         return self._records.get(lease_id)

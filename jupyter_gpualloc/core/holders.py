@@ -42,6 +42,12 @@ def _kind_and_name(text: str) -> tuple[str, str] | None:
     return None
 
 
+def kind_of(text: str) -> str:
+    """'server', 'kernel' or 'job'; what comes before the colon for text outside the grammar."""
+    parts = _kind_and_name(text)
+    return parts[0] if parts is not None else text.partition(":")[0]
+
+
 def is_holder(text: str) -> bool:
     return _kind_and_name(text) is not None
 

@@ -31,6 +31,7 @@ from functools import lru_cache, partial
 from typing import Iterable, Mapping, Sequence
 
 from . import mig
+from .holders import kind_of
 from .journal import SchedulerJournal
 from .model import MIB_PER_GIB, Lease, SliceKind
 from .offers import Offers
@@ -63,11 +64,6 @@ def memory_gib(sl) -> float:
     """GiB of GPU memory a slice holds (whole GPUs: all of each)."""
     per_gpu = len(sl.gpu_uuids) if sl.kind is SliceKind.WHOLE else 1
     return sl.memory_mib * per_gpu / MIB_PER_GIB
-
-
-def holder_kind(holder: str) -> str:
-    """'server', 'kernel' or 'job'."""
-    return holder.split(":", 1)[0]
 
 
 # --------------------------------------------------------------------- time
@@ -268,7 +264,7 @@ class UsageLedger:
         template = UsageSegment(
             lease_id=lease.id, start=now, end=now, day=utc_day(now), user=lease.user, groups=tuple(lease.groups),
             model=sl.model, kind=sl.kind.value, offer=self._offers.name_of(lease.spec),
-            holder_kind=holder_kind(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
+            holder_kind=kind_of(lease.holder), gpus=gpu_share(sl), gib=memory_gib(sl))
         self._running[lease.id] = _Accrual(template, now, now)
         self._journal.on_undo(partial(self._running.pop, lease.id, None))
 
@@ -553,7 +549,7 @@ class UsageLedger:
                     continue
                 event = f"usage.{status.standing}"
                 release = event == "usage.exceeded" and self.policy.usage_enforcement == "release" and \
-                    (holder_kind(lease.holder) != "job" or self.policy.usage_release_jobs)
+                    (kind_of(lease.holder) != "job" or self.policy.usage_release_jobs)
                 if self._warned.get(mark) != event or release:
                     self._warn(mark, event)
                     actions.append(UsageAction(lease, event, status, release))

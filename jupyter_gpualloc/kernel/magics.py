@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..core.holders import KERNEL, kernel_of
+from ..core.holders import kernel_holder as holder_of_kernel
 from ..holder import Waiting, WaitGaveUp, wait_in_queue
 from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
@@ -52,8 +53,8 @@ def kernel_holder(environ: MutableMapping[str, str], connection_file: str | None
     if connection_file:
         match = re.fullmatch(r"kernel-(.+)\.json", os.path.basename(connection_file))
         if match:
-            return f"kernel:{match.group(1)}"
-    return f"kernel:pid-{os.getpid()}"
+            return holder_of_kernel(match.group(1))
+    return holder_of_kernel(f"pid-{os.getpid()}")
 
 
 def server_holder_of(environ: MutableMapping[str, str]) -> str | None:

@@ -10,7 +10,7 @@ from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
 from jupyter_gpualloc.core.errors import QuotaExceeded
 from jupyter_gpualloc.core.fit import FitSearch, PassMemo, shape
 from jupyter_gpualloc.core.fleet_state import FleetState, GpuState
-from jupyter_gpualloc.core.holders import Holder, is_server, job_of, kernel_of, parse_holder, server_holder
+from jupyter_gpualloc.core.holders import Holder, is_server, job_of, kernel_of, kind_of, parse_holder, server_holder
 from jupyter_gpualloc.core.indexes import ActiveLeases
 from jupyter_gpualloc.core.model import MILLI_PER_GPU, Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec, \
     SpecError
@@ -194,3 +194,4 @@ def test_the_holder_grammar():
     assert [parse_holder(h) for h in ("kernel:", "server:", "notebook:1", "Server", "")] == [None] * 5
     assert kernel_of("kernel:abc") == "abc" and kernel_of("job:abc") is None and job_of("job:7") == "7"
     assert is_server("server:x") and not is_server("kernel:x") and server_holder() == "server"
+    assert [kind_of(h) for h in ("server", "server:gpu", "kernel:k1", "job:7")] == ["server", "server", "kernel", "job"]
