@@ -1,7 +1,8 @@
 """What one decision costs as the fleet grows: submit, release and tick at 100, 1,000 and 10,000 GPUs
 with 3 active leases per GPU, as instructions (callgrind) and as latency, each a ratio to 100 GPUs.
 
-    python benchmarks/decision_scaling.py [--sizes 100,1000,10000] [--rounds 300] [--counted 100] [--out FILE]
+    python benchmarks/decision_scaling.py [--sizes 100,1000,10000] [--rounds 300] [--counted 100] [--liveness]
+        [--out FILE]
 
 The fleet is issue 42's: 40 % A100-80GB with dynamic MIG (8 a node), 40 % H100-80GB time-sliced
 (shares only, 8 a node), 20 % L4 (4 a node); simulated backend, in-memory SQLite store (a store
@@ -9,13 +10,17 @@ call costs the same at any size: this measures the core). It is filled by `submi
 per GPU with a cycle of 15 request shapes (MIG 1g.10gb, 2g.20gb and 1g.20gb; H100 shares of 4, 8
 and 16 GiB; whole L4s). Then each round releases a random lease and submits its spec again (a
 new holder), then ticks; policy defaults except no heartbeats and no idle release (so nothing
-expires; time limits stay on, as kernels have one).
+expires; time limits stay on, as kernels have one). With --liveness, heartbeats and idle release
+keep the policy's defaults (heartbeat_ttl 120 s, idle_timeout 1,800 s) and every user's holders
+heartbeat every 30 s (a thirtieth of the users before each tick, timed as "heartbeat"), so
+nothing expires either: the tick's heartbeat and idle rules run over every lease and act on none.
 
 Each size runs in a child process of its own, twice: once natively, timing --rounds rounds
 (latency p50/p99 of each operation), and, when valgrind is installed, once under
 `valgrind --tool=callgrind --instr-atstart=no`, where the child switches counting on
 (`callgrind_control -i on`) for --counted releases, then for their --counted submits (a phase per
-kind asked: shares, MIG slices, whole GPUs), then for --counted ticks, each dumped alone:
+kind asked: shares, MIG slices, whole GPUs), then for --counted ticks (with --liveness, the
+heartbeats before each tick counted apart), each dumped alone:
 instructions per operation, a figure the machine's load does not move.
 Fill time and resident memory come from the native child. After the fill, both children collect
 and freeze the heap (`gc.freeze()`, as the service does with its start-up heap), so a full
@@ -52,6 +57,7 @@ SHAPES = [{"kind": "mig", "profile": "1g.10gb"}, {"kind": "shared", "memory_gib"
 KINDS_ASKED = ("shared", "mig", "whole")
 LEASES_PER_GPU = 3
 USERS = 1000
+HEARTBEAT_EVERY = 30  # seconds between a holder's heartbeats (--liveness)
 
 
 def fleet(gpus: int):
@@ -72,13 +78,15 @@ def fleet(gpus: int):
 class Cell:
     """A scheduler on the fleet, filled, and the rounds run on it."""
 
-    def __init__(self, gpus: int):
+    def __init__(self, gpus: int, liveness: bool = False):
         from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
         from jupyter_gpualloc.core.model import SliceSpec
         from jupyter_gpualloc.core.policy import SchedulerPolicy
         from jupyter_gpualloc.core.scheduler import Scheduler
         from jupyter_gpualloc.core.store import Store
-        policy = SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, wait_for_holders=False)
+        policy = SchedulerPolicy(wait_for_holders=False) if liveness else \
+            SchedulerPolicy(heartbeat_ttl=0, idle_timeout=0, wait_for_holders=False)
+        self.liveness = liveness
         self.scheduler = Scheduler(SimulatedBackend(fleet(gpus)), Store("sqlite://"), policy, now=0.0)
         self.specs = [SliceSpec.from_json(shape) for shape in SHAPES]
         self.rng = np.random.default_rng(42)
@@ -106,8 +114,15 @@ class Cell:
         self.scheduler.release(self.held[k][0], now=self.now)
         return k, self.held[k][1]
 
-    def tick(self) -> None:
+    def heartbeat(self) -> None:
+        """One second passes; with liveness, the users whose turn it is heartbeat all their holders."""
         self.now += 1.0
+        if self.liveness:
+            turn = int(self.now) % HEARTBEAT_EVERY
+            for user in range(turn, USERS, HEARTBEAT_EVERY):
+                self.scheduler.heartbeat(f"u{user}", now=self.now)
+
+    def tick(self) -> None:
         self.scheduler.tick(self.now)
 
 
@@ -116,10 +131,10 @@ def rss_mib() -> float:
         return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmRSS:"))
 
 
-def timed(gpus: int, rounds: int) -> dict:
-    """The native child: fill, then `rounds` rounds of release, submit, tick, each timed."""
-    cell = Cell(gpus)
-    times: dict[str, list[float]] = {"submit": [], "release": [], "tick": []}
+def timed(gpus: int, rounds: int, liveness: bool) -> dict:
+    """The native child: fill, then `rounds` rounds of release, submit, (heartbeats,) tick, each timed."""
+    cell = Cell(gpus, liveness)
+    times: dict[str, list[float]] = {"submit": [], "release": [], "tick": [], **({"heartbeat": []} if liveness else {})}
     clock = time.perf_counter
     for _ in range(rounds):
         t0 = clock()
@@ -127,11 +142,15 @@ def timed(gpus: int, rounds: int) -> dict:
         t1 = clock()
         cell.held[k] = (cell.submit(shape), shape)
         t2 = clock()
-        cell.tick()
+        cell.heartbeat()
         t3 = clock()
+        cell.tick()
+        t4 = clock()
         times["release"].append(t1 - t0)
         times["submit"].append(t2 - t1)
-        times["tick"].append(t3 - t2)
+        if liveness:
+            times["heartbeat"].append(t3 - t2)
+        times["tick"].append(t4 - t3)
     out = {"fill_s": cell.fill_s, "rss_mib": rss_mib(), "leases": len(cell.held)}
     for op, seconds in times.items():
         ms = np.array(seconds) * 1000
@@ -139,21 +158,26 @@ def timed(gpus: int, rounds: int) -> dict:
     return out
 
 
-def counted(gpus: int, count: int) -> None:
+def counted(gpus: int, count: int, liveness: bool) -> None:
     """The child under callgrind: fill and warm up uncounted, then `count` releases, their
     submits (of the released shapes, a phase per kind) and `count` ticks, each phase counted and
-    dumped alone (named after it); prints how many submits each kind's phase made."""
-    cell = Cell(gpus)
+    dumped alone (named after it); prints how many submits each kind's phase made. With
+    liveness, the heartbeats before each counted tick are counted apart, as a phase of their own."""
+    cell = Cell(gpus, liveness)
     for _ in range(20):  # warm: first-time caches (plans of each shape, policy scores) are not the subject
         k, shape = cell.release()
         cell.held[k] = (cell.submit(shape), shape)
+        cell.heartbeat()
         cell.tick()
     pid = str(os.getpid())
 
+    def counting(on: bool) -> None:
+        subprocess.run(["callgrind_control", "-i", "on" if on else "off", pid], check=True, stdout=subprocess.DEVNULL)
+
     def phase(name: str, op) -> None:
-        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, stdout=subprocess.DEVNULL)
+        counting(True)
         op()
-        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, stdout=subprocess.DEVNULL)
+        counting(False)
         subprocess.run(["callgrind_control", "-d", name, pid], check=True, stdout=subprocess.DEVNULL)
 
     released: list[tuple[int, int]] = []
@@ -166,7 +190,12 @@ def counted(gpus: int, count: int) -> None:
                 if SHAPES[shape]["kind"] == kind:
                     cell.held[k] = (cell.submit(shape), shape)
         phase(f"submit-{kind}", submit_all)
-    phase("tick", lambda: [cell.tick() for _ in range(count)])
+    if not liveness:
+        phase("tick", lambda: [cell.heartbeat() or cell.tick() for _ in range(count)])
+    else:  # each second's heartbeats, then its tick, each counted in a dump of its own
+        for n in range(count):
+            phase(f"heartbeat-{n}", cell.heartbeat)
+            phase(f"tick-{n}", cell.tick)
     print(json.dumps({kind: sum(SHAPES[shape]["kind"] == kind for _, shape in released) for kind in KINDS_ASKED}))
 
 
@@ -191,29 +220,35 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300, help="timed rounds (release, submit, tick) per size")
     parser.add_argument("--counted", type=int, default=100, help="operations of each kind counted by callgrind")
     parser.add_argument("--no-instructions", action="store_true", help="latency only (skip callgrind)")
+    parser.add_argument("--liveness", action="store_true",
+                        help="heartbeats and idle release at the policy's defaults, holders heartbeating every 30 s")
     parser.add_argument("--out", help="also write the table to this file")
     parser.add_argument("--child", choices=["timed", "counted"], help=argparse.SUPPRESS)
     parser.add_argument("--gpus", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "timed":
-        print(json.dumps(timed(args.gpus, args.rounds)))
+        print(json.dumps(timed(args.gpus, args.rounds, args.liveness)))
         return
     if args.child == "counted":
-        counted(args.gpus, args.counted)
+        counted(args.gpus, args.counted, args.liveness)
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     instructions = not args.no_instructions and shutil.which("valgrind") and shutil.which("callgrind_control")
     rows = {}
+    liveness = ["--liveness"] if args.liveness else []
     for gpus in sizes:
-        row = json.loads(run_child(["--child", "timed", "--gpus", str(gpus), "--rounds", str(args.rounds)]))
+        row = json.loads(run_child(["--child", "timed", "--gpus", str(gpus), "--rounds", str(args.rounds), *liveness]))
         if instructions:
             with tempfile.TemporaryDirectory(prefix="gpualloc-decisions-") as tmp:
                 valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                             f"--callgrind-out-file={tmp}/callgrind.out"]
                 asked = json.loads(run_child(["--child", "counted", "--gpus", str(gpus), "--counted",
-                                              str(args.counted)], valgrind))
+                                              str(args.counted), *liveness], valgrind))
                 found = totals(Path(tmp))
-                row["instructions"] = {op: found[op] / args.counted for op in ("release", "tick")}
+                for op in ("heartbeat", "tick") if args.liveness else ():  # a dump per second: summed
+                    found[op] = sum(found.pop(f"{op}-{n}") for n in range(args.counted))
+                row["instructions"] = {op: found[op] / args.counted for op in ("release", "tick", "heartbeat")
+                                       if op in found}
                 row["instructions"]["submit"] = sum(found[f"submit-{kind}"] for kind in asked) / args.counted
                 row["instructions"].update({f"submit {kind}": found[f"submit-{kind}"] / n
                                             for kind, n in asked.items() if n})
@@ -231,7 +266,7 @@ def render(rows: dict[int, dict], base: int, instructions: bool) -> str:
     lines = ["| GPUs | active leases | fill s | RSS MiB | op | instructions / op | x 100 GPUs | p50 ms | p99 ms | "
              "p50 x 100 GPUs |", "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for gpus, row in rows.items():
-        for n, op in enumerate(("submit", "release", "tick")):
+        for n, op in enumerate(op for op in ("submit", "release", "heartbeat", "tick") if op in row):
             head = (f"| {gpus:,} | {row['leases']:,} | {row['fill_s']:.1f} | {row['rss_mib']:.0f} |" if n == 0
                     else "| | | | |")
             ins = row.get("instructions", {}).get(op)
@@ -243,6 +278,9 @@ def render(rows: dict[int, dict], base: int, instructions: bool) -> str:
             ins, ref_ins = row["instructions"].get(f"submit {kind}"), ref["instructions"].get(f"submit {kind}")
             if ins and ref_ins:
                 lines.append(f"| | | | | submit, {kind} only | {ins / 1e6:.2f} M | {ins / ref_ins:.2f} | | | |")
+    if "heartbeat" in ref:
+        lines += ["", f"heartbeat: one second's heartbeats (the holders of a {HEARTBEAT_EVERY}th of the {USERS:,} users); "
+                  "heartbeats and idle release at the policy's defaults"]
     lines += ["", f"load average {os.getloadavg()[0]:.1f} at the end" +
               ("" if instructions else "; instructions not counted (no valgrind)")]
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """The scheduler's indexes: what lets a decision look at the few leases or GPUs it concerns.
 
 `ActiveLeases` holds the active (queued and granted) leases by id, user, group and
-preemptibility, with each user's granted GPU memory (fair share's order), each lease's place in
-the order they were added (that of `by_id`) and those with an idle timeout. `MigCapacity` groups
+preemptibility, with each user's granted GPU memory (fair share's order) and each lease's place
+in the order they were added (that of `by_id`). `MigCapacity` groups
 each model's MIG GPUs by their layout, and by the free instances they hold, so a MIG placement
 looks at one GPU per distinct layout instead of every GPU of the model.
 
@@ -29,7 +29,6 @@ class ActiveLeases:
         self.preemptible: set[str] = set()  # active preemptible batch leases
         self.held_mib: dict[str, int] = {}  # user -> GPU memory of its granted leases
         self._counted: dict[str, int] = {}  # granted lease id -> the memory it adds to held_mib
-        self.idle_timed: dict[str, Lease] = {}  # those with an idle timeout, in by_id's order
         self._place: dict[str, int] = {}  # lease id -> when it was added (by_id's order)
         self._added = 0
 
@@ -38,8 +37,6 @@ class ActiveLeases:
         self.by_id[lease.id] = lease
         self._added += 1
         self._place.setdefault(lease.id, self._added)  # held again: by_id keeps its place too
-        if lease.idle_timeout:
-            self.idle_timed[lease.id] = lease
         self._by_user.setdefault(lease.user, {})[lease.id] = lease
         for group in lease.groups:
             self._by_group.setdefault(group, {})[lease.id] = lease
@@ -64,7 +61,6 @@ class ActiveLeases:
             if not held:
                 index.pop(key, None)
         self.preemptible.discard(lease_id)
-        self.idle_timed.pop(lease_id, None)
         del self._place[lease_id]
         if lease_id in self._counted:
             self.held_mib[lease.user] -= self._counted.pop(lease_id)

@@ -34,6 +34,7 @@ from .fleet_state import FleetState, GpuState
 from .holders import JOB, KERNEL, parse_holder
 from .inventory import inventory, offers
 from .lease_book import LeaseBook
+from .lease_moments import LeaseMoments
 from .journal import GroupWrite, Listeners, SchedulerJournal, unreadable
 from .model import Event, Lease, LeaseState, MigMode, Node, OutsideUse, PriorityClass, SliceKind, SliceSpec, \
     SpecError, check_holder, check_name
@@ -101,6 +102,10 @@ class Scheduler:
         self.reservations = Reservations(store, self._fleet, self._plans, self._fit, self._book, self.deadlines,
                                          self._listeners)
         self.subscribe(self.reservations.on_lease_event)
+        # the tick's heartbeat and idle rules read only the leases whose moment has come
+        self._heartbeats = LeaseMoments(self._heartbeat_moment)
+        self._idle = LeaseMoments(self._idle_moment)
+        self._book.moments = (self._heartbeats, self._idle)
         self._recover(now)
 
     def _plan_fleet(self) -> None:
@@ -334,6 +339,7 @@ class Scheduler:
             if active and lease.idle_warned_at is not None and self.policy.idle_signal != "activity":
                 lease.idle_warned_at = None
                 self._emit("lease.idle_cleared", now, lease)
+            self._idle.file(lease)  # a first sample may make it idle since its grant
         return lease
 
     def touch(self, lease_id: str, *, now: float, last_activity: float | None = None,
@@ -347,6 +353,7 @@ class Scheduler:
             if last_activity is not None:
                 lease.last_activity = max(lease.last_activity or 0.0, min(last_activity, now))
             lease.heartbeat_at = now
+            self._book.refile(lease)
             self._activity_unwritten.add(lease.id)
             return lease
         with self._journal.atomic(now):
@@ -360,6 +367,7 @@ class Scheduler:
                     and (busy or (lease.last_activity or 0) > lease.idle_warned_at):
                 lease.idle_warned_at = None
                 self._emit("lease.idle_cleared", now, lease)
+            self._book.refile(lease)  # a holder no longer busy may be idle since long ago
             self.usage.accrue([lease], now)
         return lease
 
@@ -389,6 +397,7 @@ class Scheduler:
         for lease in self._book.active.of_user(user):
             if wanted is None or lease.holder in wanted:
                 lease.heartbeat_at = now
+                self._heartbeats.file(lease)
                 alive.append(lease)
         for lease in self._book.returning.values():  # a holder still alive keeps its slice returning
             if lease.user == user and (wanted is None or lease.holder in wanted):
@@ -399,9 +408,11 @@ class Scheduler:
     def tick(self, now: float) -> list[Event]:
         """End dead and idle leases, grant what the queue can now have; returns the events.
 
-        O(active leases) for heartbeats (with a heartbeat_ttl), O(those with an idle timeout) for
-        idle time, O(granted leases) for usage quotas (when there are any), O((leases near their
-        time limit) x log) for time limits (Deadlines.check), then a scheduling pass (`_schedule`).
+        O(returning leases) for their holders' heartbeats; O((seconds passed + leases whose
+        heartbeat or idle moment has come) x log) for the active leases' heartbeats and idle time
+        (LeaseMoments.due); O(granted leases) for usage quotas (when there are any); O((leases
+        near their time limit) x log) for time limits (Deadlines.check); then a scheduling pass
+        (`_schedule`).
         Writes the activity touches kept in memory first (write_activity)."""
         self.write_activity(now)
         ttl = self.policy.heartbeat_ttl
@@ -423,12 +434,12 @@ class Scheduler:
                 for lease in list(self._book.returning.values()):
                     if ttl and now - (lease.heartbeat_at or lease.ended_at or 0.0) > ttl:
                         self._return_slice(lease, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s")
-                for lease in list(self._book.by_id.values()) if ttl else ():
+                for lease in self._due(self._heartbeats, now):
                     if now - (lease.heartbeat_at or lease.created_at) > ttl:
                         self._end(lease, LeaseState.EXPIRED, now, f"{NO_HEARTBEAT} {lease.holder} for {ttl:g} s",
                                   holder_gone=True)  # presumed dead
             with self._rule("idle release", now):
-                for lease in list(self._book.active.idle_timed.values()):
+                for lease in self._due(self._idle, now):
                     if lease.state is LeaseState.GRANTED:
                         self._check_idle(lease, now)
             active = self._book.active
@@ -576,14 +587,40 @@ class Scheduler:
             raise NotFound(f"no lease {lease_id}")
         return lease
 
+    def _due(self, moments: LeaseMoments, now: float) -> list[Lease]:
+        """The leases whose moment in `moments` may have come, in the order of the scheduler's leases."""
+        place = self._book.active.place
+        return sorted(moments.due(now), key=lambda lease: place(lease.id))
+
+    def _heartbeat_moment(self, lease: Lease) -> float | None:
+        """When the heartbeat rule could first end a lease: heartbeat_ttl after its last heartbeat."""
+        ttl = self.policy.heartbeat_ttl
+        return (lease.heartbeat_at or lease.created_at) + ttl if ttl else None
+
+    def _idle_since(self, lease: Lease) -> float | None:
+        return self.usage.idle_since(lease, max(lease.last_activity or 0.0, lease.granted_at or 0.0))
+
+    def _idle_moment(self, lease: Lease) -> float | None:
+        """When the idle rule could first act on a granted lease: warn it its idle timeout after it
+        became idle, release it idle_grace after the warning (None while its holder is busy)."""
+        if lease.state is not LeaseState.GRANTED or not lease.idle_timeout:
+            return None
+        idle_since = self._idle_since(lease)
+        if idle_since is None:
+            return None
+        if lease.idle_warned_at is None:
+            return idle_since + lease.idle_timeout
+        return lease.idle_warned_at + self.policy.idle_grace
+
     def _check_idle(self, lease: Lease, now: float) -> None:
-        idle_since = self.usage.idle_since(lease, max(lease.last_activity or 0.0, lease.granted_at or 0.0))
+        idle_since = self._idle_since(lease)
         if idle_since is None:
             return
         if lease.idle_warned_at is None:
             if now - idle_since >= lease.idle_timeout:
                 self._record_lease(lease)
                 lease.idle_warned_at = now
+                self._idle.file(lease)
                 self._emit("lease.idle_warning", now, lease, idle_s=now - idle_since,
                            release_at=now + self.policy.idle_grace)
         elif now - lease.idle_warned_at >= self.policy.idle_grace:
@@ -679,6 +716,7 @@ class Scheduler:
         self.reservations.granted(lease, now)
         lease.last_activity = max(lease.last_activity or 0.0, now)
         lease.reason = ""
+        self._idle.file(lease)
         self._emit("lease.granted", now, lease, slice=sl.to_json(), waited_s=now - lease.created_at)
 
     # ------------------------------------------------------ scheduling pass

@@ -71,9 +71,8 @@ def test_indexes_stay_what_a_fresh_scan_finds(store_urls):
             fresh.add(lease)
         users, groups = [f"u{i}" for i in range(5)], ["g0", "g1", "g2", "all"]
         assert indexed(s._book.active, users, groups) == indexed(fresh, users, groups), f"step {step}"
-        active = s._book.active  # the tick's orders: by_id's, and those with an idle timeout in it
+        active = s._book.active  # the tick's order: by_id's
         assert sorted(active.by_id, key=active.place) == list(active.by_id), f"step {step}"
-        assert list(active.idle_timed) == [i for i, lease in active.by_id.items() if lease.idle_timeout]
         fresh_undrained = {gs.gpu.model: set() for gs in s._fleet.gpus.values()}
         for gs in s._fleet.gpus.values():
             if not gs.drained:
