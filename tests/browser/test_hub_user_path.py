@@ -275,6 +275,12 @@ def test_the_readme_story_in_a_browser(hub, browser, pages):
     hub.progress("bob", until="position 1 in queue", timeout=60)
     bob_lease = lease_of(hub, "bob", "server")
     assert bob_lease["state"] == "queued"
+    # his spawn page says where he stands, why, and when the start gives up
+    bob = pages["bob"] = person(browser, hub, "bob")
+    bob.goto(hub.url + "/hub/spawn-pending/bob", timeout=MIN)
+    waiting = bob.locator("#progress-message", has_text="this start gives up at")
+    waiting.wait_for(timeout=MIN)
+    assert "position 1 in queue" in waiting.inner_text(), waiting.inner_text()
     watch = GrantWatch(hub, "bob", bob_lease["id"], dave_processes)
     watch.start()
 
