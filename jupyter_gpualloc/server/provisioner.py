@@ -348,9 +348,15 @@ class GpuAllocProvisioner(LocalProvisioner):
             why = f" ({waiting.reason})" if waiting.reason else ""
             self._log_once(said, f"waiting for a GPU slice: position {waiting.position}{why}")
 
+        async def read(view: dict) -> dict:
+            try:
+                return await link.client.lease(view["id"])
+            except ServiceUnavailable as err:  # the service restarts, or this server stops: asked again after
+                self._log_once(said, f"{err}; still waiting", warning=True)
+                return view
+
         try:
-            lease = await wait_in_queue(lambda view: link.client.lease(view["id"]), lease, patience=timeout,
-                                        on_round=tell, poll=POLL_SECONDS)
+            lease = await wait_in_queue(read, lease, patience=timeout, on_round=tell, poll=POLL_SECONDS)
         except WaitGaveUp as gave_up:
             await self._release(link, lease["id"])
             raise SliceWaitTimeout(

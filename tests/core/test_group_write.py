@@ -188,7 +188,7 @@ def test_a_mig_intent_waits_for_the_group_being_written_only_on_sqlite(setup):
         s.submit("alice", "kernel:a", SHARED, now=1, lease_id="A")
     write, writer = start_writing(s)
     assert paused.started.wait(10)
-    threading.Timer(0.3, paused.go).start()
+    threading.Timer(2.0, paused.go).start()  # long enough for a loaded machine to submit B first on a server
     with store.hold():
         s.submit("bob", "kernel:b", MIG_3G, now=2, lease_id="B")  # its intent is written before the device call
     on_a_server = not url.startswith("sqlite")

@@ -36,8 +36,9 @@ def test_the_view_follows_the_job_and_cancels_it(client, tmp_path):
     first, second, third = (submit(client, tmp_path) for _ in range(3))  # two L4s: the third waits
     view = JobView(client, third, refresh_seconds=0.1)
     assert f"<b>GPU job</b> {third['id']} &middot; train" in view.title.value
-    assert view.state.value == "queued (position 1)" and not view.cancel_button.disabled
-    assert view._repr_mimebundle_()["text/plain"] == f"gpu: job {third['id']} queued (position 1)"
+    waiting = "queued (position 1): waiting for a whole GPU on L4"  # where it stands, and the core's reason
+    assert view.state.value == waiting and not view.cancel_button.disabled
+    assert view._repr_mimebundle_()["text/plain"] == f"gpu: job {third['id']} {waiting}"
     client.cancel_job(first["id"])
     deadline = time.monotonic() + 10
     while view.state.value != "starting (it has its slice)":
