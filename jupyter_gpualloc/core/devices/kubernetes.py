@@ -33,7 +33,8 @@ it changes.
 Pods are read here too (the service's watch, service/cluster_watch.py, holds them): what a bound,
 unfinished GPU pod the allocator did not place holds of its node (`outside_use`), and what a pod
 made for a lease of this install says of itself (`own_pod`): one in the install's namespace whose
-labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`).
+labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`);
+`pod_record` is what those two read of a pod, which is all the watch keeps of it.
 """
 
 from __future__ import annotations
