@@ -83,8 +83,16 @@ clean:
 K8S_BIN := .k8s/bin/controlplane
 K8S_FLEET ?= examples/fleets/k8s-demo.yaml
 
+# The version the API server reports (/version, kubectl version): Go modules carry none, so without
+# these -X flags (those Kubernetes' own build sets) it says v0.0.0-master; taken from k8s/go.mod
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' k8s/go.mod)
+K8S_VERSION_PARTS := $(subst ., ,$(patsubst v%,%,$(K8S_VERSION)))
+K8S_VERSION_VAR := k8s.io/component-base/version
+K8S_LDFLAGS := -X $(K8S_VERSION_VAR).gitVersion=$(K8S_VERSION) -X $(K8S_VERSION_VAR).gitMajor=$(word 1,$(K8S_VERSION_PARTS)) \
+	-X $(K8S_VERSION_VAR).gitMinor=$(word 2,$(K8S_VERSION_PARTS)) -X $(K8S_VERSION_VAR).gitTreeState=clean
+
 $(K8S_BIN): k8s/go.mod k8s/go.sum $(wildcard k8s/*.go)
-	cd k8s && nice -n 15 go build -buildvcs=false -o $(abspath $(K8S_BIN)) .
+	cd k8s && nice -n 15 go build -buildvcs=false -ldflags '$(K8S_LDFLAGS)' -o $(abspath $(K8S_BIN)) .
 
 k8s-build: $(K8S_BIN)
 

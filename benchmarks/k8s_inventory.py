@@ -1,17 +1,21 @@
 """The kubernetes backend's view of a large cluster, on the real local control plane.
 
-    python benchmarks/k8s_inventory.py [--nodes 1000] [--pods 2000] [--changes 100] [--ops 300] [--out FILE]
+    python benchmarks/k8s_inventory.py [--nodes 1000] [--pods 2000] [--plain-pods 0] [--changes 100] [--ops 300]
+                                       [--out FILE]
 
 Needs the control plane built (`make k8s-build`). It starts one with --nodes kwok nodes of 8 GPUs
 each, a third of each kind (whole A100-80GB; H100 under MIG all-balanced, mixed strategy;
 L4 time-sliced x4), creates --pods GPU pods the allocator did not place (bound directly to
-nodes, one device each, spread over the kinds), then runs the service's parts in this process
+nodes, one device each, spread over the kinds) and --plain-pods pods without GPUs (a web app's
+pod: labels, annotations, env, ports, volumes; bound directly too), then runs the service's parts in this process
 (store on a SQLite file, the scheduler, ClusterReconciler with its watch) and measures:
 
 - start-up: from opening the core (listing the nodes) to a full view (nodes and pods applied);
 - from a change written to the API server to the scheduler's call for it: a foreign pod created
   (bound) and a node cordoned or uncordoned, --changes of each, p50 and p99;
-- the process's resident memory (RSS) with the full view;
+- the process's resident memory (RSS) with the full view, and the watch's pod cache: its size
+  (every object it holds, counted once) beside the size of every pod as the API returns them,
+  what the cache held before it kept only what is read (the RSS with those held too is shown);
 - decision latency: a shared `submit` then its `release`, --ops of each, p50 and p99, with the
   watch running, beside the same on the simulated backend over the same nodes in the same run
   (the ratio is what the watch and the cluster's size cost a decision).
@@ -80,6 +84,37 @@ def pod(i: int, nodes: int) -> dict:
                                      "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}]}}
 
 
+def plain_pod(i: int, nodes: int) -> dict:
+    """A pod without GPUs bound to node i % nodes, as a web app's Deployment makes one."""
+    app = f"web-{i % 40}"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{app}-{i:06d}", "labels": {"app": app, "pod-template-hash": "5d8f7c9b6d",
+                                                              "team": "platform", "tier": "frontend"},
+                         "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"}},
+            "spec": {"nodeName": node_entry(i % nodes)["name"], "automountServiceAccountToken": False,
+                     "containers": [{"name": "app", "image": f"registry.example.org/{app}:1.4.2",
+                                     "ports": [{"containerPort": 8080, "name": "http"}],
+                                     "env": [{"name": f"SETTING_{k}", "value": f"value-{k}-{i % 7}"} for k in range(8)],
+                                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                                   "limits": {"memory": "256Mi"}},
+                                     "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]}],
+                     "volumes": [{"name": "config", "configMap": {"name": f"{app}-config"}}]}}
+
+
+def deep_size(obj, seen: set | None = None) -> int:
+    """Bytes of `obj` and everything it holds (dicts, lists, strings, ...), each object counted once."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set)):
+        size += sum(deep_size(v, seen) for v in obj)
+    return size
+
+
 def percentiles(values: list[float]) -> tuple[float, float]:
     return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
@@ -110,9 +145,9 @@ class Timed:
         return self.seen[key] - since
 
 
-async def create_pods(core_api, count: int, nodes: int) -> None:
+async def create_pods(core_api, count: int, nodes: int, make=None) -> None:
     for start in range(0, count, 50):
-        await asyncio.gather(*(core_api.create_namespaced_pod("default", pod(i, nodes))
+        await asyncio.gather(*(core_api.create_namespaced_pod("default", (make or pod)(i, nodes))
                                for i in range(start, min(start + 50, count))))
 
 
@@ -139,6 +174,7 @@ async def measure(args, control_plane: ControlPlane, workdir: Path) -> dict:
         core_api = client.CoreV1Api(api)
         started = time.perf_counter()
         await create_pods(core_api, args.pods, args.nodes)
+        await create_pods(core_api, args.plain_pods, args.nodes, plain_pod)
         out["pods_created_s"] = time.perf_counter() - started
 
         policy = SchedulerPolicy(wait_for_holders=False, heartbeat_ttl=1e9)
@@ -152,6 +188,13 @@ async def measure(args, control_plane: ControlPlane, workdir: Path) -> dict:
         await reconciler.start(sync_timeout=600)
         out["startup_s"] = time.perf_counter() - started
         out["rss_mib"] = rss_mib()
+        cache = reconciler.watch._resources[1].objects
+        out["cache_pods"], out["cache_mib"] = len(cache), deep_size(cache) / 2**20
+        listed = await (await core_api.list_pod_for_all_namespaces(_preload_content=False)).json()
+        full = {f"pod:{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in listed["items"]}
+        out["full_pods"], out["full_mib"] = len(full), deep_size(full) / 2**20
+        out["rss_full_mib"] = rss_mib()
+        del listed, full
         inventory = core.scheduler.inventory()
         out["gpus"] = sum(len(n["gpus"]) for n in inventory["nodes"])
         out["outside"] = sum(1 for n in inventory["nodes"] for g in n["gpus"]
@@ -187,12 +230,15 @@ def table(args, out: dict) -> str:
     ss, sr = (percentiles(v) for v in out["simulated_decisions"])
     ms = 1000
     rows = [
-        ("nodes x GPUs, foreign pods", f"{args.nodes} x 8 = {out['gpus']} GPUs, {args.pods} pods "
-                                       f"({out['outside']} devices held outside)"),
+        ("nodes x GPUs, foreign pods", f"{args.nodes} x 8 = {out['gpus']} GPUs, {args.pods} GPU pods "
+                                       f"({out['outside']} devices held outside), {args.plain_pods} pods without GPUs"),
         ("start-up to a full view", f"{out['startup_s']:.1f} s (pods created in {out['pods_created_s']:.0f} s before)"),
         ("pod created -> scheduler, p50 / p99", f"{out['pod_change'][0] * ms:.1f} / {out['pod_change'][1] * ms:.1f} ms"),
         ("node cordoned -> scheduler, p50 / p99", f"{out['node_change'][0] * ms:.1f} / {out['node_change'][1] * ms:.1f} ms"),
         ("service RSS with the full view", f"{out['rss_mib']:.0f} MiB"),
+        ("the watch's pod cache", f"{out['cache_pods']} pods held, {out['cache_mib']:.1f} MiB"),
+        ("every pod as the API returns them (the cache before)",
+         f"{out['full_pods']} pods, {out['full_mib']:.1f} MiB (RSS with them held too: {out['rss_full_mib']:.0f} MiB)"),
         ("submit p50 / p99: watch vs simulated", f"{ws[0] * ms:.2f} / {ws[1] * ms:.2f} ms vs {ss[0] * ms:.2f} / "
                                                   f"{ss[1] * ms:.2f} ms (p50 x{ws[0] / ss[0]:.2f})"),
         ("release p50 / p99: watch vs simulated", f"{wr[0] * ms:.2f} / {wr[1] * ms:.2f} ms vs {sr[0] * ms:.2f} / "
@@ -205,6 +251,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--plain-pods", type=int, default=0)
     parser.add_argument("--changes", type=int, default=100)
     parser.add_argument("--ops", type=int, default=300)
     parser.add_argument("--out")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, default
+from traitlets import Bool, TraitError, default, validate
 
 from ..core.devices.kubernetes import LEASE_LABEL
 from ..kube.gpu import KubeGpu
@@ -36,15 +36,25 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _kube_gpu: KubeGpu | None = None
 
     gpu_device_env = Bool(
-        False, help="""Whether the pod's env names the devices (CUDA_VISIBLE_DEVICES and
-        NVIDIA_VISIBLE_DEVICES = the lease's UUIDs). Leave False when the device plugin assigns
-        the devices of the requested resources (it sets NVIDIA_VISIBLE_DEVICES itself).""",
+        False, help="""Always False here: on Kubernetes the pod's env cannot name its devices. The
+        kubernetes backend's GPU and MIG UUIDs are the allocator's names for a node's devices (made
+        from the node's name and an index), not the driver's, and the device plugin picks the devices
+        of the requested resources and sets NVIDIA_VISIBLE_DEVICES itself. True is refused.""",
     ).tag(config=True)
     gpu_hide_devices_without_slice = Bool(
         True, help="""Whether pods without a GPU slice get NVIDIA_VISIBLE_DEVICES=void (and an
         empty CUDA_VISIBLE_DEVICES): CUDA images set NVIDIA_VISIBLE_DEVICES=all, which shows
         every GPU of the node to a pod that requested none where the NVIDIA runtime is the default.""",
     ).tag(config=True)
+
+    @validate("gpu_device_env")
+    def _no_device_env(self, proposal: Any) -> bool:
+        if proposal["value"]:
+            raise TraitError(
+                "GPUKubeSpawner.gpu_device_env = True cannot work: on Kubernetes the device plugin picks a pod's "
+                "devices and sets NVIDIA_VISIBLE_DEVICES itself, and the allocator's GPU and MIG UUIDs there are "
+                "not the driver's; remove the setting (docs/hub.md)")
+        return False
 
     @property
     def kube_gpu(self) -> KubeGpu:
@@ -60,7 +70,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def gpu_sets_visible_devices(self) -> bool:
         if self._gpu_lease is None:
             return self.gpu_hide_devices_without_slice
-        return self.gpu_device_env
+        return False
 
     def gpu_pod_settings(self) -> dict[str, Any]:
         """Extra resource limits, node affinity and tolerations for the lease now held."""

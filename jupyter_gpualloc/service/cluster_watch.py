@@ -18,6 +18,11 @@ What it reports, in the running event loop, to a `ClusterListener`:
   manifest) is outside use like any other GPU pod.
 
 It decides nothing: the listener (the service) turns these into the scheduler's calls.
+
+Of the pods it keeps only what is read (a cluster may run tens of thousands, most without GPUs):
+the install's server pods in full (kernel and Job pods are made from them, service/user_pods.py),
+every pod that asks for NVIDIA devices or carries a lease label as a slim record (`pod_record`),
+and nothing of the others.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from typing import Any, Callable, Mapping, Protocol
 
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
-                                       own_pod, reading_key)
+                                       own_pod, pod_record, reading_key)
 from ..core.model import Node, OutsideUse
 
 log = logging.getLogger(__name__)
@@ -46,8 +51,10 @@ class ClusterListener(Protocol):
 class _Resource:
     """One watched kind: its objects by key, the version to resume from, and how to list and watch it."""
 
-    def __init__(self, kind: str, list_call: Callable[..., Any], key: Callable[[Mapping[str, Any]], str]):
-        self.kind, self.list_call, self.key = kind, list_call, key
+    def __init__(self, kind: str, list_call: Callable[..., Any], key: Callable[[Mapping[str, Any]], str],
+                 keep: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] = lambda obj: obj):
+        """`keep`: what is held of an object (None: nothing)."""
+        self.kind, self.list_call, self.key, self.keep = kind, list_call, key, keep
         self.objects: dict[str, Mapping[str, Any]] = {}
         self.version: str | None = None
 
@@ -80,7 +87,7 @@ class ClusterWatch:
         self._core = client.CoreV1Api(self._api)
         nodes = _Resource("nodes", self._core.list_node, lambda o: o["metadata"]["name"])
         pods = _Resource("pods", self._core.list_pod_for_all_namespaces,
-                         lambda o: f"pod:{o['metadata'].get('namespace')}/{o['metadata']['name']}")
+                         lambda o: f"pod:{o['metadata'].get('namespace')}/{o['metadata']['name']}", self._kept_pod)
         self._resources = (nodes, pods)
         self._tasks = [asyncio.create_task(self._follow(r), name=f"watch {r.kind}") for r in self._resources]
 
@@ -111,7 +118,8 @@ class ClusterWatch:
         return list(self._own.values())
 
     def pods(self) -> list[Mapping[str, Any]]:
-        """Every pod of the cluster, as last seen (Pod objects as the API returns them)."""
+        """The pods held, as last seen: the install's server pods as the API returns them, GPU and
+        lease pods as their records (see the module's docstring)."""
         return list(self._resources[1].objects.values()) if self._resources else []
 
     async def delete_pod(self, namespace: str, name: str) -> bool:
@@ -203,14 +211,22 @@ class ClusterWatch:
             self._apply(resource, kind, obj)
         return True
 
+    def _kept_pod(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        metadata = pod.get("metadata") or {}
+        if metadata.get("namespace") == self.namespace \
+                and (metadata.get("labels") or {}).get("component") == "singleuser-server":
+            return pod
+        return pod_record(pod)
+
     def _apply(self, resource: _Resource, kind: str, obj: Mapping[str, Any]) -> None:
         key = resource.key(obj)
-        if kind == "DELETED":
+        kept = None if kind == "DELETED" else resource.keep(obj)
+        if kept is None:
             resource.objects.pop(key, None)
         else:
-            resource.objects[key] = obj
+            resource.objects[key] = kept
         if resource.kind == "pods":
-            self._pod_changed(key, None if kind == "DELETED" else obj)
+            self._pod_changed(key, kept)
         else:
             self._dirty_nodes.add(key)
 

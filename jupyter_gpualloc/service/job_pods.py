@@ -12,7 +12,8 @@ When `c.GpuAllocService.job_pods` is on:
   are the core's), `ttlSecondsAfterFinished`, `terminationGracePeriodSeconds = preempt_grace`, no
   service-account token, and the labels of the lease and the job. Its container runs
   `jupyter-gpualloc job run <id>` (jobs/runner.py), which calls the service with a token made for
-  this attempt: its SHA-256 is kept in the job's record, the token in a Secret owned by the Job.
+  this attempt: its SHA-256 is kept in the job's record, the token in a Secret owned by the Job
+  (named anew for each token: the service creates Secrets, never updates or reads one).
 - When the lease ends (the runner reported, cancel, preemption, expiry) the Job is deleted with its
   pod (SIGTERM, then SIGKILL after the grace) and Secret.
 - A pod that ends or goes without the runner's report is a failed attempt with the kubelet's reason
@@ -136,7 +137,13 @@ class JobPods(LoggingConfigurable):
 
     # ---------------------------------------------------------- Kubernetes
     async def _create(self, job: Job, lease: Mapping[str, Any]) -> None:
-        """The attempt's token (its digest stored first), then the Job, then the Secret it owns."""
+        """The attempt's token (its digest stored first), then the Job, then the Secret it owns.
+
+        The Secret's name is new with each token, so it is only ever created (the service may not
+        update or read Secrets). A Job of this attempt that exists already was made by an earlier
+        run of the service (a restart, or a creation whose answer was lost) for a token no longer
+        stored, and has no pod yet (the watch sees none): it is deleted, with its Secret, and the
+        next tick makes the attempt's Job afresh."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -144,28 +151,24 @@ class JobPods(LoggingConfigurable):
         token = job_token(job.id, secrets.token_urlsafe(32))
         try:
             self.jobs.set_token(job.id, hashlib.sha256(token.encode()).hexdigest())
-            manifest = self.job_manifest(job, lease)
+            secret_name = f"{job_name(job.id, lease_id)}-{secrets.token_hex(4)}"
+            manifest = self.job_manifest(job, lease, secret_name)
             batch, core = client.BatchV1Api(self.watch.api_client), client.CoreV1Api(self.watch.api_client)
             try:
                 made = await batch.create_namespaced_job(namespace, manifest, _request_timeout=30)
-                uid = made.metadata.uid
             except ApiException as err:
                 if err.status != 409:
                     raise
-                uid = (await batch.read_namespaced_job(manifest["metadata"]["name"], namespace)).metadata.uid
-            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": manifest["metadata"]["name"], "uid": uid,
-                     "controller": True, "blockOwnerDeletion": False}
+                await self._delete_job(job.id, lease_id, "made before for a token no longer valid: "
+                                                         "it is made again")
+                return
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": manifest["metadata"]["name"],
+                     "uid": made.metadata.uid, "controller": True, "blockOwnerDeletion": False}
             secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                      "metadata": {"name": manifest["metadata"]["name"], "namespace": namespace,
+                      "metadata": {"name": secret_name, "namespace": namespace,
                                    "labels": manifest["metadata"]["labels"], "ownerReferences": [owner]},
                       "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
-            try:
-                await core.create_namespaced_secret(namespace, secret, _request_timeout=30)
-            except ApiException as err:
-                if err.status != 409:
-                    raise
-                await core.replace_namespaced_secret(secret["metadata"]["name"], namespace, secret,
-                                                     _request_timeout=30)
+            await core.create_namespaced_secret(namespace, secret, _request_timeout=30)
             self._made.add(lease_id)
             log.info("job %s: Kubernetes Job %s/%s created on node %s", job.id, namespace,
                      manifest["metadata"]["name"], lease["slice"]["node"])
@@ -180,7 +183,7 @@ class JobPods(LoggingConfigurable):
         finally:
             self._creating.discard(lease_id)
 
-    async def _delete_job(self, job_id: str, lease_id: str) -> None:
+    async def _delete_job(self, job_id: str, lease_id: str, why: str = "its lease ended") -> None:
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -194,7 +197,7 @@ class JobPods(LoggingConfigurable):
         try:
             await client.BatchV1Api(self.watch.api_client).delete_namespaced_job(
                 name, namespace, propagation_policy="Background", _request_timeout=30)
-            log.info("job %s: Kubernetes Job %s/%s deleted (its lease ended)", job_id, namespace, name)
+            log.info("job %s: Kubernetes Job %s/%s deleted (%s)", job_id, namespace, name, why)
         except ApiException as err:
             if err.status != 404:
                 log.warning("job %s: deleting Kubernetes Job %s failed: %s", job_id, name, err)
@@ -217,13 +220,13 @@ class JobPods(LoggingConfigurable):
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------ manifests
-    def job_manifest(self, job: Job, lease: Mapping[str, Any]) -> dict[str, Any]:
-        """The batch/v1 Job of one attempt of `job` on granted `lease`."""
+    def job_manifest(self, job: Job, lease: Mapping[str, Any], secret_name: str) -> dict[str, Any]:
+        """The batch/v1 Job of one attempt of `job` on granted `lease`, its token in Secret `secret_name`."""
         template = job.pod or {}
         name = job_name(job.id, lease["id"])
         labels = self.pods.labels(template, "job", **self.watch.pod_labels(lease["id"]), **{JOB_LABEL: job.id})
         env = [{"name": "GPUALLOC_JOB_ID", "value": job.id},
-               {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}}}]
+               {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name, "key": TOKEN_KEY}}}]
         pod_spec = self.pods.pod_spec(template, lease, container="job", command=[*self.command, job.id],
                                       working_dir=job.workdir, env=env, service_url=self.service_url,
                                       grace_seconds=int(self.jobs.policy.preempt_grace))
@@ -235,7 +238,7 @@ class JobPods(LoggingConfigurable):
 
 
 def job_name(job_id: str, lease_id: str) -> str:
-    """The Kubernetes Job (and Secret) of the attempt of job `job_id` on lease `lease_id`."""
+    """The Kubernetes Job of the attempt of job `job_id` on lease `lease_id` (its Secret: this and a suffix)."""
     return f"gpualloc-job-{job_id}-{lease_id}".lower()
 
 

@@ -5,7 +5,10 @@ GPU kernel (service/kernel_pods.py) run in pods of their own, which the service 
 (it holds the RBAC; users and their servers get no Kubernetes API rights). Each takes from the
 user's server pod, as the cluster watch sees it (KubeSpawner's annotations name the user and the
 server): image, env without the server's own hub credentials and slice, volumes and mounts (the
-home, so files are where the notebook is), security contexts, pull secrets, CPU and memory; and
+home, so files are where the notebook is), security contexts, pull secrets, CPU and memory, the
+labels zero-to-jupyterhub's NetworkPolicies select user pods by (`component`, `app`, `release`,
+`hub.jupyter.org/*`: a kernel's or job's pod is fenced in as its server is) and z2jh's init
+container that blocks the cloud metadata server (`block-cloud-metadata`), where the server has it; and
 from the lease: the extended resources its node advertises, node affinity to that node and the
 GPU tolerations (`c.KubeGpu`, kube/gpu.py, as for server pods). No service-account token is mounted.
 """
@@ -34,6 +37,10 @@ _COPIED_POD_FIELDS = ("volumes", "securityContext", "imagePullSecrets", "tolerat
                       "schedulerName", "dnsPolicy", "dnsConfig", "hostAliases")
 _COPIED_CONTAINER_FIELDS = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "workingDir",
                             "securityContext")
+# the labels z2jh's NetworkPolicies select a user's pods by (its `jupyterhub.matchLabels`), besides hub.jupyter.org/*
+_NETWORK_POLICY_LABELS = ("component", "app", "release")
+# z2jh's init container that blocks the cloud metadata server with iptables (singleuser.cloudMetadata)
+METADATA_BLOCKER = "block-cloud-metadata"
 
 
 class NoServerPod(SpecError):
@@ -112,7 +119,7 @@ class UserPods(LoggingConfigurable):
                                 "env": container_env + env, "resources": resources}]}
 
     def labels(self, template: Mapping[str, Any], component: str, **own: str) -> dict[str, str]:
-        """The server's hub labels (network policies select on them), the component, and `own`."""
+        """The server's hub and z2jh labels (network policies select on them), the component, and `own`."""
         return {**template.get("labels", {}), **own, "app.kubernetes.io/managed-by": "jupyter-gpualloc",
                 "app.kubernetes.io/component": component}
 
@@ -126,16 +133,21 @@ def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
     container["env"] = [e for e in server.get("env") or []
                         if not e.get("name", "").startswith(_NOT_COPIED_ENV) and e.get("name") != "GPUALLOC_TOKEN"]
     resources = server.get("resources") or {}
+    copied_spec = {k: spec[k] for k in _COPIED_POD_FIELDS if k in spec}
+    blockers = [c for c in spec.get("initContainers") or [] if c.get("name") == METADATA_BLOCKER]
+    if blockers:
+        copied_spec["initContainers"] = blockers
     return {
         "namespace": metadata.get("namespace", "default"),
         "server_pod": metadata.get("name", ""),
         "server_pod_uid": metadata.get("uid", ""),
         "node": spec.get("nodeName") or "",
-        "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("hub.jupyter.org/")},
+        "labels": {k: v for k, v in (metadata.get("labels") or {}).items()
+                   if k.startswith("hub.jupyter.org/") or k in _NETWORK_POLICY_LABELS},
         "container": container,
         "resources": {kind: {k: v for k, v in (resources.get(kind) or {}).items() if k in ("cpu", "memory")}
                       for kind in ("requests", "limits") if resources.get(kind)},
-        "spec": {k: spec[k] for k in _COPIED_POD_FIELDS if k in spec},
+        "spec": copied_spec,
     }
 
 

@@ -10,6 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.config import kube_config
 from jupyterhub.spawner import SpawnException
+from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpualloc.core.model import Lease, LeaseState, PriorityClass, Slice, SliceKind, SliceSpec
@@ -120,14 +121,20 @@ def test_a_pod_the_service_would_not_own_is_not_made():
     assert "c.GpuAllocService.namespace" in refused.value.jupyterhub_message
 
 
-def test_the_pod_asks_for_the_resources_the_service_names_and_device_env():
+def test_the_pod_asks_for_the_resources_the_service_names_and_names_no_device():
     owned = {"namespace": "default", "labels": {"gpualloc.jupyter.org/lease": "lease-mig"},
              "resources": {"nvidia.com/gpu": "1"}}  # a MIG device on a node of the single strategy
-    pod = pod_for("mig", owned=owned, gpu_device_env=True)
+    pod = pod_for("mig", owned=owned)
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1" and not [r for r in limits if r.startswith("nvidia.com/mig-")], limits
     env = container_env(pod)
-    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "MIG-b"
+    assert "CUDA_VISIBLE_DEVICES" not in env and "NVIDIA_VISIBLE_DEVICES" not in env  # the device plugin's
+
+
+def test_naming_the_devices_in_the_env_is_refused_at_config_time():
+    """The allocator's UUIDs on Kubernetes are not the driver's: an env naming them would hide every GPU."""
+    with pytest.raises(TraitError, match="gpu_device_env = True cannot work"):
+        make_spawner(gpu_device_env=True)
 
 
 def test_shared_pod_gets_sharing_resources_and_memory_caps():

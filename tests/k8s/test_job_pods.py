@@ -432,6 +432,31 @@ def test_a_shared_jobs_pod_asks_for_what_its_node_advertises(service, k8s_cluste
     wait_for(lambda: not kube_jobs(k8s_cluster, namespace, job["id"]), what="the Kubernetes Job deleted")
 
 
+def test_a_jobs_pod_carries_z2jhs_network_policy_labels_and_metadata_blocker(service, k8s_cluster, namespace, tmp_path):
+    """z2jh's singleuser NetworkPolicy selects a user's pods by `component`, `app` and `release`, and its
+    `block-cloud-metadata` init container keeps them from the cloud's metadata server: a job's pod,
+    made from the server's, is fenced in as the server is (another init container is not copied)."""
+    server = server_pod(service, "alice", tmp_path, server_name="netpol")
+    z2jh = {"component": "singleuser-server", "app": "jupyterhub", "release": "jhub", "chart": "jupyterhub-4.2.0"}
+    server["metadata"]["labels"].update(z2jh)
+    blocker = {"name": "block-cloud-metadata", "image": "quay.io/jupyterhub/k8s-network-tools:4.2.0",
+               "command": ["iptables", "--append", "OUTPUT", "--protocol", "tcp", "--destination", "169.254.169.254",
+                           "--destination-port", "80", "--jump", "DROP"],
+               "securityContext": {"runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}}}
+    server["spec"]["initContainers"] = [blocker, {"name": "fix-home", "image": "busybox", "command": ["true"]}]
+    k8s_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(namespace, server))
+    job = submit(service, cell_job(tmp_path, "1", {"kind": "whole", "node": "gpu-l4-jobs"}, runner="server:netpol"))
+    pod = running_pod(k8s_cluster, namespace, job["id"], service)
+    for key in ("component", "app", "release"):
+        assert pod.metadata.labels[key] == z2jh[key], pod.metadata.labels
+    assert "chart" not in pod.metadata.labels
+    assert pod.metadata.labels["hub.jupyter.org/network-access-hub"] == "true"
+    assert [c.name for c in pod.spec.init_containers] == ["block-cloud-metadata"]
+    assert pod.spec.init_containers[0].command == blocker["command"]
+    assert pod.spec.init_containers[0].security_context.capabilities.add == ["NET_ADMIN"]
+    service.call("DELETE", f"jobs/{job['id']}", token=ALICE)
+
+
 def test_with_readwriteonce_homes_a_job_runs_on_its_servers_node(service, k8s_cluster, namespace, tmp_path):
     """A default zero-to-jupyterhub home mounts on one node: the job's pod goes where the server runs."""
     rwo = JobPodService(tmp_path / "rwo", k8s_cluster.kubeconfig,

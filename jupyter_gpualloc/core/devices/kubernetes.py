@@ -33,7 +33,8 @@ it changes.
 Pods are read here too (the service's watch, service/cluster_watch.py, holds them): what a bound,
 unfinished GPU pod the allocator did not place holds of its node (`outside_use`), and what a pod
 made for a lease of this install says of itself (`own_pod`): one in the install's namespace whose
-labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`).
+labels name the install (`gpualloc.jupyter.org/instance`) and a lease (`gpualloc.jupyter.org/lease`);
+`pod_record` is what those two read of a pod, which is all the watch keeps of it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
 INSTANCE_LABEL = "gpualloc.jupyter.org/instance"  # and the install (service) that made the lease
 JOB_LABEL = "gpualloc.jupyter.org/job"  # on the Kubernetes Job (and its pod) running a job's attempt: the job's id
+_OWN_LABELS = "gpualloc.jupyter.org/"
 HAMI_REGISTER = "hami.io/node-nvidia-register"
 _PROFILE = r"\d+g\.\d+gb(?:[.+]me)?"
 _MIG_RESOURCE = re.compile(rf"^nvidia\.com/mig-({_PROFILE})(?:\.shared)?$")
@@ -284,6 +286,35 @@ def own_pod(pod: Mapping[str, Any], namespace: str, instance: str) -> OwnPod | N
                   _timestamp(scheduled.get("lastTransitionTime")) if refused else None,
                   (metadata.get("labels") or {}).get(JOB_LABEL),
                   _why_ended(status) if phase in ("Succeeded", "Failed") else "", status.get("podIP"))
+
+
+def pod_record(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What `own_pod` and `outside_use` read of a Pod object, in the same shape, or None for a pod
+    neither can ever count: one that asks for no NVIDIA device and carries no lease label. A pod's
+    resources are immutable, so a pod left out now stays out until its labels change (each change
+    is judged again). The record keeps the gpualloc labels, the node, the devices asked for (as one
+    container's limits), the phase, IP, scheduling condition and how it ended; nothing else (env,
+    volumes, managedFields, annotations)."""
+    metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith(_OWN_LABELS)}
+    devices = pod_resources(spec)
+    if not devices and LEASE_LABEL not in labels:
+        return None
+    record_metadata = {"name": metadata.get("name"), "namespace": metadata.get("namespace"), "labels": labels}
+    if metadata.get("deletionTimestamp"):
+        record_metadata["deletionTimestamp"] = metadata["deletionTimestamp"]
+    record_status = {k: status[k] for k in ("phase", "podIP", "reason", "message") if k in status}
+    scheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
+    if scheduled:
+        record_status["conditions"] = scheduled
+    ended = [{"state": {"terminated": c["state"]["terminated"]}} for c in status.get("containerStatuses") or []
+             if (c.get("state") or {}).get("terminated")]
+    if ended:
+        record_status["containerStatuses"] = ended
+    record_spec: dict[str, Any] = {"containers": [{"resources": {"limits": {k: str(v) for k, v in devices.items()}}}]}
+    if spec.get("nodeName"):
+        record_spec["nodeName"] = spec["nodeName"]
+    return {"metadata": record_metadata, "spec": record_spec, "status": record_status}
 
 
 def _why_ended(status: Mapping[str, Any]) -> str:
