@@ -404,7 +404,7 @@ class ExecutedNotebookHandler(SidebarHandler):
 
 
 class StatusHandler(SidebarHandler):
-    """Mode (`off` when no allocator is configured), API root, and the watchdog's settings."""
+    """Mode (`off` when no allocator is configured, with the `reason`), API root, and the watchdog's settings."""
 
     needs_allocator = False
 
@@ -414,6 +414,7 @@ class StatusHandler(SidebarHandler):
         watchdog, client = self.ext.watchdog, self.ext.client
         self.finish(json.dumps({
             "mode": "off" if client is None else "embedded" if self.ext.embedded is not None else "remote",
+            "reason": self.ext.off_reason if client is None else None,
             "api_url": None if client is None else client.url,
             "watchdog": None if watchdog is None else {"enabled": watchdog.enabled, "interval": watchdog.interval,
                                                        "grace": watchdog.grace, "action": watchdog.action},

@@ -8,7 +8,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ApiError } from './model/errors';
+import { ApiError, notTheServer, ServerStopped } from './model/errors';
 import { notebookJob } from './model/jobs';
 import { streamQuery } from './model/stream';
 import {
@@ -19,6 +19,7 @@ import {
   LeaseEntry,
   OfferSheet,
   Reservation,
+  ServerStatus,
   UsageReport
 } from './model/types';
 
@@ -37,14 +38,25 @@ export class GpuApi {
     return `${URLExt.join(this.settings.baseUrl, path)}?${params}`;
   }
 
+  /** A call of the API: its JSON answer; ApiError when refused, ServerStopped when the server is gone. */
   async call<T>(path: string, init: RequestInit = {}, query: Record<string, string> = {}): Promise<T> {
-    const response = await ServerConnection.makeRequest(this.url(path, query), init, this.settings);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(this.url(path, query), init, this.settings);
+    } catch (err) {
+      throw new ServerStopped(`no answer (${(err as Error)?.message ?? err})`);
+    }
     const text = await response.text();
     let body: any = null;
+    let json = false;
     try {
       body = text ? JSON.parse(text) : null;
+      json = body !== null;
     } catch {
       body = null;
+    }
+    if (!response.ok && notTheServer(response.status, json)) {
+      throw new ServerStopped(`${response.status} ${response.statusText}`.trim());
     }
     if (!response.ok) {
       const reason = body?.message || body?.error || body?.reason || response.statusText;
@@ -55,6 +67,11 @@ export class GpuApi {
 
   private post<T>(path: string, body: unknown): Promise<T> {
     return this.call<T>(path, { method: 'POST', body: JSON.stringify(body) });
+  }
+
+  /** Whether GPU features are on here (`mode` "off" with the reason when not). */
+  status(): Promise<ServerStatus> {
+    return this.call<ServerStatus>(`${ROOT}/status`);
   }
 
   inventory(): Promise<Inventory> {

@@ -9,17 +9,19 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { GpuApi } from './api';
 import { extensionRefusal } from './model/deadline';
-import { ApiError, plainError, unreachableText } from './model/errors';
-import { namedAfterNotebook, Question } from './model/format';
+import { ApiError, plainError, ServerStopped, unreachableText } from './model/errors';
+import { namedAfterJob, namedAfterNotebook, Question, ServerPhase } from './model/format';
 import { ACTIVE_JOB_STATES } from './model/jobs';
 import { INITIAL_STATE, Notice, reduce, StreamState, withSlices } from './model/events';
 import { KernelRules, PendingRestart, restartQuestion, settleNotes, settleRestarts } from './model/request';
-import { reconnectDelay } from './model/stream';
+import { recheckDelay, reconnectDelay } from './model/stream';
 import { GpuEvent, Inventory, Job, KernelRestart, LeaseEntry, Offer, Reservation, UsageReport } from './model/types';
 
 /** Seconds between fetches while the event stream is down or a slice is held, and while a job of mine is active. */
 export const POLL_SECONDS = 10;
 export const JOB_POLL_SECONDS = 3;
+/** Seconds between checks of a server whose GPU features are off. */
+export const OFF_RECHECK_SECONDS = 60;
 const FINISHED_JOB: Record<string, 'success' | 'error'> = {
   succeeded: 'success',
   failed: 'error',
@@ -47,6 +49,10 @@ export class GpuModel {
   /** null: the allocator has no jobs API. */
   jobs: Job[] | null = [];
   connected = false;
+  /** Where this tab stands with its server: nothing else is fetched while GPU features are off there
+   * (`offReason` says why) or while it has stopped; it is asked again now and then, or on `recheck()`. */
+  phase: ServerPhase = 'loading';
+  offReason: string | null = null;
   /** Why the last fetch failed (cleared by the next that works). */
   unreachable: string | null = null;
   /** Why the last action (request, release, job...) was refused, in plain words (cleared by the next that works). */
@@ -55,6 +61,11 @@ export class GpuModel {
   notes: Record<string, string> = {};
   /** The restarts as GPU kernels asked for here and not over (by kernel id), with the server's note. */
   restarts: Record<string, PendingRestart> = {};
+
+  /** Nothing is fetched: GPU features are off on the server, or it has stopped. */
+  get paused(): boolean {
+    return this.phase === 'off' || this.phase === 'stopped';
+  }
 
   get slices(): LeaseEntry[] {
     return this.stream.slices;
@@ -68,11 +79,48 @@ export class GpuModel {
     return this._changed;
   }
 
-  /** Fetch everything and open the event stream. */
+  /** Ask the server whether GPU features are on; then fetch everything and open the event stream. */
   start(): void {
+    void this.recheck();
+  }
+
+  /** Ask the server again now (a person's click, or the next scheduled check while off or stopped). */
+  async recheck(): Promise<void> {
+    window.clearTimeout(this._recheck);
+    let status;
+    try {
+      status = await this.api.status();
+    } catch (err) {
+      if (!(err instanceof ServerStopped)) {
+        status = null; // the other calls say what is wrong
+      } else {
+        this.stopped(err);
+        return;
+      }
+    }
+    if (status?.mode === 'off') {
+      this.pause('off');
+      this.offReason = status.reason || 'GPU slices and jobs are off on this server';
+      this._changed.emit();
+      this._recheck = window.setTimeout(() => void this.recheck(), OFF_RECHECK_SECONDS * 1000);
+      return;
+    }
+    if (!this._live) {
+      this.resume();
+    }
+  }
+
+  /** Fetch everything, open the event stream and poll while it is down or a slice is held. */
+  private resume(): void {
+    this._live = true;
+    this.phase = 'loading'; // until my slices are known
+    this.offReason = null;
+    this._stoppedChecks = 0;
+    this.unreachable = null;
     void this.refresh();
     void this.refreshJobs();
     this.connect();
+    window.clearInterval(this._poll);
     this._poll = window.setInterval(() => {
       // no event says how much memory a slice's processes use: re-read while one is held
       if (!this.connected || this.slices.some(l => l.state === 'granted')) {
@@ -81,11 +129,34 @@ export class GpuModel {
     }, POLL_SECONDS * 1000);
   }
 
-  dispose(): void {
+  /** Stop polling and close the event stream: GPU features are off, or the server has stopped. */
+  private pause(phase: 'off' | 'stopped'): void {
+    this._live = false;
+    this.phase = phase;
     this._source?.close();
+    this._source = null;
+    this.connected = false;
     window.clearTimeout(this._reconnect);
     window.clearInterval(this._poll);
     window.clearTimeout(this._jobPoll);
+  }
+
+  /** The server answers no more: nothing it held is shown as held, and it is asked again less and less often. */
+  private stopped(err: ServerStopped): void {
+    if (this.phase !== 'stopped') {
+      this.pause('stopped');
+      this.stream = withSlices(this.stream, []);
+      this.dismissClearedWarnings();
+    }
+    this.unreachable = unreachableText(err);
+    this._changed.emit();
+    window.clearTimeout(this._recheck);
+    this._recheck = window.setTimeout(() => void this.recheck(), recheckDelay(this._stoppedChecks++));
+  }
+
+  dispose(): void {
+    this.pause('stopped');
+    window.clearTimeout(this._recheck);
   }
 
   /** Close the warning notifications of slices no longer warned (kept, extended, ended). */
@@ -105,6 +176,9 @@ export class GpuModel {
 
   /** Fetch the fleet, offers and my slices, my usage and my reservations; each is shown as soon as it arrives. */
   async refresh(): Promise<void> {
+    if (this.paused) {
+      return;
+    }
     await Promise.all([this.refreshLeases(), this.refreshUsage(), this.refreshReservations()]);
   }
 
@@ -143,13 +217,23 @@ export class GpuModel {
       this.dismissClearedWarnings();
       this.unreachable = null;
     } catch (err) {
+      if (err instanceof ServerStopped) {
+        this.stopped(err);
+        return;
+      }
       this.unreachable = unreachableText(err);
+    }
+    if (!this.paused) {
+      this.phase = 'on'; // the server answered: what the status bar says of my slices is known
     }
     this._changed.emit();
   }
 
   async refreshJobs(): Promise<void> {
     window.clearTimeout(this._jobPoll);
+    if (this.paused) {
+      return;
+    }
     let jobs: Job[];
     try {
       jobs = await this.api.jobs();
@@ -210,7 +294,12 @@ export class GpuModel {
     const leaseId = notice.leaseId;
     const kernelId = event.kernel_id;
     const notebook = kernelId ? this.notebookOf(kernelId) : null;
-    const text = kernelId && notebook ? namedAfterNotebook(notice.message, kernelId, notebook) : notice.message;
+    const job = (this.jobs ?? []).find(j => `job:${j.id}` === event.holder);
+    const text = namedAfterJob(
+      kernelId && notebook ? namedAfterNotebook(notice.message, kernelId, notebook) : notice.message,
+      event.holder,
+      job?.name
+    );
     const toasts = { 'idle-warning': this._warningToasts, 'deadline-warning': this._deadlineToasts }[
       notice.kind as string
     ];
@@ -329,6 +418,9 @@ export class GpuModel {
   }
 
   private connect(): void {
+    if (!this._live) {
+      return;
+    }
     this._source = this.api.events(
       event => this.handle(event),
       (connected, closed) => {
@@ -340,6 +432,9 @@ export class GpuModel {
         }
         if (reconnected) {
           void this.refresh();
+        }
+        if (!connected && this._live) {
+          void this.recheck(); // has the server stopped?
         }
         if (closed) {
           this._source?.close();
@@ -356,6 +451,11 @@ export class GpuModel {
   private _reconnect = 0;
   private _poll = 0;
   private _jobPoll = 0;
+  private _recheck = 0;
+  /** Fetching and listening (GPU features on, the server answering). */
+  private _live = false;
+  /** Checks of a stopped server so far: each waits longer. */
+  private _stoppedChecks = 0;
   private _announcedJobs = new Set<string>();
   /** The notification of each slice's idle warning in force. */
   private _warningToasts: Record<string, string> = {};

@@ -21,6 +21,8 @@ import { outputFactories } from './components/outputs';
 import { ICurrentNotebook } from './components/request';
 import { ISliceActions } from './components/slices';
 import { kernelOfHolder, Question, releaseQuestion } from './model/format';
+import { cancelQuestion } from './model/jobs';
+import { offerAvailability } from './model/request';
 import { GpuPanel } from './panel';
 import { GpuStatus } from './statusbar';
 
@@ -84,7 +86,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     };
 
     const jobs: IJobActions = {
-      cancel: job => void model.jobAction(() => model.api.cancelJob(job.id)),
+      cancel: async job => {
+        const question = cancelQuestion(job);
+        if (question && !(await confirm(question))) {
+          return;
+        }
+        await model.jobAction(() => model.api.cancelJob(job.id));
+      },
       rerun: job => void model.jobAction(() => model.api.rerunJob(job.id)),
       openExecuted: async (job, copy) => {
         const content = await model.act(() => model.api.executedNotebook(job.id));
@@ -160,6 +168,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       caption: 'Run this notebook in the background on a GPU slice',
       icon: gpuIcon,
       isVisible: () => {
+        if (model.phase === 'off' || model.phase === 'stopped') {
+          return false; // no GPU jobs here now: the panel says why
+        }
         const item = browsers?.tracker.currentWidget?.selectedItems().next();
         return !!item && !item.done && item.value.path.endsWith('.ipynb');
       },
@@ -178,7 +189,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           });
           return;
         }
-        const labels = model.offers.map(o => `${o.label} (${o.available > 0 ? `${o.available} free` : 'queue'})`);
+        const labels = model.offers.map(o => `${o.label} (${offerAvailability(o).text})`);
         const choice = await InputDialog.getItem({
           title: `Run ${path} as a GPU job`,
           label: 'Slice',

@@ -5,7 +5,7 @@ import { ISignal } from '@lumino/signaling';
 import React from 'react';
 
 import { GpuModel } from './gpumodel';
-import { Section } from './components/common';
+import { Action, Section } from './components/common';
 import { Fleet } from './components/fleet';
 import { IJobActions, Jobs } from './components/jobs';
 import { ICurrentNotebook, Request } from './components/request';
@@ -24,8 +24,35 @@ export interface IPanelContext {
   confirm(question: Question): Promise<boolean>;
 }
 
+/** GPU features are off on this server, or it has stopped: why, and a button to ask it again. Nothing else
+ * is fetched meanwhile. */
+function Paused(props: { model: GpuModel }): JSX.Element {
+  const { model } = props;
+  const off = model.phase === 'off';
+  return (
+    <div className="jp-gpualloc-body">
+      <header className="jp-gpualloc-header">
+        <h2>GPUs</h2>
+        <span className="jp-gpualloc-live">{off ? 'off' : 'server stopped'}</span>
+      </header>
+      <div className="jp-gpualloc-banner" role="status" data-phase={model.phase}>
+        {off ? model.offReason : model.unreachable}
+      </div>
+      <p className="jp-gpualloc-muted">
+        {off ? 'Checked again every minute.' : 'Checked again now and then, less often as time goes by.'}
+      </p>
+      <Action label="Check the server again now" onClick={() => void model.recheck()}>
+        Check again
+      </Action>
+    </div>
+  );
+}
+
 function PanelBody(props: { context: IPanelContext }): JSX.Element {
   const { model, confirm } = props.context;
+  if (model.phase === 'off' || model.phase === 'stopped') {
+    return <Paused model={model} />;
+  }
   const notebook = props.context.currentNotebook();
   const mine = new Set(model.slices.map(l => l.id));
   const held = !!notebook?.kernelId && model.slices.some(l => l.holder === `kernel:${notebook.kernelId}`);

@@ -6,7 +6,7 @@ import { ISignal } from '@lumino/signaling';
 import React from 'react';
 
 import { GpuModel } from './gpumodel';
-import { statusText, statusTitle } from './model/format';
+import { statusBarText, statusTitle } from './model/format';
 
 export class GpuStatus extends ReactWidget {
   /** `currentKernelId()`: the current notebook's kernel, whose wait for a slice is shown first;
@@ -27,7 +27,7 @@ export class GpuStatus extends ReactWidget {
         {() => (
           <UseSignal signal={this.currentChanged}>
             {() => {
-              const text = statusText(this.model.slices, {
+              const text = statusBarText(this.model.phase, this.model.slices, {
                 kernelPods: this.model.kernelPods,
                 currentKernelId: this.currentKernelId()
               });
@@ -36,7 +36,11 @@ export class GpuStatus extends ReactWidget {
                   className="jp-gpualloc-status-button"
                   onClick={this.open}
                   aria-label={`${text}: open the GPUs panel`}
-                  title={statusTitle(this.model.slices)}
+                  title={
+                    this.model.phase === 'on'
+                      ? statusTitle(this.model.slices)
+                      : (this.model.offReason ?? this.model.unreachable ?? 'asking the server…')
+                  }
                 >
                   {text}
                 </button>

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { INITIAL_STATE, reduce, StreamState, withSlices } from '../src/model/events';
+import { endedSummary, INITIAL_STATE, reduce, StreamState, withSlices } from '../src/model/events';
+import { namedAfterNotebook } from '../src/model/format';
 import { LeaseEntry } from '../src/model/types';
 
 function lease(id: string, state: 'queued' | 'granted', holder = `kernel:k-${id}`): LeaseEntry {
@@ -29,6 +30,14 @@ const SLICE = {
 
 describe('event-stream reducer', () => {
   const held: StreamState = withSlices(INITIAL_STATE, [lease('a', 'granted'), lease('b', 'queued')]);
+
+  it('an idle warning says first when the slice goes (a long notification is cut short)', () => {
+    const event = { type: 'lease.idle_warning', lease_id: 'a', holder: 'kernel:k-a', kernel_id: 'k-a', message: 'idle' };
+    const r = reduce(held, { ...event, release_at: 1000 }, { now: 700, timeOf: t => `at-${t}` });
+    expect(r.notice?.message).toBe('The GPU slice of kernel k-a is idle: it goes at at-1000 unless it is used again.');
+    expect(namedAfterNotebook(r.notice!.message, 'k-a', 'a.ipynb')).toMatch(/^The GPU slice of a.ipynb is idle: /);
+    expect(reduce(held, event).notice?.message).toBe('idle');
+  });
 
   it('records an idle warning with its release time and asks to notify with Extend', () => {
     const r = reduce(held, { type: 'lease.idle_warning', lease_id: 'a', holder: 'kernel:k-a', release_at: 1000 });
@@ -141,7 +150,7 @@ describe('event-stream reducer', () => {
     });
     expect(atLimit.notice).toMatchObject({ kind: 'deadline-released', type: 'warning' });
     expect(atLimit.state.deadlineWarnings).toEqual({});
-    expect(atLimit.state.ended).toEqual([
+    expect(atLimit.state.ended).toMatchObject([
       { leaseId: 'a', holder: 'kernel:k-a', text: 'released at its time limit (reached its maximum duration of 1h)' }
     ]);
     const reasons: [string, string][] = [
@@ -153,10 +162,11 @@ describe('event-stream reducer', () => {
     }
   });
 
-  it('lists the last three ended slices of mine, latest first, not cancelled requests or jobs', () => {
-    let state = withSlices(INITIAL_STATE, ['a', 'b', 'c', 'd'].map(id => lease(id, 'granted')));
+  it('lists the last five ended slices of mine, latest first, not cancelled requests or jobs', () => {
+    const ids = ['z', 'y', 'a', 'b', 'c', 'd'];
+    let state = withSlices(INITIAL_STATE, ids.map(id => lease(id, 'granted')));
     state = withSlices(state, [...state.slices, lease('q', 'queued'), lease('j', 'granted', 'job:j1')]);
-    for (const id of ['a', 'b', 'c', 'd', 'q', 'j']) {
+    for (const id of [...ids, 'q', 'j']) {
       const type = id === 'q' ? 'lease.cancelled' : id === 'd' ? 'lease.preempted' : 'lease.released';
       const holder = id === 'j' ? 'job:j1' : `kernel:k-${id}`;
       state = reduce(state, { type, lease_id: id, holder, state: type.slice(6) }).state;
@@ -164,8 +174,44 @@ describe('event-stream reducer', () => {
     expect(state.ended.map(e => [e.leaseId, e.text])).toEqual([
       ['d', 'taken back (preempted)'],
       ['c', 'released'],
-      ['b', 'released']
+      ['b', 'released'],
+      ['a', 'released'],
+      ['y', 'released']
     ]);
+  });
+
+  it('keeps of each ended slice the slice, when it was granted and when it ended, listed once', () => {
+    const clock = { now: 2000, timeOf: (t: number) => `t${t}` };
+    const granted = { ...lease('a', 'granted'), slice: SLICE, granted_at: 1280 };
+    let state = withSlices(INITIAL_STATE, [granted]);
+    state = reduce(state, { type: 'lease.released', lease_id: 'a', holder: 'kernel:k-a', state: 'released' }, clock)
+      .state;
+    // the same end told again (a resynced stream) lists it once still
+    state = reduce(
+      withSlices(state, [granted]),
+      { type: 'lease.released', lease_id: 'a', holder: 'kernel:k-a', state: 'released' },
+      clock
+    ).state;
+    expect(state.ended).toEqual([
+      { leaseId: 'a', holder: 'kernel:k-a', text: 'released', slice: '1g.5gb', grantedAt: 1280, endedAt: 2000 }
+    ]);
+    expect(endedSummary(state.ended[0], clock.timeOf)).toBe('1g.5gb · t1280–t2000 (12 min) · released');
+    // a request refused before it got a slice: when it ended, and why
+    const refused = reduce(
+      withSlices(INITIAL_STATE, [lease('b', 'queued')]),
+      { type: 'lease.rejected', lease_id: 'b', holder: 'kernel:k-b', state: 'rejected', reason: 'no GPU fits' },
+      clock
+    ).state.ended[0];
+    expect(endedSummary(refused, clock.timeOf)).toBe('ended t2000 · refused (no GPU fits)');
+  });
+
+  it('a slice granted from the queue ends with the time it was granted', () => {
+    const clock = { now: 500, timeOf: String };
+    let state = withSlices(INITIAL_STATE, [lease('b', 'queued')]);
+    state = reduce(state, { type: 'lease.granted', lease_id: 'b', holder: 'kernel:k-b', slice: SLICE }, clock).state;
+    state = reduce(state, { type: 'lease.expired', lease_id: 'b', holder: 'kernel:k-b', state: 'expired',
+      reason: 'idle for 306 s' }, { now: 900, timeOf: String }).state;
+    expect(state.ended[0]).toMatchObject({ slice: '1g.5gb', grantedAt: 500, endedAt: 900 });
   });
 
   it('ignores what is not an event of the allocator', () => {

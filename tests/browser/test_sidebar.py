@@ -47,11 +47,12 @@ OFFERS = [
      "max_duration": 20},
     {"name": "shared-8gb", "label": "Shared 8 GiB", "spec": {"kind": "shared", "memory_gib": 8, "model": "L4"}},
 ]
-IDLE_TIMEOUT = 6.0
+IDLE_TIMEOUT = 25.0  # long enough to see the idle countdown before the warning
 IDLE_GRACE = 300.0
 # kernels' slices last 15 minutes and are warned at once; each extension adds 10 minutes
 DEADLINES = {"max_duration": {"kernel": 900}, "deadline_warning": 895, "max_extensions": 2, "extension": 600}
 USAGE_QUOTAS = {"*": {"gpu_hours": 1, "window": "calendar_week"}}
+QUOTAS = {"*": {"slices": 2}}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -80,20 +81,22 @@ def headless_chromium():
 
 
 class JupyterLabProcess:
-    """`jupyter lab` with the shipped server config, embedded mode on the simulated fleet."""
+    """`jupyter lab` with the shipped server config, embedded mode on the simulated fleet (`fleet`), or
+    without a fleet on this machine without GPUs (GPU features off)."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, fleet: bool = True):
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         config_dir = workdir / "config"
         shutil.copytree(REPO / "jupyter-config", config_dir)
         (config_dir / "jupyter_server_config.json").write_text(json.dumps({
-            "GpuAllocExtension": {"fleet": str(FLEET), "db_url": f"sqlite:///{workdir / 'gpualloc.sqlite'}",
+            "GpuAllocExtension": {"db_url": f"sqlite:///{workdir / 'gpualloc.sqlite'}",
                                   "process_dir": str(workdir / "gpu-processes"),
-                                  "tick_interval": 0.5, "report_interval": 0.5, "job_poll_interval": 0.5},
+                                  "tick_interval": 0.5, "report_interval": 0.5, "job_poll_interval": 0.5,
+                                  **({"fleet": str(FLEET)} if fleet else {"mode": "embedded"})},
             "SchedulerPolicy": {"offers": OFFERS, "idle_timeout": IDLE_TIMEOUT, "idle_grace": IDLE_GRACE,
-                                "usage_quotas": USAGE_QUOTAS, **DEADLINES},
+                                "usage_quotas": USAGE_QUOTAS, "quotas": QUOTAS, **DEADLINES},
         }))
         # JUPYTER_PATH stays: a checkout's own build of the panel comes first there (see HELPERS: .jpath)
         clean = {k: v for k, v in os.environ.items()
@@ -117,7 +120,7 @@ class JupyterLabProcess:
              "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={self.root}",
              "--LabApp.expose_app_in_browser=True"],
             self.workdir / "lab.log", env=self.env, cwd=self.root)
-        wait_until_ready(self.proc, lambda: self.call("GET", "gpualloc/api/offers")[0] == 200, "jupyter lab",
+        wait_until_ready(self.proc, lambda: self.call("GET", "gpualloc/api/status")[0] == 200, "jupyter lab",
                          self.log_tail, timeout)
         return self
 
@@ -215,7 +218,8 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     page.goto(f"{lab.url}lab/tree/train.ipynb?token={TOKEN}", timeout=120_000)
     status = page.locator(".jp-gpualloc-status-button")
     status.wait_for(timeout=120_000)
-    assert status.inner_text() == "no GPU"
+    page.wait_for_function(  # "…" until the server has answered, never a "no GPU" not yet known
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'no GPU'", timeout=30_000)
     page.wait_for_function(
         "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
         " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel", timeout=120_000)
@@ -262,6 +266,13 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
         timeout=30_000)
     assert "3 / 4.75 GiB used" in mine.inner_text()
 
+    # idle since its cell ended: before any warning the card counts down to the idle release, and says
+    # when the warning comes and how long the grace after it lasts
+    idle = mine.locator(".jp-gpualloc-idle")
+    idle.filter(has_text="idle release in").wait_for(timeout=(IDLE_TIMEOUT - 5) * 1000)
+    assert re.fullmatch(r"idle release in \d+ (s|min) \(warned at \d\d:\d\d:\d\d( [AP]M)?, then a 5 min grace\)",
+                        idle.inner_text()), idle.inner_text()
+
     # a time-boxed slice: its time limit in its row; the deadline warning is a notification with Extend
     limit = mine.locator(".jp-gpualloc-deadline")
     limit.wait_for()
@@ -292,10 +303,12 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     toast = page.locator(".Toastify__toast", has_text="idle")
     toast.wait_for(timeout=(IDLE_TIMEOUT + 30) * 1000)
     assert "train.ipynb" in toast.inner_text()  # the notification names the notebook, not the kernel id
+    assert re.search(r"train\.ipynb is idle: it goes at \d\d:\d\d:\d\d", toast.inner_text()), toast.inner_text()
     assert toast.get_by_role("button", name="Keep active").count() == 1
     countdown = panel.locator(".jp-gpualloc-countdown")
     countdown.wait_for()
     assert "released in" in countdown.inner_text()
+    assert idle.count() == 0  # the warning's own countdown replaces the one before it
 
     # the notebook as a background job on a shared slice: it runs and finishes in the Jobs section
     run_as_gpu_job(page, "train.ipynb", "Shared 8 GiB")
@@ -332,10 +345,33 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     write_notebook(lab.root / "slow.ipynb", "import time\ntime.sleep(600)")
     run_as_gpu_job(page, "slow.ipynb", "Shared 8 GiB")
     open_panel(page)
-    panel.locator('.jp-gpualloc-job[data-state="running"]').wait_for(timeout=120_000)
+    running = panel.locator('.jp-gpualloc-job[data-state="running"]')
+    running.wait_for(timeout=120_000)
     assert "stopping the server stops them" in panel.inner_text()
+    assert "on 8 GiB shared" in running.inner_text()  # the slice granted, not only the request
+
+    # train.ipynb's slice and slow.ipynb's job fill the quota of 2 slices: a third waits, and says why
+    write_notebook(lab.root / "third.ipynb")
+    run_as_gpu_job(page, "third.ipynb", "Shared 8 GiB")
+    open_panel(page)
+    waiting = panel.locator('.jp-gpualloc-job[data-state="queued"]', has_text="third.ipynb")
+    waiting.locator(".jp-gpualloc-reason", has_text="quota").wait_for(timeout=30_000)
+    [third] = [j for j in lab.call("GET", "gpualloc/api/jobs")[1]["jobs"] if j["name"] == "third.ipynb"]
+    assert third["reason"] and third["reason"] in waiting.inner_text(), (third, waiting.inner_text())
+    assert "asks for 8 GiB shared" in waiting.inner_text()
+    offer = panel.locator('.jp-gpualloc-offers li[data-offer="shared-8gb"]')
+    offer.filter(has_text="your quota is full now: ").wait_for(timeout=30_000)
+    assert "free now" not in offer.inner_text()
+    panel.get_by_role("button", name="Cancel third.ipynb").click()  # a queued job: no question
+    panel.locator('.jp-gpualloc-job[data-state="cancelled"]', has_text="third.ipynb").wait_for(timeout=60_000)
+
+    # Cancel of a running job asks first
     panel.get_by_role("button", name="Cancel slow.ipynb").click()
-    panel.locator('.jp-gpualloc-job[data-state="cancelled"]').wait_for(timeout=60_000)
+    dialog = page.locator(".jp-Dialog")
+    dialog.get_by_text("Cancel the GPU job slow.ipynb?").wait_for()
+    dialog.get_by_role("button", name="Cancel the job").click()
+    dialog.wait_for(state="detached")
+    panel.locator('.jp-gpualloc-job[data-state="cancelled"]', has_text="slow.ipynb").wait_for(timeout=60_000)
 
     # Keep active clears the idle warning; Release ends the lease
     # one idle-warning notification per slice: a warning that was cleared closed its notification
@@ -395,7 +431,12 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     mine.wait_for(state="detached", timeout=30_000)
     ended = panel.locator(".jp-gpualloc-ended li", has_text="slow.ipynb")
     assert "released at its time limit" in ended.inner_text()
-    assert "train.ipynb: released" in panel.locator(".jp-gpualloc-ended").inner_text()
+    # each ended slice once: its slice, when it was held (local time) and for how long, and why it ended
+    span = r"\d\d:\d\d:\d\d( [AP]M)?–\d\d:\d\d:\d\d( [AP]M)? \(\d+ (s|min)\)"
+    assert re.fullmatch(rf"slow\.ipynb: 7g\.40gb · {span} · released at its time limit \(.*\)", ended.inner_text())
+    [train_ended] = panel.locator(".jp-gpualloc-ended li", has_text="train.ipynb").all()
+    assert re.fullmatch(rf"train\.ipynb: 1g\.5gb · {span} · released", train_ended.inner_text()), \
+        train_ended.inner_text()
     assert lab.call("GET", "gpualloc/api/slices")[1]["slices"] == []
     # its kernel is shut down with it
     shutdown = page.locator(".Toastify__toast", has_text="was shut down: its GPU lease expired (reached its maximum")
@@ -404,6 +445,63 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert {path.name for path in screenshots.iterdir()} >= {"sidebar-light.png", "sidebar-dark.png"}
     if screenshots.resolve() != DOCS_IMG.resolve():  # a plain run leaves the repository's images as they were
         assert {path: path.stat().st_mtime_ns for path in DOCS_IMG.iterdir()} == docs_img
+
+    # the server stops: its tab no longer shows a GPU or "live", says so, and asks the server again only now and then
+    lab.stop()
+    page.wait_for_function(
+        "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'server stopped'", timeout=60_000)
+    panel.locator(".jp-gpualloc-banner", has_text="The server stopped").wait_for(timeout=30_000)
+    assert panel.locator(".jp-gpualloc-live.jp-mod-on").count() == 0
+    assert_asks_only_status(page, 15_000, at_most=2)
+
+
+def assert_asks_only_status(page, window_ms: int, at_most: int) -> None:
+    """Within `window_ms` the tab asks the sidebar API only for the server's status, at most `at_most` times."""
+    asked: list[str] = []
+    listener = lambda request: asked.append(request.url) if "/gpualloc/api/" in request.url else None  # noqa: E731
+    page.on("request", listener)
+    page.wait_for_timeout(window_ms)
+    page.remove_listener("request", listener)
+    paths = [re.sub(r".*/gpualloc/api/([^?]*).*", r"\1", url) for url in asked]
+    assert set(paths) <= {"status"} and len(paths) <= at_most, paths
+
+
+def test_gpu_off_says_why_and_polls_nothing(tmp_path):
+    """Embedded mode without a fleet on a machine without GPUs: the panel shows why GPU features are off,
+    offers no "Run as GPU job", and asks the server nothing else (no 503 logged every 10 s)."""
+    lab = JupyterLabProcess(tmp_path, fleet=False)
+    write_notebook(lab.root / "plain.ipynb")
+    try:
+        lab.start()
+        status = lab.call("GET", "gpualloc/api/status")[1]
+        if status["mode"] != "off":
+            pytest.skip(f"GPU features are on here without a fleet: {status}")
+        with headless_chromium() as browser:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(f"{lab.url}lab/tree/plain.ipynb?token={TOKEN}", timeout=120_000)
+            page.wait_for_function(
+                "() => document.querySelector('.jp-gpualloc-status-button')?.textContent === 'GPU off'",
+                timeout=120_000)
+            open_panel(page)
+            panel = page.locator(".jp-gpualloc-panel")
+            banner = panel.locator(".jp-gpualloc-banner")
+            banner.wait_for()
+            assert banner.inner_text() == status["reason"] and "c.GpuAllocExtension.fleet" in banner.inner_text()
+            assert "Run as GPU job" not in panel.inner_text()
+            page.locator('.lm-TabBar-tab[data-id="filebrowser"]').click()
+            page.locator(".jp-DirListing-item", has_text="plain.ipynb").click(button="right")
+            page.locator(".lm-Menu-item", has_text="Rename").first.wait_for()
+            assert page.locator(".lm-Menu-item:visible", has_text="Run as GPU job").count() == 0
+            page.keyboard.press("Escape")
+            assert_asks_only_status(page, 12_000, at_most=0)  # checked again once a minute
+            assert " 503 " not in (tmp_path / "lab.log").read_text(errors="replace")
+            # Check again asks at once
+            with page.expect_request(re.compile(r"/gpualloc/api/status\?")):
+                open_panel(page)
+                panel.get_by_role("button", name="Check the server again now").click()
+            assert banner.inner_text() == status["reason"]
+    finally:
+        lab.stop()
 
 
 def test_slice_and_job_outputs_outlive_their_kernel(lab, page):

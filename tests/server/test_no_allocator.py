@@ -35,7 +35,8 @@ def test_no_allocator_configured_is_one_line_and_kernels_start(tmp_path, servers
     servers.append(server)
     status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
     assert status == 201, kernel
-    assert server.call("GET", "gpualloc/api/status")[1]["mode"] == "off"
+    status = server.call("GET", "gpualloc/api/status")[1]
+    assert status["mode"] == "off" and status["reason"].startswith("no GPU allocator is configured for this server ("), status
     assert server.call("GET", "gpualloc/api/slices")[0] == 503
     time.sleep(2)  # several rounds of the periodic work it would do with an allocator
     log = log_of(server)
@@ -57,7 +58,8 @@ def test_no_gpu_and_no_fleet_says_in_one_line_what_to_set_and_where(tmp_path, se
     status, body = server.call("GET", "gpualloc/api/slices")
     assert status == 503
     assert "c.GpuAllocExtension.fleet" in body["message"] and config_file in body["message"], body
-    assert server.call("GET", "gpualloc/api/status")[1]["mode"] == "off"
+    status = server.call("GET", "gpualloc/api/status")[1]
+    assert status["mode"] == "off" and status["reason"] == body["message"], status  # the panel's banner
     status, kernel = server.call("POST", "api/kernels", {"name": "python3"})
     assert status == 201, kernel
     # %gpu is there, and says in one line why GPU slices are off and what to set

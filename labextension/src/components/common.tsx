@@ -1,7 +1,8 @@
 import { Button } from '@jupyterlab/ui-components';
 import React, { useEffect, useState } from 'react';
 
-import { formatCountdown, secondsLeft } from '../model/countdown';
+import { formatCountdown, idleReleaseText, secondsLeft } from '../model/countdown';
+import { LeaseEntry } from '../model/types';
 
 /** A small labelled button: `label` is read by screen readers, `children` shown. */
 export function Action(props: {
@@ -43,6 +44,16 @@ export function Countdown(props: { releaseAt: number }): JSX.Element {
       idle: released in {formatCountdown(left)}
     </span>
   );
+}
+
+/** Before any idle warning: "idle release in 6 min (warned at 14:05:09, then a 5 min grace)", ticking down. */
+export function IdleRelease(props: { lease: LeaseEntry }): JSX.Element | null {
+  const text = idleReleaseText(props.lease, useNow());
+  return text ? (
+    <div className="jp-gpualloc-idle jp-gpualloc-muted" role="timer" aria-live="off">
+      {text}
+    </div>
+  ) : null;
 }
 
 /** A section of the panel with its heading. */

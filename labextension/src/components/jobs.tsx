@@ -2,7 +2,7 @@ import React, { useEffect, useRef, useState } from 'react';
 
 import { GpuApi } from '../api';
 import { formatDuration } from '../model/countdown';
-import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, sortedJobs } from '../model/jobs';
+import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, jobSliceText, sortedJobs } from '../model/jobs';
 import { Job } from '../model/types';
 import { Action, useNow } from './common';
 
@@ -46,6 +46,7 @@ export function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; no
   const [showLog, setShowLog] = useState(false);
   const executed = executedCopy(job, props.api.serverRoot);
   const name = job.name || job.id;
+  const slice = jobSliceText(job);
   return (
     <li className="jp-gpualloc-job" data-job={job.id} data-state={job.state}>
       <div className="jp-gpualloc-slice-title">
@@ -55,8 +56,10 @@ export function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; no
         {job.state === 'queued' && job.position !== null && job.position !== undefined
           ? `${job.position === 0 ? 'starting' : `position ${job.position}`} · `
           : ''}
+        {slice ? <span className="jp-gpualloc-job-slice">{slice}</span> : null}
+        {slice ? ' · ' : ''}
         runtime {formatDuration(job.started_at, job.state === 'running' ? null : job.ended_at, props.now)}
-        {job.reason ? ` · ${job.reason}` : ''}
+        {job.reason ? <span className="jp-gpualloc-reason">{` · ${job.reason}`}</span> : ''}
       </div>
       <div className="jp-gpualloc-actions">
         <Action label={`${showLog ? 'Hide' : 'Show'} the log of ${name}`} onClick={() => setShowLog(!showLog)}>

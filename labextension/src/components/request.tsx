@@ -1,6 +1,12 @@
 import React, { useState } from 'react';
 
-import { KernelRules, requestAction, requestButtonLabel, requestButtonText } from '../model/request';
+import {
+  KernelRules,
+  offerAvailability,
+  requestAction,
+  requestButtonLabel,
+  requestButtonText
+} from '../model/request';
 import { Offer } from '../model/types';
 import { Action } from './common';
 
@@ -31,20 +37,20 @@ export function Request(props: {
   return (
     <div className="jp-gpualloc-request">
       <ul className="jp-gpualloc-offers" aria-label="offers">
-        {offers.map(offer => (
-          <li key={offer.name} data-offer={offer.name}>
-            <span>{offer.label}</span>
-            {offer.over_usage_quota ? (
-              <span className="jp-gpualloc-muted" title={offer.over_usage_quota}>
-                usage quota used up
+        {offers.map(offer => {
+          const availability = offerAvailability(offer);
+          return (
+            <li key={offer.name} data-offer={offer.name} data-availability={availability.state}>
+              <span>{offer.label}</span>
+              <span
+                className={availability.state === 'free' ? 'jp-gpualloc-ok' : 'jp-gpualloc-muted'}
+                title={availability.why ?? undefined}
+              >
+                {availability.text}
               </span>
-            ) : (
-              <span className={offer.available > 0 ? 'jp-gpualloc-ok' : 'jp-gpualloc-muted'}>
-                {offer.available > 0 ? `${offer.available} free now` : 'none free: you would wait'}
-              </span>
-            )}
-          </li>
-        ))}
+            </li>
+          );
+        })}
       </ul>
       <label className="jp-gpualloc-field">
         <span>Slice</span>

@@ -1,11 +1,11 @@
 import React from 'react';
 
 import { deadlineView } from '../model/deadline';
-import { EndedSlice, IdleWarning } from '../model/events';
+import { EndedSlice, endedSummary, IdleWarning } from '../model/events';
 import { gib, holderName, kernelOfHolder, protection, requestName, sliceName } from '../model/format';
 import { PendingRestart, restartNoteOf } from '../model/request';
 import { Deadline, LeaseEntry } from '../model/types';
-import { Action, Countdown, useNow } from './common';
+import { Action, Countdown, IdleRelease, useNow } from './common';
 
 export interface ISliceActions {
   release(lease: LeaseEntry): void;
@@ -102,7 +102,7 @@ export function SliceItem(props: {
         <Memory lease={lease} />
       </div>
       {deadline && <TimeLimit deadline={deadline} warned={props.deadlineWarned} />}
-      {warning && warning.releaseAt !== null && <Countdown releaseAt={warning.releaseAt} />}
+      {warning && warning.releaseAt !== null ? <Countdown releaseAt={warning.releaseAt} /> : <IdleRelease lease={lease} />}
       {note && <div className="jp-gpualloc-note">{note}</div>}
       <div className="jp-gpualloc-actions">
         <Action label={`Release the slice of ${where}`} onClick={() => actions.release(lease)}>
@@ -137,7 +137,8 @@ export function SliceItem(props: {
   );
 }
 
-/** The slices of mine that ended lately, and why (time limit, idle, usage quota, preemption). */
+/** The slices of mine that ended lately: each once, with the slice, when it was held and for how long, and
+ * why it ended (time limit, idle, usage quota, preemption). */
 function Ended(props: { ended: EndedSlice[]; actions: ISliceActions }): JSX.Element | null {
   if (props.ended.length === 0) {
     return null;
@@ -146,7 +147,7 @@ function Ended(props: { ended: EndedSlice[]; actions: ISliceActions }): JSX.Elem
     <ul className="jp-gpualloc-ended" aria-label="slices ended lately">
       {props.ended.map(e => (
         <li key={e.leaseId} data-lease={e.leaseId}>
-          {whereOf(e.holder, props.actions)}: {e.text}
+          {whereOf(e.holder, props.actions)}: {endedSummary(e)}
         </li>
       ))}
     </ul>

@@ -3,6 +3,8 @@
  * state, and which notification it raises. Pure, so the panel and the tests share it.
  */
 
+import { formatSpan, localTime } from './countdown';
+import { holderName, sliceName } from './format';
 import { Deadline, GpuEvent, LeaseEntry } from './types';
 
 /** An idle warning in force: the slice is released at `releaseAt` (epoch seconds) unless used. */
@@ -18,7 +20,20 @@ export interface EndedSlice {
   holder: string;
   /** "released at its time limit (reached its maximum duration of 4h)". */
   text: string;
+  /** The slice it held ("1g.5gb"), null when it never had one. */
+  slice: string | null;
+  /** When it was granted and when it ended (epoch seconds); `grantedAt` null when not known. */
+  grantedAt: number | null;
+  endedAt: number;
 }
+
+/** The time an event arrives (epoch seconds) and how a time is written for people (local time). */
+export interface Clock {
+  now: number;
+  timeOf: (epochS: number) => string;
+}
+
+const BROWSER_CLOCK = (): Clock => ({ now: Date.now() / 1000, timeOf: localTime });
 
 export interface StreamState {
   slices: LeaseEntry[];
@@ -76,7 +91,7 @@ export const INITIAL_STATE: StreamState = {
   waited: []
 };
 export const KNOWN_LIMIT = 500;
-export const ENDED_LIMIT = 3;
+export const ENDED_LIMIT = 5;
 
 const ENDED = new Set(['released', 'expired', 'preempted', 'cancelled', 'rejected']);
 
@@ -140,12 +155,28 @@ export function endedText(ended: string, reason: string | undefined): string {
   }
 }
 
+/** Whose slice an event is about, as the notifications name it ("kernel <id>", which the panel turns into
+ * its notebook's name; "this server"; "job <id>", into the job's name). */
+function whoseSlice(event: GpuEvent): string {
+  return event.kernel_id ? `kernel ${event.kernel_id}` : holderName(event.holder ?? '');
+}
+
 function message(event: GpuEvent, fallback: string): string {
   return event.message || fallback;
 }
 
-/** Apply one event. Events of leases that are not mine (not in `slices`) change nothing but a refresh. */
-export function reduce(state: StreamState, event: GpuEvent): Reduction {
+/** An ended slice as the My slices section lists it after its holder: "1g.5gb · 14:05–14:17 (12 min) · released". */
+export function endedSummary(ended: EndedSlice, timeOf: (epochS: number) => string = localTime): string {
+  const when =
+    ended.grantedAt === null
+      ? `ended ${timeOf(ended.endedAt)}`
+      : `${timeOf(ended.grantedAt)}–${timeOf(ended.endedAt)} (${formatSpan(ended.endedAt - ended.grantedAt)})`;
+  return [ended.slice, when, ended.text].filter(Boolean).join(' · ');
+}
+
+/** Apply one event (arriving at `clock.now`). Events of leases that are not mine (not in `slices`) change
+ * nothing but a refresh. */
+export function reduce(state: StreamState, event: GpuEvent, clock: Clock = BROWSER_CLOCK()): Reduction {
   const none = { state, notice: null, refreshLeases: false, refreshJobs: false };
   const type = event.type;
   if (type.startsWith('job.')) {
@@ -225,7 +256,10 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
         notice: {
           kind: 'idle-warning',
           type: 'warning',
-          message: message(event, 'Your GPU slice is idle and will be released soon.'),
+          message: event.release_at
+            ? `The GPU slice of ${whoseSlice(event)} is idle: it goes at ${clock.timeOf(event.release_at)} ` +
+              'unless it is used again.'
+            : message(event, 'Your GPU slice is idle and will be released soon.'),
           leaseId
         }
       };
@@ -265,7 +299,13 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
       const waited = state.waited.includes(leaseId);
       const slices = state.slices.map(l =>
         l.id === leaseId
-          ? { ...l, state: 'granted' as const, slice: event.slice ?? l.slice, position: null }
+          ? {
+              ...l,
+              state: 'granted' as const,
+              slice: event.slice ?? l.slice,
+              position: null,
+              granted_at: l.granted_at ?? clock.now
+            }
           : l
       );
       return {
@@ -287,6 +327,16 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
         return refresh;
       }
       const listed = known && !isJob && ended !== 'cancelled';
+      const before = state.slices.find(l => l.id === leaseId);
+      const slice = event.slice ?? before?.slice ?? null;
+      const entry: EndedSlice = {
+        leaseId,
+        holder,
+        text: endedText(ended, event.reason),
+        slice: slice ? sliceName(slice) : null,
+        grantedAt: before?.granted_at ?? null,
+        endedAt: clock.now
+      };
       const next: StreamState = {
         ...state,
         slices: state.slices.filter(l => l.id !== leaseId),
@@ -294,7 +344,7 @@ export function reduce(state: StreamState, event: GpuEvent): Reduction {
         deadlineWarnings: withoutWarning(state.deadlineWarnings, leaseId),
         ended: listed
           ? [
-              { leaseId, holder, text: endedText(ended, event.reason) },
+              entry,
               ...state.ended.filter(e => e.leaseId !== leaseId)
             ].slice(0, ENDED_LIMIT)
           : state.ended,

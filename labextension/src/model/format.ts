@@ -138,6 +138,25 @@ export function statusText(slices: LeaseEntry[], kernels: KernelStarts = NO_KERN
   return `GPU ${sliceName(slice)} · ${memory}${more}`;
 }
 
+/** Where this tab stands with its server: `loading` until the first answer, `on`, `off` (GPU features
+ * are off on the server) or `stopped` (the server no longer answers). */
+export type ServerPhase = 'loading' | 'on' | 'off' | 'stopped';
+
+/** The status bar's text in every phase: "…" until the first answer (never "no GPU" before it is known),
+ * "GPU off", "server stopped", else statusText's. */
+export function statusBarText(phase: ServerPhase, slices: LeaseEntry[], kernels: KernelStarts = NO_KERNEL_PODS): string {
+  switch (phase) {
+    case 'loading':
+      return '…';
+    case 'off':
+      return 'GPU off';
+    case 'stopped':
+      return 'server stopped';
+    default:
+      return statusText(slices, kernels);
+  }
+}
+
 /** The status bar's tooltip: each granted slice and its holder ("+1" counts the slices after the first). */
 export function statusTitle(slices: LeaseEntry[]): string {
   const granted = slices.filter(l => l.state === 'granted' && l.slice);
@@ -191,4 +210,13 @@ export function releaseQuestion(lease: LeaseEntry, notebook: string | null = nul
  * "Kernel <id>" -> "The kernel of train.ipynb". */
 export function namedAfterNotebook(message: string, kernelId: string, notebook: string): string {
   return message.replace(`Kernel ${kernelId}`, `The kernel of ${notebook}`).replace(`kernel ${kernelId}`, notebook);
+}
+
+/** A notice about a job's lease, naming the job: "job 01b9a677245b" -> "job train-resnet" (`name`: its name). */
+export function namedAfterJob(message: string, holder: string | undefined, name: string | undefined): string {
+  const id = holder?.startsWith('job:') ? holder.slice('job:'.length) : null;
+  if (!id || !name || name === id) {
+    return message;
+  }
+  return message.split(`job:${id}`).join(`job ${name}`).split(`job ${id}`).join(`job ${name}`).split(`Job ${id}`).join(`Job ${name}`);
 }

@@ -1,5 +1,6 @@
 /** Jobs as the Jobs section lists them (payloads of REST API v1 `/jobs`). */
 
+import { Question, requestName, sliceName } from './format';
 import { Job } from './types';
 
 export const ACTIVE_JOB_STATES = new Set(['queued', 'running']);
@@ -41,4 +42,25 @@ export function notebookJob(path: string, serverRoot: string, spec: Record<strin
 /** Newest first. */
 export function sortedJobs(jobs: Job[]): Job[] {
   return [...jobs].sort((a, b) => (b.created_at ?? 0) - (a.created_at ?? 0));
+}
+
+/** What a job runs on: "on 1g.5gb" once its slice is granted, else what it asks for ("asks for 8 GiB shared"). */
+export function jobSliceText(job: Job): string | null {
+  if (job.slice) {
+    return `on ${sliceName(job.slice)}`;
+  }
+  return job.spec && ACTIVE_JOB_STATES.has(job.state) ? `asks for ${requestName(job.spec)}` : null;
+}
+
+/** The question asked before cancelling a running job (its work so far is lost); null for a queued one. */
+export function cancelQuestion(job: Job): Question | null {
+  if (job.state !== 'running') {
+    return null;
+  }
+  const name = job.name || job.id;
+  return {
+    title: `Cancel the GPU job ${name}?`,
+    body: `${name} is running: cancelling stops it now, and what it has not saved is lost. Its GPU slice is released.`,
+    accept: 'Cancel the job'
+  };
 }

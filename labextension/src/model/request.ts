@@ -113,3 +113,27 @@ export function settleNotes(notes: Record<string, string>, slices: LeaseEntry[])
   }
   return left;
 }
+
+/** What the request list says of an offer now: refused by a quota (greyed out, `why` in full), waiting
+ * behind the caller's own slices in use (`quota-full`), or how many are free. */
+export interface OfferAvailability {
+  state: 'free' | 'wait' | 'quota-full' | 'refused';
+  text: string;
+  why: string | null;
+}
+
+export function offerAvailability(offer: Offer): OfferAvailability {
+  if (offer.over_quota) {
+    return { state: 'refused', text: 'over your quota', why: offer.over_quota };
+  }
+  if (offer.over_usage_quota) {
+    return { state: 'refused', text: 'usage quota used up', why: offer.over_usage_quota };
+  }
+  if (offer.quota_full) {
+    return { state: 'quota-full', text: `your quota is full now: ${offer.quota_full}`, why: offer.quota_full };
+  }
+  if (offer.available > 0) {
+    return { state: 'free', text: `${offer.available} free now`, why: null };
+  }
+  return { state: 'wait', text: 'none free: you would wait', why: null };
+}

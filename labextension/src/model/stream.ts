@@ -26,3 +26,8 @@ export function streamQuery(token: string, cookies: string): Record<string, stri
 export function reconnectDelay(failures: number): number {
   return Math.min(30_000, 1000 * 2 ** Math.max(0, failures - 1));
 }
+
+/** Milliseconds before the next check of a server that stopped answering: 10 s, then doubling to 5 minutes. */
+export function recheckDelay(checksSoFar: number): number {
+  return Math.min(10_000 * 2 ** Math.max(0, checksSoFar), 300_000);
+}

@@ -40,6 +40,15 @@ export interface Deadline {
   warned_at: number | null;
 }
 
+/** REST API v1's Lease.idle_release (epoch seconds): warned at `warn_at`, released `grace` s later at `release_at`. */
+export interface IdleRelease {
+  since: number;
+  warn_at: number;
+  release_at: number;
+  grace: number;
+  warned: boolean;
+}
+
 /** A lease as /gpualloc/api/slices gives it: the v1 lease plus its kernel and the caps in force. */
 export interface LeaseEntry {
   id: string;
@@ -55,6 +64,9 @@ export interface LeaseEntry {
   idle_warned_at?: number | null;
   idle_timeout?: number | null;
   deadline?: Deadline | null;
+  /** When idle release takes the slice back if its holder stays idle; null while the holder is busy
+   * or without idle release (absent from services that predate it). */
+  idle_release?: IdleRelease | null;
   reason: string;
   position: number | null;
   kernel?: KernelRef | null;
@@ -121,6 +133,10 @@ export interface Offer {
   available: number;
   /** The usage quota that refuses a request now, as a sentence; null when none does. */
   over_usage_quota?: string | null;
+  /** The quota that never allows this offer to the caller; null when none. */
+  over_quota?: string | null;
+  /** The quota the caller's slices in use fill now (a request waits until one ends); null when none. */
+  quota_full?: string | null;
 }
 
 /** The offers payload: the offers, each kind of holder ('kernel', 'job') that gets no slice here, with why,
@@ -183,11 +199,20 @@ export interface Job {
   ended_at?: number | null;
   reason?: string | null;
   lease_id?: string | null;
+  /** What the job asked for, and the slice granted to it once it has one. */
+  spec?: Record<string, unknown>;
+  slice?: SliceInfo | null;
   workdir?: string;
   runtime_s?: number | null;
   attempts?: number;
   source?: { kind: string; path?: string; [key: string]: unknown };
   [key: string]: unknown;
+}
+
+/** The server extension's status (`/gpualloc/api/status`): `off` with the reason when GPU features are off here. */
+export interface ServerStatus {
+  mode: 'off' | 'embedded' | 'remote';
+  reason?: string | null;
 }
 
 /** One message of the sidebar's event stream (`/gpualloc/api/events`). */
