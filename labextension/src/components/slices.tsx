@@ -1,6 +1,7 @@
 import React from 'react';
 
 import { deadlineView } from '../model/deadline';
+import { jobOf } from '../model/holders';
 import { EndedSlice, endedSummary, IdleWarning } from '../model/events';
 import { gib, holderName, kernelOfHolder, protection, requestName, sliceName } from '../model/format';
 import { PendingRestart, restartNoteOf } from '../model/request';
@@ -164,7 +165,7 @@ export function MySlices(props: {
   restarts: Record<string, PendingRestart>;
   actions: ISliceActions;
 }): JSX.Element {
-  const mine = props.slices.filter(l => !l.holder.startsWith('job:'));
+  const mine = props.slices.filter(l => jobOf(l.holder) === null);
   const listed = new Set(mine.map(l => kernelOfHolder(l.holder)));
   const unlisted = Object.entries(props.restarts).filter(([kernelId]) => !listed.has(kernelId));
   return (

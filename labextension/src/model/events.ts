@@ -5,6 +5,7 @@
 
 import { formatSpan, localTime } from './countdown';
 import { holderName, sliceName } from './format';
+import { jobOf } from './holders';
 import { Deadline, GpuEvent, LeaseEntry } from './types';
 
 /** An idle warning in force: the slice is released at `releaseAt` (epoch seconds) unless used. */
@@ -237,7 +238,7 @@ export function reduce(state: StreamState, event: GpuEvent, clock: Clock = BROWS
   const leaseId = event.lease_id;
   const holder = event.holder ?? '';
   const known = state.known.includes(leaseId);
-  const isJob = holder.startsWith('job:');
+  const isJob = jobOf(holder) !== null;
   const refresh = { ...none, refreshLeases: true, refreshJobs: isJob };
   // an idle warning or its end changes nothing fetched that the panel shows of a listed slice
   const listed = state.slices.some(l => l.id === leaseId);

@@ -1,5 +1,6 @@
 /** Numbers and names as the sidebar and the status bar write them. */
 
+import { jobOf, kernelOf, parseHolder } from './holders';
 import { LeaseEntry, SliceInfo } from './types';
 
 /** 9728 -> "9.5", 8192 -> "8", 4864 -> "4.75" (GiB, at most two decimals, as the kernel's
@@ -39,19 +40,19 @@ export function sliceName(slice: SliceInfo): string {
 
 /** The kernel id of a kernel's lease holder ("kernel:<id>"), else null. */
 export function kernelOfHolder(holder: string): string | null {
-  return holder.startsWith('kernel:') ? holder.slice('kernel:'.length) : null;
+  return kernelOf(holder);
 }
 
 /** Who holds a lease, for people: "kernel abc123…", "this server", "job 42". */
 export function holderName(holder: string): string {
-  const [kind, id] = holder.split(/:(.*)/s, 2);
-  if (kind === 'kernel' && id) {
-    return `kernel ${id.slice(0, 8)}`;
+  const parsed = parseHolder(holder);
+  if (parsed?.kind === 'kernel') {
+    return `kernel ${parsed.name.slice(0, 8)}`;
   }
-  if (kind === 'job' && id) {
-    return `job ${id}`;
+  if (parsed?.kind === 'job') {
+    return `job ${parsed.name}`;
   }
-  return id ? `server ${id}` : 'this server';
+  return parsed?.name ? `server ${parsed.name}` : 'this server';
 }
 
 /** What isolates a slice: "MIG", "MPS", "framework cap", "none". */
@@ -214,7 +215,7 @@ export function namedAfterNotebook(message: string, kernelId: string, notebook: 
 
 /** A notice about a job's lease, naming the job: "job 01b9a677245b" -> "job train-resnet" (`name`: its name). */
 export function namedAfterJob(message: string, holder: string | undefined, name: string | undefined): string {
-  const id = holder?.startsWith('job:') ? holder.slice('job:'.length) : null;
+  const id = holder ? jobOf(holder) : null;
   if (!id || !name || name === id) {
     return message;
   }
