@@ -5,7 +5,9 @@
 Runs each benchmark script with its full settings (each writes its section under
 docs/benchmarks/; about 30 minutes on two cores), except the open-loop service load, which runs
 in its short form (`service_load.py --quick`, about a minute; the full run and its before/after
-tables are in docs/benchmarks/service.md), then joins the sections into docs/benchmarks.md. `--join-only` only joins the sections already there (after rerunning one
+tables are in docs/benchmarks/service.md), and the campus day, also short (`campus_day.py --quick`,
+about 3 minutes: 300 users, 150 GPUs, 15 simulated minutes at 15x; the full size, KEPT, is in
+docs/benchmarks/campus_day.md), then joins the sections into docs/benchmarks.md. `--join-only` only joins the sections already there (after rerunning one
 script by hand). The Kubernetes sections (KEPT) need the local control plane (`make k8s-build`)
 and 10 minutes or more each, and the decision scaling section (KEPT too) half an hour; they are
 written by hand from their scripts' tables, and joined as they are.
@@ -34,10 +36,11 @@ BENCHMARKS = [
     ("usage_sessions.py", "usage.md", []),
     ("jobs.py", "jobs.md", []),
     ("reservations.py", "reservations.md", []),
+    ("campus_day.py", "campus_day_quick.md", ["--quick", "--markdown", str(DOCS / "benchmarks" / "campus_day_quick.md")]),
 ]
 # Sections kept as written from a run of their script by hand (see the docstring); decision_scaling.py
 # takes half an hour at its full sizes, most of it filling 10,000 GPUs under callgrind.
-KEPT = ["k8s_inventory.md", "k8s_kernels.md", "decision_scaling.md"]
+KEPT = ["k8s_inventory.md", "k8s_kernels.md", "decision_scaling.md", "campus_day.md"]
 
 
 def main() -> int:
