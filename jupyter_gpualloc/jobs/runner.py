@@ -277,9 +277,14 @@ class JobRunner:
             await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
 
     async def _shutdown(self, attempt: Attempt) -> None:
+        """End the attempt's kernel. One that never became ready is killed first: jupyter_client's
+        shutdown interrupts before it kills, and a kernel still starting prints KeyboardInterrupt's
+        traceback into the server's log."""
         km = attempt.km
         if km is not None and km.has_kernel:
             try:
+                if not attempt.ready:
+                    await km.signal_kernel(signal.SIGKILL)
                 await asyncio.wait_for(km.shutdown_kernel(now=True), SHUTDOWN_WAIT)
             except (asyncio.TimeoutError, RuntimeError, OSError) as err:
                 self.log.warning("gpualloc jobs: kernel of job %s did not shut down cleanly: %s", attempt.job_id, err)
