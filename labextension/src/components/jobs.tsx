@@ -2,7 +2,7 @@ import React, { useEffect, useRef, useState } from 'react';
 
 import { GpuApi } from '../api';
 import { formatDuration } from '../model/countdown';
-import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, jobSliceText, sortedJobs } from '../model/jobs';
+import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, jobSliceText, rerunText, sortedJobs } from '../model/jobs';
 import { Job } from '../model/types';
 import { Action, useNow } from './common';
 
@@ -83,6 +83,29 @@ export function JobItem(props: { job: Job; api: GpuApi; actions: IJobActions; no
       </div>
       {showLog && <JobLog api={props.api} id={job.id} />}
     </li>
+  );
+}
+
+/** A cell's job and, once it was rerun (from the cell or elsewhere), that it was resubmitted and the newest
+ * rerun as it is now. */
+export function JobOutputView(props: {
+  job: Job;
+  rerun: Job | null;
+  api: GpuApi;
+  actions: IJobActions;
+  now: number;
+}): JSX.Element {
+  const { job, rerun } = props;
+  return (
+    <ul className="jp-gpualloc-list">
+      <JobItem job={job} api={props.api} actions={props.actions} now={props.now} />
+      {rerun && (
+        <li className="jp-gpualloc-rerun" data-rerun={rerun.id}>
+          {rerunText(rerun)}
+        </li>
+      )}
+      {rerun && <JobItem job={rerun} api={props.api} actions={props.actions} now={props.now} />}
+    </ul>
   );
 }
 

@@ -10,9 +10,10 @@ import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import React from 'react';
 
 import { GpuModel } from '../gpumodel';
+import { latestRerun } from '../model/jobs';
 import { restartNoteOf } from '../model/request';
 import { useNow } from './common';
-import { IJobActions, JobItem } from './jobs';
+import { IJobActions, JobOutputView } from './jobs';
 import { ISliceActions, SliceItem } from './slices';
 
 /** A job's output; its data is `{"job_id": "..."}` (kernel/job_widget.py). */
@@ -24,7 +25,8 @@ export const OUTPUT_RANK = -20;
 
 function JobOutputBody(props: { model: GpuModel; actions: IJobActions; jobId: string; text: string }) {
   const now = useNow();
-  const job = props.model.jobs?.find(j => j.id === props.jobId);
+  const jobs = props.model.jobs ?? [];
+  const job = jobs.find(j => j.id === props.jobId);
   if (!job) {
     return (
       <div className="jp-gpualloc-muted" data-job={props.jobId}>
@@ -33,9 +35,13 @@ function JobOutputBody(props: { model: GpuModel; actions: IJobActions; jobId: st
     );
   }
   return (
-    <ul className="jp-gpualloc-list">
-      <JobItem job={job} api={props.model.api} actions={props.actions} now={now} />
-    </ul>
+    <JobOutputView
+      job={job}
+      rerun={latestRerun(jobs, job.id)}
+      api={props.model.api}
+      actions={props.actions}
+      now={now}
+    />
   );
 }
 

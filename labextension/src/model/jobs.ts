@@ -44,6 +44,30 @@ export function sortedJobs(jobs: Job[]): Job[] {
   return [...jobs].sort((a, b) => (b.created_at ?? 0) - (a.created_at ?? 0));
 }
 
+/**
+ * The newest rerun of a job, following reruns of reruns (`rerun_of`): what a cell that shows the job
+ * shows after its Rerun; null when it was never rerun.
+ */
+export function latestRerun(jobs: Job[], id: string): Job | null {
+  let latest: Job | null = null;
+  const seen = new Set([id]);
+  for (let current = id; ; ) {
+    const next = sortedJobs(jobs).find(job => job.rerun_of === current && !seen.has(job.id));
+    if (!next) {
+      return latest;
+    }
+    latest = next;
+    seen.add(next.id);
+    current = next.id;
+  }
+}
+
+/** What a job's cell says of its newest rerun: "Rerun: resubmitted as job j2 (queued, position 1)". */
+export function rerunText(rerun: Job): string {
+  const place = rerun.state === 'queued' && typeof rerun.position === 'number' ? `, position ${rerun.position}` : '';
+  return `Rerun: resubmitted as job ${rerun.id} (${rerun.state}${place})`;
+}
+
 /** What a job runs on: "on 1g.5gb" once its slice is granted, else what it asks for ("asks for 8 GiB shared"). */
 export function jobSliceText(job: Job): string | null {
   if (job.slice) {

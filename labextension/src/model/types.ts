@@ -206,6 +206,8 @@ export interface Job {
   runtime_s?: number | null;
   attempts?: number;
   source?: { kind: string; path?: string; [key: string]: unknown };
+  /** The job this one reruns. */
+  rerun_of?: string | null;
   [key: string]: unknown;
 }
 
