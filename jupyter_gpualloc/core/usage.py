@@ -14,6 +14,9 @@ that makes them: each records its inverse in the change's journal (a lease's fin
 written by the change's commit), so a change undone puts them back. Accrual written at signs of
 life (`accrue`) goes to the store at once, and is marked unstored again if the store refuses it.
 
+Each granted lease also keeps its GPU utilisation samples of the last RECENT_SAMPLE_SECONDS in
+memory (at most RECENT_SAMPLE_POINTS), for the sidebar's sparkline; a restart starts them afresh.
+
 `usage_quotas` limit GPU-hours over a window, rolling ("7d", "24h") or calendar ("calendar_day",
 "calendar_week" from Monday 00:00 UTC, "calendar_month"), per user or per group. The scheduler
 asks `refusal()` before it accepts a request and `enforce()` on every tick; both take the time.
@@ -25,6 +28,7 @@ import csv
 import io
 import json
 import re
+from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache, partial
@@ -38,6 +42,8 @@ from .offers import Offers
 from .store import Store, StoreError, UsageSegment
 
 SECONDS_PER_HOUR = 3600.0
+RECENT_SAMPLE_SECONDS = 600.0  # how far back a lease's recent utilisation samples go
+RECENT_SAMPLE_POINTS = 120  # and how many of them are kept at most
 REPORT_DIMENSIONS = ("user", "group", "model", "kind", "offer", "holder_kind", "day", "reservation")
 CALENDAR_WINDOWS = ("calendar_day", "calendar_week", "calendar_month")
 _ROLLING = re.compile(r"(\d+(?:\.\d+)?)([hdw])")
@@ -248,6 +254,7 @@ class UsageLedger:
         self._offers = offers
         self._running: dict[str, _Accrual] = {}
         self._gpu: dict[str, _GpuSignal] = {}
+        self._samples: dict[str, deque[tuple[float, float]]] = {}  # lease -> (time, SM %) samples
         self._warned: dict[tuple[str, str, str], str] = {}  # (lease, scope, who) -> last event
         self._quotas = [(who, *parse_quota(who, entry)) for who, entry in policy.usage_quotas.items()]
         self._horizon = max((w.longest_seconds() for _, _, w, _ in self._quotas), default=0.0)
@@ -296,19 +303,23 @@ class UsageLedger:
         warned = {key: event for key, event in self._warned.items() if key[0] == lease.id}
         for key in warned:
             del self._warned[key]
-        self._journal.on_undo(partial(self._restart, lease.id, acc, self._gpu.pop(lease.id, None), warned))
+        self._journal.on_undo(partial(self._restart, lease.id, acc, self._gpu.pop(lease.id, None), warned,
+                                      self._samples.pop(lease.id, None)))
         if acc is not None:
             segments = self._pending(acc, now)
             self._journal.write_usage(segments)
             if self._horizon:
                 self._remember(segments)
 
-    def _restart(self, lease_id: str, acc: _Accrual | None, signal: _GpuSignal | None, warned: dict) -> None:
-        """Undo stop(): accrue the lease again from where it was stored to, with its GPU signal and warnings."""
+    def _restart(self, lease_id: str, acc: _Accrual | None, signal: _GpuSignal | None, warned: dict,
+                 recent: deque | None) -> None:
+        """Undo stop(): accrue the lease again from where it was stored to, with its GPU signal, samples and warnings."""
         if acc is not None:
             self._running[lease_id] = acc
         if signal is not None:
             self._gpu[lease_id] = signal
+        if recent is not None:
+            self._samples[lease_id] = recent
         self._warned.update(warned)
 
     def _advance(self, lease_id: str, now: float) -> list[UsageSegment]:
@@ -373,7 +384,15 @@ class UsageLedger:
         active = sm_percent >= self.policy.gpu_idle_threshold
         idle_from = last.active_at if last is not None else acc.template.start
         self._gpu[lease.id] = _GpuSignal(now, sm_percent, now if active else idle_from)
+        recent = self._samples.setdefault(lease.id, deque(maxlen=RECENT_SAMPLE_POINTS))
+        recent.append((now, sm_percent))
+        self._journal.on_undo(recent.pop)
         return active
+
+    def recent_samples(self, lease_id: str, now: float) -> list[tuple[float, float]]:
+        """(time, SM %) of a lease's utilisation samples of the last RECENT_SAMPLE_SECONDS, oldest first;
+        empty when nothing samples its GPU."""
+        return [(at, value) for at, value in self._samples.get(lease_id, ()) if at > now - RECENT_SAMPLE_SECONDS]
 
     def gpu_decides(self, lease: Lease) -> bool:
         """Whether the GPU alone decides this lease's idleness (idle_signal "gpu" and samples exist)."""
@@ -446,6 +465,20 @@ class UsageLedger:
         if by == "day":
             return sorted(rows, key=lambda r: r["day"])
         return sorted(rows, key=lambda r: (-r["gpu_hours"], r[by]))
+
+    def history(self, since: float, until: float, now: float, user: str | None = None) -> list[dict]:
+        """GPU-hours per UTC day in [since, until) (clipped at now), days in order, each split by offer
+        (largest first; "" for requests of no offer); days without use are left out."""
+        until = min(until, now)
+        days: dict[str, dict[str, float]] = {}
+        for seg in self.segments(since, until, now, user):
+            seconds = min(seg.end, until) - max(seg.start, since)
+            if seconds > 0:
+                offers = days.setdefault(seg.day, {})
+                offers[seg.offer] = offers.get(seg.offer, 0.0) + seconds * seg.gpus / SECONDS_PER_HOUR
+        return [{"day": day, "gpu_hours": round(sum(offers.values()), 6),
+                 "offers": {name: round(hours, 6) for name, hours in sorted(offers.items(), key=lambda o: (-o[1], o[0]))}}
+                for day, offers in sorted(days.items())]
 
     def totals(self, now: float) -> dict[tuple[str, str, str, str], float]:
         """All-time GPU-hours per (user, group, model, kind), running leases up to now; a lease

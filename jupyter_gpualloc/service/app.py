@@ -55,7 +55,7 @@ from .reservations import RESERVATION_ROUTES
 from .metrics import ServiceMetrics
 from .openapi import openapi_document
 from .deadlines import ExtendHandler
-from .usage import EfficiencyHandler, UsageHandler, UtilizationHandler
+from .usage import EfficiencyHandler, HistoryHandler, UsageHandler, UtilizationHandler
 
 API_PATH = "api/v1"
 DEFAULT_PORT = 8765
@@ -82,6 +82,7 @@ ROUTES: list[tuple[str, type[h.ApiHandler], str]] = [
     ("/usage", UsageHandler, "usage"),
     ("/leases/{lease_id}/extend", ExtendHandler, "extend"),
     ("/usage/efficiency", EfficiencyHandler, "usage_efficiency"),
+    ("/usage/history", HistoryHandler, "usage_history"),
     ("/leases/{lease_id}/utilization", UtilizationHandler, "utilization"),
     *RESERVATION_ROUTES,
     *KERNEL_POD_ROUTES,

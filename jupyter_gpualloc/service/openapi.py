@@ -765,13 +765,52 @@ OPERATIONS["/usage/efficiency"] = {
                           "403": _error("Another user's leases, asked by a non-admin.")}},
 }
 
+OPERATIONS["/usage/history"] = {
+    "get": {"summary": "GPU-hours per UTC day, split by offer: the caller's (everyone's, or one user's, for admins); "
+                       "by default the last 14 days.",
+            "parameters": [{**_PERIOD[0], "description": "ISO-8601 time or epoch seconds (UTC); default 00:00 UTC "
+                                                         "13 days ago."}, *_PERIOD[1:]],
+            "responses": {"200": _json(_ref("UsageHistory"), "Days with use, in order."),
+                          "400": _error("Bad query argument; `field` names it."), "401": AUTH_ERRORS["401"],
+                          "403": _error("Another user's usage, asked by a non-admin.")}},
+}
+SCHEMAS["UsageHistory"] = {
+    "type": "object", "required": ["since", "until", "user", "days"],
+    "properties": {
+        "since": {"type": "number"}, "until": {"type": "number"}, "user": {"type": ["string", "null"]},
+        "days": {"type": "array", "items": {
+            "type": "object", "required": ["day", "gpu_hours", "offers"],
+            "properties": {"day": {"type": "string", "description": "YYYY-MM-DD (UTC)."},
+                           "gpu_hours": {"type": "number"},
+                           "offers": {"type": "object", "additionalProperties": {"type": "number"},
+                                      "description": "GPU-hours per offer, largest first; \"\" for requests "
+                                                     "of no offer."}}}},
+    },
+}
+STORE_OPERATIONS |= {("/usage/history", "get")}
+
 OPERATIONS["/leases/{lease_id}/utilization"] = {
     "parameters": [LEASE_ID],
     "post": {"summary": "Report a GPU utilisation sample of a lease (its holder's watchdog, or an admin).",
              "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("Utilization")}}},
              "responses": {"200": _json(_ref("Lease"), "The lease."), "400": _error("Bad input; `field` names it."),
                            "401": AUTH_ERRORS["401"], "404": _error("No such active lease (or not the caller's).")}},
+    "get": {"summary": "A lease's GPU utilisation samples of the last minutes (its owner's, or an admin's).",
+            "responses": {"200": _json(_ref("UtilizationSamples"), "The samples, oldest first; none where "
+                                       "nothing samples the lease's GPU."),
+                          "401": AUTH_ERRORS["401"], "404": _error("No such lease (or not the caller's).")}},
 }
+SCHEMAS["UtilizationSamples"] = {
+    "type": "object", "required": ["lease_id", "window", "now", "samples"],
+    "properties": {
+        "lease_id": {"type": "string"}, "now": {"type": "number"},
+        "window": {"type": "number", "description": "How many seconds back the samples go."},
+        "samples": {"type": "array", "items": {
+            "type": "object", "required": ["at", "sm_percent"],
+            "properties": {"at": {"type": "number"}, "sm_percent": {"type": "number", "minimum": 0, "maximum": 100}}}},
+    },
+}
+STORE_OPERATIONS |= {("/leases/{lease_id}/utilization", "get")}  # an ended lease is read from the store
 
 OPERATIONS["/leases/{lease_id}/extend"] = {
     "parameters": [LEASE_ID],

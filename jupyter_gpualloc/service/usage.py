@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
-from ..core.usage import REPORT_DIMENSIONS, to_csv
+from ..core.usage import RECENT_SAMPLE_SECONDS, REPORT_DIMENSIONS, to_csv
 from .handlers import ApiError, ApiHandler
+
+HISTORY_DAYS = 14  # the days GET /usage/history covers by default
+
 
 def parse_moment(text: str) -> float | None:
     """Epoch seconds, a date or an ISO-8601 time (UTC unless it says otherwise); None if it is none."""
@@ -32,18 +35,25 @@ def month_start(now: float) -> float:
     return day.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
+def day_start(now: float) -> float:
+    """00:00 UTC of now's day."""
+    return now - now % 86400
+
+
 class _UsageQuery(ApiHandler):
     """Query arguments shared by the usage reports: the period and whose usage."""
 
     arguments = {"since", "until", "user"}
 
-    def period_and_user(self, now: float) -> tuple[float, float, str | None]:
+    def period_and_user(self, now: float, default_since: float | None = None) -> tuple[float, float, str | None]:
+        """(since, until, user); since defaults to `default_since`, else the start of this month."""
         for name in self.request.query_arguments:
             if name not in self.arguments:
                 raise ApiError(400, f"unknown query argument {name!r} (use {', '.join(sorted(self.arguments))})",
                                field=name)
         since = self._time("since")
-        since = month_start(now) if since is None else since
+        if since is None:
+            since = month_start(now) if default_since is None else default_since
         until = self._time("until")
         until = now if until is None else until
         if until <= since:
@@ -101,8 +111,26 @@ class EfficiencyHandler(_UsageQuery):
         self.write_json({"since": since, "until": min(until, now), "user": user, "rows": rows})
 
 
+class HistoryHandler(_UsageQuery):
+    """GET /usage/history: GPU-hours per day, split by offer (default: the last HISTORY_DAYS days, today's included)."""
+
+    def get(self) -> None:
+        now = self.ctx.clock()
+        since, until, user = self.period_and_user(now, default_since=day_start(now) - (HISTORY_DAYS - 1) * 86400)
+        days = self.ctx.usage.history(since, until, now, user=user)
+        self.write_json({"since": since, "until": min(until, now), "user": user, "days": days})
+
+
 class UtilizationHandler(ApiHandler):
-    """POST /leases/<id>/utilization: a GPU utilisation sample of a lease (its holder's watchdog, or an admin)."""
+    """POST /leases/<id>/utilization: a GPU utilisation sample of a lease (its holder's watchdog, or an admin);
+    GET: its samples of the last minutes (its owner's, or an admin's)."""
+
+    def get(self, lease_id: str) -> None:
+        lease = self.visible_lease(lease_id)
+        now = self.ctx.clock()
+        samples = self.ctx.usage.recent_samples(lease.id, now)
+        self.write_json({"lease_id": lease.id, "window": RECENT_SAMPLE_SECONDS, "now": now,
+                         "samples": [{"at": at, "sm_percent": value} for at, value in samples]})
 
     def post(self, lease_id: str) -> None:
         body = self.json_body()

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import ALICE, BOB, CAROL, POLICY, ROOT, ServiceProcess
+from .conftest import ALICE, BOB, CAROL, DAVE, POLICY, ROOT, ServiceProcess
 
 DASHBOARDS = Path(__file__).parents[2] / "docs" / "grafana"
 USAGE_POLICY = POLICY + """
@@ -174,3 +174,52 @@ def test_usage_routes_need_a_token(service):
         for token in (None, "not-a-known-token"):
             response = service.call(method, path, {"sm_percent": 1} if method == "POST" else None, token)
             assert response.status == 401, (method, path, response)
+
+
+def validate(service, answer: dict, schema: str) -> None:
+    document = service.call("GET", "openapi.json").json()
+    jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{schema}",
+                                     "components": document["components"]}).validate(answer)
+
+
+def test_recent_utilization_samples_are_for_the_owner_and_admins_only(service):
+    lease = service.call("POST", "leases", {"spec": {"kind": "mig", "profile": "1g.5gb"}, "holder": "kernel:s"}, DAVE)
+    assert lease.status == 201, lease
+    lease_id = lease.json()["id"]
+    try:
+        none = service.call("GET", f"leases/{lease_id}/utilization", token=DAVE)
+        assert none.status == 200 and none.json()["samples"] == [], none  # nothing samples it yet
+        for percent in (10, 80.5):
+            assert service.call("POST", f"leases/{lease_id}/utilization", {"sm_percent": percent}, DAVE).status == 200
+        mine = service.call("GET", f"leases/{lease_id}/utilization", token=DAVE).json()
+        assert [s["sm_percent"] for s in mine["samples"]] == [10, 80.5]
+        assert mine["lease_id"] == lease_id and mine["window"] == 600
+        assert mine["samples"][0]["at"] <= mine["samples"][1]["at"] <= mine["now"]
+        validate(service, mine, "UtilizationSamples")
+        other = service.call("GET", f"leases/{lease_id}/utilization", token=ALICE)
+        assert other.status == 404 and "no lease" in other.json()["error"], other  # not even that it exists
+        assert "samples" not in other.text
+        assert service.call("GET", f"leases/{lease_id}/utilization", token=ROOT).json()["samples"] == mine["samples"]
+        assert service.call("GET", f"leases/{lease_id}/utilization", token=None).status == 401
+    finally:
+        assert service.call("DELETE", f"leases/{lease_id}", token=DAVE).status == 200
+    assert service.call("GET", f"leases/{lease_id}/utilization", token=DAVE).json()["samples"] == []  # ended
+
+
+def test_usage_history_by_day_and_offer_is_the_callers_own(service):
+    mine = service.call("GET", "usage/history", token=ALICE)
+    assert mine.status == 200, mine
+    history = mine.json()
+    assert history["user"] == "alice" and history["until"] - history["since"] <= 14 * 86400
+    [today] = history["days"]
+    assert today["day"] == time.strftime("%Y-%m-%d", time.gmtime(history["until"]))
+    assert list(today["offers"]) == [""]  # a spec of its own, not an offer
+    assert today["gpu_hours"] == today["offers"][""] > 0
+    assert today["gpu_hours"] == pytest.approx(
+        service.call("GET", "usage?since=2020-01-01", token=ALICE).json()["total"]["gpu_hours"], abs=1e-5)
+    validate(service, history, "UsageHistory")
+    refused = service.call("GET", "usage/history?user=bob", token=ALICE)
+    assert refused.status == 403 and refused.json()["field"] == "user"
+    assert service.call("GET", "usage/history?days=3", token=ALICE).json()["field"] == "days"
+    bob = service.call("GET", "usage/history?user=bob", token=ROOT).json()
+    assert bob["user"] == "bob" and len(bob["days"]) == 1
