@@ -355,6 +355,10 @@ class GpuAllocClient:
         """Report a GPU utilisation sample (SM %, 0-100) of a granted lease; the lease."""
         return await self.call("POST", f"leases/{quote(lease_id, safe='')}/utilization", {"sm_percent": sm_percent})
 
+    async def recent_utilization(self, lease_id: str) -> dict:
+        """A lease's GPU utilisation samples of the last minutes (`samples`: `at`, `sm_percent`)."""
+        return await self.call("GET", f"leases/{quote(lease_id, safe='')}/utilization")
+
     async def heartbeat(self, holders: list[str] | None = None) -> list[dict]:
         body = {} if holders is None else {"holders": list(holders)}
         return (await self.call("POST", "heartbeat", body))["leases"]
@@ -371,6 +375,11 @@ class GpuAllocClient:
         query = {k: str(v) for k, v in (("since", since), ("until", until), ("by", by), ("user", user))
                  if v is not None}
         return await self.call("GET", f"usage?{urlencode(query)}")
+
+    async def usage_history(self, *, user: str | None = None) -> dict:
+        """GPU-hours per day of the last 14 days, split by offer (the caller's; `user`: admins)."""
+        query = {"user": user} if user is not None else {}
+        return await self.call("GET", f"usage/history?{urlencode(query)}")
 
     async def usage_efficiency(self, *, since: str | float | None = None, until: str | float | None = None,
                                user: str | None = None) -> dict:

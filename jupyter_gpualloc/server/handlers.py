@@ -139,7 +139,22 @@ class SlicesHandler(SidebarHandler):
     async def get(self) -> None:
         leases = await self.service(self.ext.client.leases())
         memory = self.kernel_memory()
-        self.finish(json.dumps({"slices": [self.lease_entry(l, memory) for l in leases]}))
+        entries = [self.lease_entry(l, memory) for l in leases]
+        utilization = await asyncio.gather(*(self.recent_utilization(e) for e in entries))
+        for entry, samples in zip(entries, utilization):
+            entry["utilization"] = samples
+        self.finish(json.dumps({"slices": entries}))
+
+    async def recent_utilization(self, lease: dict) -> dict | None:
+        """A granted lease's SM utilisation samples of the last minutes (`window`, `now`, `samples`);
+        None for a queued lease, or when the allocator does not say."""
+        if lease["state"] != "granted":
+            return None
+        try:
+            found = await self.ext.client.recent_utilization(lease["id"])
+        except GpuAllocError:  # e.g. released meanwhile: the sparkline waits for the next poll
+            return None
+        return {key: found[key] for key in ("window", "now", "samples")}
 
 
 class KernelsHandler(SidebarHandler):
@@ -311,13 +326,16 @@ class DeadlineExtendHandler(SidebarHandler):
 
 
 class UsageHandler(SidebarHandler):
-    """GET: the caller's GPU-hours this month and usage quotas (REST API v1's usage report, the caller's own)."""
+    """GET: the caller's GPU-hours this month, usage quotas (REST API v1's usage report, the caller's own) and
+    `history`: their GPU-hours per day of the last 14 days, split by offer."""
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
         identity = await self.service(self.ext.client.whoami())
-        self.finish(json.dumps(await self.service(self.ext.client.usage(user=identity["user"]))))
+        usage, history = await asyncio.gather(self.service(self.ext.client.usage(user=identity["user"])),
+                                              self.service(self.ext.client.usage_history(user=identity["user"])))
+        self.finish(json.dumps({**usage, "history": history["days"]}))
 
 
 class JobsHandler(SidebarHandler):
