@@ -11,6 +11,7 @@ import { IJobActions, Jobs } from './components/jobs';
 import { ICurrentNotebook, Request } from './components/request';
 import { ISliceActions, MySlices } from './components/slices';
 import { Usage } from './components/usage';
+import { offerLabel } from './model/charts';
 import { Question } from './model/format';
 
 export interface IPanelContext {
@@ -87,7 +88,7 @@ function PanelBody(props: { context: IPanelContext }): JSX.Element {
         />
       </Section>
       <Section id="usage" title="Usage">
-        <Usage usage={model.usage} />
+        <Usage usage={model.usage} labelOf={offer => offerLabel(model.offers, offer)} />
       </Section>
       <Section id="request" title="Request">
         {model.reservations.map(r => (

@@ -6,6 +6,7 @@ import { EndedSlice, endedSummary, IdleWarning } from '../model/events';
 import { gib, holderName, kernelOfHolder, protection, requestName, sliceName } from '../model/format';
 import { PendingRestart, restartNoteOf } from '../model/request';
 import { Deadline, LeaseEntry } from '../model/types';
+import { Sparkline } from './charts';
 import { Action, Countdown, IdleRelease, useNow } from './common';
 
 export interface ISliceActions {
@@ -102,6 +103,7 @@ export function SliceItem(props: {
       <div>
         <Memory lease={lease} />
       </div>
+      <Sparkline utilization={lease.utilization} />
       {deadline && <TimeLimit deadline={deadline} warned={props.deadlineWarned} />}
       {warning && warning.releaseAt !== null ? <Countdown releaseAt={warning.releaseAt} /> : <IdleRelease lease={lease} />}
       {note && <div className="jp-gpualloc-note">{note}</div>}

@@ -1,12 +1,14 @@
 import React from 'react';
 
 import { formatHours, quotaView } from '../model/usage';
+import { UsageChart } from './charts';
 import { UsageReport } from '../model/types';
 
 const STATE_WORDS = { warning: 'almost used up', exceeded: 'used up' };
 
-/** My usage quotas, each a bar with what is used, the limit and when it resets; and this month's total. */
-export function Usage(props: { usage: UsageReport | null }): JSX.Element {
+/** My usage quotas, each a bar with what is used, the limit and when it resets; this month's total; and my
+ * GPU-hours per day of the last two weeks by offer (`labelOf` names an offer). */
+export function Usage(props: { usage: UsageReport | null; labelOf: (offer: string) => string }): JSX.Element {
   const usage = props.usage;
   if (!usage) {
     return <p className="jp-gpualloc-muted">No usage report from the allocator.</p>;
@@ -43,6 +45,9 @@ export function Usage(props: { usage: UsageReport | null }): JSX.Element {
       <p className="jp-gpualloc-muted">
         {usage.quotas.length === 0 ? 'No usage quota. ' : ''}This month: {formatHours(usage.total.gpu_hours)} GPU-hours.
       </p>
+      {usage.history && (
+        <UsageChart history={usage.history} labelOf={props.labelOf} today={new Date().toISOString().slice(0, 10)} />
+      )}
     </div>
   );
 }

@@ -72,7 +72,17 @@ export interface LeaseEntry {
   kernel?: KernelRef | null;
   caps?: string[];
   used_mib?: number | null;
+  /** A granted slice's SM utilisation samples of the last minutes; null when the allocator does not say. */
+  utilization?: RecentUtilization | null;
   note?: string;
+}
+
+export interface RecentUtilization {
+  /** How many seconds back the samples go, and the allocator's time (epoch s) when it answered. */
+  window: number;
+  now: number;
+  /** Oldest first; none where nothing samples the slice's GPU. */
+  samples: { at: number; sm_percent: number }[];
 }
 
 export interface MigInstance {
@@ -187,6 +197,14 @@ export interface UsageReport {
   until: number;
   total: { gpu_hours: number; gib_hours: number };
   quotas: UsageQuota[];
+  /** My GPU-hours per UTC day of the last 14 days (days with use), split by offer ("" for no offer). */
+  history?: UsageDay[];
+}
+
+export interface UsageDay {
+  day: string;
+  gpu_hours: number;
+  offers: Record<string, number>;
 }
 
 export interface Job {
