@@ -3,8 +3,9 @@
 JupyterLab runs in embedded mode on the simulated fleet of tests/server (an A100 with MIG made on
 demand, an L4 shared by memory caps) with a short idle policy, time-boxed kernel slices and a weekly
 usage quota. The test requests a slice for a notebook's kernel from the panel, sees it under My
-slices, in the fleet drawing, in the status bar and in the kernel's next cell, sees its time limit
-and extends it from the deadline warning, sees the usage quota, gets the idle-warning notification,
+slices, in the fleet drawing, in the status bar and in the kernel's next cell, sees its memory
+used and a sparkline of its SM utilisation, sees its time limit and extends it from the deadline warning,
+sees the usage quota and the chart of GPU-hours per day by offer beside it, gets the idle-warning notification,
 runs the notebook as a GPU job from the file browser and sees it finish, is refused a second
 extension while another request waits, releases the slice (its kernel shut down after a dialog),
 sees the waiting slice released at its time limit, and saves
@@ -258,13 +259,20 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert [k["pid"] for k in lab.call("GET", "gpualloc/api/kernels")[1]["kernels"]] == [kernel["pid"]]
     assert [s["id"] for s in lab.call("GET", "gpualloc/api/slices")[1]["slices"]] == [slices[0]["id"]]
 
-    # the kernel's process takes 3 GiB of its MIG slice (as the simulated backend reads it)
+    # the kernel's process takes 3 GiB of its MIG slice and 60 % of its SMs (as the simulated backend reads
+    # them): memory used of the cap, and a sparkline of the SM utilisation the watchdog samples
+    assert mine.locator('.jp-gpualloc-util[data-measured="false"]').inner_text() == "SM utilisation not measured"
     report_process_memory(lab.workdir / "gpu-processes", kernel["pid"], slices[0]["slice"]["gpu_uuids"][0], 3072,
-                          mig_uuid=slices[0]["slice"]["mig_uuid"])
+                          mig_uuid=slices[0]["slice"]["mig_uuid"], sm_percent=60)
     page.wait_for_function(
         "() => document.querySelector('.jp-gpualloc-status-button').textContent === 'GPU 1g.5gb · 3/4.75 GiB'",
         timeout=30_000)
     assert "3 / 4.75 GiB used" in mine.inner_text()
+    sparkline = mine.locator('.jp-gpualloc-util[data-measured="true"][data-latest="60"]')
+    sparkline.wait_for(timeout=30_000)
+    assert sparkline.inner_text().strip() == "SM 60 %"
+    assert re.fullmatch(r"SM utilisation over the last 10 min: now 60 %, peak 60 %",
+                        sparkline.get_by_role("img").get_attribute("aria-label"))
 
     # idle since its cell ended: before any warning the card counts down to the idle release, and says
     # when the warning comes and how long the grace after it lasts
@@ -298,6 +306,11 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     assert re.search(r"You have used \d+\.\d\d of 1 GPU-hours this week \(resets Mon \d{4}-\d\d-\d\d 00:00 UTC\)",
                      quota.inner_text()), quota.inner_text()
     assert quota.get_by_role("meter").get_attribute("aria-valuenow") is not None
+    # beside it, my GPU-hours per day of the last two weeks by offer: today's bar is the MIG slice's
+    chart = panel.locator(".jp-gpualloc-usage-chart")
+    chart.locator('rect[data-offer="mig-1g.5gb"]').wait_for(state="attached", timeout=30_000)
+    assert chart.locator("g[data-day]").count() == 14
+    assert "MIG 1g.5gb" in chart.locator('.jp-gpualloc-legend[data-offer="mig-1g.5gb"]').inner_text()
 
     # idle past the policy's timeout: the warning arrives as a notification with Keep active, and a countdown
     toast = page.locator(".Toastify__toast", has_text="idle")
