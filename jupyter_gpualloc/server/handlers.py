@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from ..user_files import FILE_THREADS, Refused, read_regular
 from ..kernel.cuda_state import driver_loaded
 from .embedded import AUTH_RESOURCE
 from .gpu_restart import RestartRefused
-from .watchdog import process_tree_map
+from .watchdog import classify, process_tree_map
 
 KEEPALIVE_SECONDS = 15.0
 
@@ -121,6 +122,22 @@ class SidebarHandler(ExtensionHandlerMixin, APIHandler):
                 used[kernel_id] = used.get(kernel_id, 0) + process.used_mib
         return used
 
+    def server_memory(self, slice_: dict, leased_kernels: set[str]) -> int | None:
+        """MiB of GPU memory this server's own processes hold on a slice the server holds (its kernels' too,
+        but for those with a slice of their own); None where not measured or no process holds any."""
+        watchdog = self.ext.watchdog
+        if watchdog is None:
+            return None
+        owners = process_tree_map(watchdog.kernel_pids())
+        tree = process_tree_map({"server": os.getpid()})
+        try:
+            processes = watchdog.backend.process_memory()
+        except DeviceError:
+            return None
+        used = [p.used_mib for p in processes if p.pid in tree and p.used_mib is not None
+                and owners.get(p.pid) not in leased_kernels and classify(p, [slice_])[1] is not None]
+        return sum(used) if used else None
+
     def kernel_uses_gpu(self, kernel_id: str) -> bool:
         """Whether a kernel of this server may hold a CUDA context: the device backend counts memory
         of its processes, or the CUDA driver library is mapped into its process."""
@@ -140,6 +157,10 @@ class SlicesHandler(SidebarHandler):
         leases = await self.service(self.ext.client.leases())
         memory = self.kernel_memory()
         entries = [self.lease_entry(l, memory) for l in leases]
+        leased_kernels = {kernel_of(l["holder"]) for l in leases} - {None}
+        for entry in entries:
+            if entry["holder"] == server_holder() and entry.get("slice"):
+                entry["used_mib"] = self.server_memory(entry["slice"], leased_kernels)
         utilization = await asyncio.gather(*(self.recent_utilization(e) for e in entries))
         for entry, samples in zip(entries, utilization):
             entry["utilization"] = samples
