@@ -30,11 +30,20 @@ describe('the utilisation sparkline', () => {
     expect(sparklineView(recent(), 80, 16)).toBeNull();
   });
 
+  it('spans the time since the first sample when that is shorter than the window, at least a minute', () => {
+    const young = sparklineView(recent([NOW - 120, 0], [NOW - 60, 50], [NOW, 100]), 80, 16);
+    expect(young?.points).toBe('0,16 40,8 80,0');
+    expect(young?.label).toBe('SM utilisation over the last 2 min: now 100 %, peak 100 %');
+    const seconds = sparklineView(recent([NOW - 15, 10], [NOW, 20]), 80, 16);
+    expect(seconds?.points).toBe('60,14.4 80,12.8');
+    expect(seconds?.label).toBe('SM utilisation over the last 60 s: now 20 %, peak 20 %');
+  });
+
   it('renders an inline SVG with its reading, "not measured" without samples, nothing when not told', () => {
     const html = renderToStaticMarkup(<Sparkline utilization={recent([NOW - 60, 20], [NOW, 70])} />);
     expect(html).toContain('<svg class="jp-gpualloc-sparkline" role="img"');
-    expect(html).toContain('aria-label="SM utilisation over the last 10 min: now 70 %, peak 70 %"');
-    expect(html).toContain('<polyline points="72,12.8 80,4.8">');
+    expect(html).toContain('aria-label="SM utilisation over the last 60 s: now 70 %, peak 70 %"');
+    expect(html).toContain('<polyline points="0,12.8 80,4.8">');
     expect(html).toMatch(/data-measured="true".*SM 70 %<\/div>$/);
     const unmeasured = renderToStaticMarkup(<Sparkline utilization={recent()} />);
     expect(unmeasured).toContain('data-measured="false"');

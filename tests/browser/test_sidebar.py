@@ -271,7 +271,7 @@ def test_request_warn_run_a_job_and_release_from_the_panel(lab, page, screenshot
     sparkline = mine.locator('.jp-gpualloc-util[data-measured="true"][data-latest="60"]')
     sparkline.wait_for(timeout=30_000)
     assert sparkline.inner_text().strip() == "SM 60 %"
-    assert re.fullmatch(r"SM utilisation over the last 10 min: now 60 %, peak 60 %",
+    assert re.fullmatch(r"SM utilisation over the last \d+ (s|min): now 60 %, peak 60 %",
                         sparkline.get_by_role("img").get_attribute("aria-label"))
 
     # idle since its cell ended: before any warning the card counts down to the idle release, and says

@@ -10,20 +10,26 @@ export interface SparklineView {
   points: string;
   /** The last sample's SM %, rounded. */
   latest: number;
-  /** "SM utilisation over the last 10 min: now 70 %, peak 85 %". */
+  /** "SM utilisation over the last 10 min: now 70 %, peak 85 %" (the span drawn). */
   label: string;
 }
 
 const round1 = (value: number) => Math.round(value * 10) / 10;
 
-/** The sparkline of a slice's samples, time running left to right over the window; null without samples. */
+/** The shortest span a sparkline covers, in seconds: a slice sampled for a few seconds is not one pixel wide. */
+export const SPARKLINE_MIN_SPAN = 60;
+
+/**
+ * The sparkline of a slice's samples, time running left to right up to now, over the window or, for a slice
+ * sampled for less time than that, since its first sample (at least SPARKLINE_MIN_SPAN); null without samples.
+ */
 export function sparklineView(utilization: RecentUtilization, width: number, height: number): SparklineView | null {
   const samples = utilization.samples;
   if (samples.length === 0) {
     return null;
   }
-  const window = utilization.window;
-  const x = (at: number) => round1(width * Math.min(1, Math.max(0, 1 - (utilization.now - at) / window)));
+  const span = Math.min(utilization.window, Math.max(SPARKLINE_MIN_SPAN, utilization.now - samples[0].at));
+  const x = (at: number) => round1(width * Math.min(1, Math.max(0, 1 - (utilization.now - at) / span)));
   const y = (percent: number) => round1(height * (1 - Math.min(100, Math.max(0, percent)) / 100));
   const points = samples.map(s => `${x(s.at)},${y(s.sm_percent)}`);
   if (samples.length === 1) {
@@ -34,7 +40,7 @@ export function sparklineView(utilization: RecentUtilization, width: number, hei
   return {
     points: points.join(' '),
     latest,
-    label: `SM utilisation over the last ${formatSpan(window)}: now ${latest} %, peak ${peak} %`
+    label: `SM utilisation over the last ${formatSpan(span)}: now ${latest} %, peak ${peak} %`
   };
 }
 
