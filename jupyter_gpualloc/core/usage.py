@@ -313,7 +313,8 @@ class UsageLedger:
 
     def _restart(self, lease_id: str, acc: _Accrual | None, signal: _GpuSignal | None, warned: dict,
                  recent: deque | None) -> None:
-        """Undo stop(): accrue the lease again from where it was stored to, with its GPU signal, samples and warnings."""
+        """Undo stop(): accrue the lease again from where it was stored to, with its GPU signal, samples and
+        warnings."""
         if acc is not None:
             self._running[lease_id] = acc
         if signal is not None:
@@ -476,9 +477,12 @@ class UsageLedger:
             if seconds > 0:
                 offers = days.setdefault(seg.day, {})
                 offers[seg.offer] = offers.get(seg.offer, 0.0) + seconds * seg.gpus / SECONDS_PER_HOUR
-        return [{"day": day, "gpu_hours": round(sum(offers.values()), 6),
-                 "offers": {name: round(hours, 6) for name, hours in sorted(offers.items(), key=lambda o: (-o[1], o[0]))}}
-                for day, offers in sorted(days.items())]
+        out = []
+        for day, offers in sorted(days.items()):
+            ranked = sorted(offers.items(), key=lambda o: (-o[1], o[0]))
+            out.append({"day": day, "gpu_hours": round(sum(offers.values()), 6),
+                        "offers": {name: round(hours, 6) for name, hours in ranked}})
+        return out
 
     def totals(self, now: float) -> dict[tuple[str, str, str, str], float]:
         """All-time GPU-hours per (user, group, model, kind), running leases up to now; a lease

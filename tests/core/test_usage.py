@@ -127,6 +127,36 @@ def test_offer_is_the_configured_offer_with_the_same_spec(make):
     assert set(gpu_hours(h, "offer")) == {"t4", ""}
 
 
+def test_history_splits_each_day_by_offer_across_midnight(make):
+    h = make(offers=[{"name": "t4", "label": "T4", "spec": {"kind": "whole", "model": "T4"}}])
+    s = h.scheduler
+    t4 = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY - 2 * HOUR)
+    own = s.submit("alice", "kernel:2", spec(kind="whole", model="L4"), now=MONDAY - HOUR)  # of no offer
+    s.release(own.id, now=MONDAY)
+    other = s.submit("bob", "kernel:3", spec(kind="whole", model="T4"), now=MONDAY)
+    s.release(other.id, now=MONDAY + HOUR)
+    now = MONDAY + 3 * HOUR  # alice's T4 lease still runs: it counts up to now
+    assert s.usage.history(0, float("inf"), now, user="alice") == [
+        {"day": "2026-11-01", "gpu_hours": 3.0, "offers": {"t4": 2.0, "": 1.0}},
+        {"day": "2026-11-02", "gpu_hours": 3.0, "offers": {"t4": 3.0}}]
+    assert s.usage.history(MONDAY + HOUR, MONDAY + 2 * HOUR, now, user="alice") == [
+        {"day": "2026-11-02", "gpu_hours": 1.0, "offers": {"t4": 1.0}}]
+    assert [d["offers"] for d in s.usage.history(0, float("inf"), now, user="bob")] == [{"t4": 1.0}]
+    assert t4.state is LeaseState.GRANTED
+
+
+def test_recent_samples_cover_the_last_ten_minutes_and_end_with_the_lease(make):
+    s = make().scheduler
+    lease = s.submit("alice", "kernel:1", spec(kind="whole", model="T4"), now=MONDAY)
+    assert s.usage.recent_samples(lease.id, MONDAY) == []
+    for t in range(0, 900, 30):
+        s.sample_gpu(lease.id, now=MONDAY + t, sm_percent=t / 10)
+    recent = s.usage.recent_samples(lease.id, MONDAY + 900)
+    assert recent[0] == (MONDAY + 330, 33.0) and recent[-1] == (MONDAY + 870, 87.0) and len(recent) == 19
+    s.release(lease.id, now=MONDAY + 900)
+    assert s.usage.recent_samples(lease.id, MONDAY + 900) == []
+
+
 def test_users_see_only_their_own_rows(make):
     h = make()
     s = h.scheduler
