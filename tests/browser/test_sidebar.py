@@ -520,7 +520,8 @@ def test_gpu_off_says_why_and_polls_nothing(tmp_path):
 def test_slice_and_job_outputs_outlive_their_kernel(lab, page):
     """What `%gpu status` and a `%%gpu job` cell leave in a notebook is the lease and the job
     themselves, live from the API: after the notebook is saved, its kernel shut down and the page
-    reloaded, the job is still shown as it is and the slice as ended, never "model not found"."""
+    reloaded, the job is still shown as it is and the slice as ended, never "model not found"; the job's
+    Rerun in the cell says it was resubmitted and shows the new job there."""
     write_notebook(lab.root / "outputs.ipynb", "%gpu request --shared 4GB --model L4\n%gpu status",
                    "%%gpu job --shared 4GB --model L4 --name answer\nx = 6 * 7")
     page.goto(f"{lab.url}lab/tree/outputs.ipynb?token={TOKEN}", timeout=120_000)
@@ -554,6 +555,16 @@ def test_slice_and_job_outputs_outlive_their_kernel(lab, page):
     ended.wait_for(timeout=60_000)
     assert "ended" in ended.inner_text()
     assert "model not found" not in page.locator(".jp-Notebook").inner_text()
+
+    # Rerun from the cell: the cell says the job was resubmitted and shows the new job until it finishes
+    job.get_by_role("button", name="Rerun answer").click()
+    note = page.locator(".jp-gpualloc-job-output .jp-gpualloc-rerun")
+    note.wait_for(timeout=30_000)
+    [rerun] = [j for j in lab.call("GET", "gpualloc/api/jobs")[1]["jobs"] if j.get("rerun_of") == job_id]
+    assert note.inner_text().startswith(f"Rerun: resubmitted as job {rerun['id']} ("), note.inner_text()
+    page.locator(f'.jp-gpualloc-job-output .jp-gpualloc-job[data-job="{rerun["id"]}"][data-state="succeeded"]') \
+        .wait_for(timeout=120_000)
+    note.filter(has_text="(succeeded)").wait_for(timeout=30_000)
 
 
 def test_restart_as_a_gpu_kernel_where_kernels_run_in_pods(lab, page):

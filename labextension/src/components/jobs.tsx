@@ -2,7 +2,14 @@ import React, { useEffect, useRef, useState } from 'react';
 
 import { GpuApi } from '../api';
 import { formatDuration } from '../model/countdown';
-import { ACTIVE_JOB_STATES, executedCopy, FINISHED_JOB_STATES, jobSliceText, rerunText, sortedJobs } from '../model/jobs';
+import {
+  ACTIVE_JOB_STATES,
+  executedCopy,
+  FINISHED_JOB_STATES,
+  jobSliceText,
+  rerunText,
+  sortedJobs
+} from '../model/jobs';
 import { Job } from '../model/types';
 import { Action, useNow } from './common';
 
