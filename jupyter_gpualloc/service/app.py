@@ -469,7 +469,8 @@ class GpuAllocService(Application):
         self.core = open_core(self.device_backend, self.store, self.policy, now=time.time(),
                               listeners=[self.broker.publish])
         self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
-        self.metrics = ServiceMetrics(self.scheduler, self.core.usage, self.policy.usage_metrics_per_user)
+        self.metrics = ServiceMetrics(self.scheduler, self.core.usage, self.policy.usage_metrics_per_user,
+                                      broker=self.broker)
         self.broker.add_listener(self.metrics.observe)
         self.cluster = None
         if isinstance(self.device_backend, KubernetesBackend):

@@ -113,15 +113,35 @@ class TickCollector:
                                 value=len(self.scheduler.broken_rules()))
 
 
+class EventStreamCollector:
+    """The event streams' fan-out, read from the broker (service/events.py) at scrape time: open
+    streams, messages serialised (once per event and view) and messages sent (once per stream)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+
+    def collect(self):
+        yield GaugeMetricFamily("gpualloc_event_streams", "Event streams (GET /events) open.",
+                                value=len(self.broker.streams))
+        yield CounterMetricFamily("gpualloc_event_messages_serialised", "Event stream messages serialised: once "
+                                  "per event and view (whole, or a fleet event without lease ids).",
+                                  value=self.broker.serialised)
+        yield CounterMetricFamily("gpualloc_event_messages_sent", "Event stream messages queued to streams: "
+                                  "once per event and stream that may see it.", value=self.broker.sent)
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
-    def __init__(self, scheduler, usage=None, usage_per_user: bool = True):
-        """Over the scheduler and (for gpualloc_gpu_hours) its usage ledger, per user if `usage_per_user`."""
+    def __init__(self, scheduler, usage=None, usage_per_user: bool = True, broker=None):
+        """Over the scheduler, (for gpualloc_gpu_hours) its usage ledger, per user if `usage_per_user`,
+        and (for the event streams' figures) the event broker."""
         self.scheduler = scheduler
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
         self.registry.register(TickCollector(scheduler))
+        if broker is not None:
+            self.registry.register(EventStreamCollector(broker))
         if usage is not None:
             self.registry.register(UsageCollector(usage, usage_per_user))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
