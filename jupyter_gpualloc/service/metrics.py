@@ -156,6 +156,7 @@ class ServiceMetrics:
         self.preemptions = Counter("gpualloc_lease_preemptions", "Batch leases preempted for interactive requests.",
                                    registry=self.registry)
         self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
+        self._event_children: dict[str, Counter] = {}  # as _decision_children
         self.jobs = Counter("gpualloc_jobs", "Job state changes (queued, started, succeeded, failed, preempted, ...) "
                             "by priority class.", ["event", "priority"], registry=self.registry)
         self.cluster_stale = Gauge("gpualloc_cluster_stale_seconds",
@@ -167,7 +168,10 @@ class ServiceMetrics:
 
     def observe(self, event: Event) -> None:
         """Feed one scheduler event into the histograms and counters."""
-        self.events.labels(event.type).inc()
+        counter = self._event_children.get(event.type)
+        if counter is None:
+            counter = self._event_children[event.type] = self.events.labels(event.type)
+        counter.inc()
         if event.type == "lease.granted":
             priority = self.scheduler.lease(event.lease_id).priority.value
             self.queue_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))
