@@ -11,6 +11,7 @@ each allocate (a shape of service_load.SHAPES in turn, a holder of its own, `wai
 release, so about that many requests are in flight (1: one at a time, each group one request).
 
     python benchmarks/service_instructions.py [--gpus 100] [--in-flight 16] [--requests 800] [--hello] [--keep FILE]
+    python benchmarks/service_instructions.py --pg-url postgresql+psycopg://...   # on a new PostgreSQL database
 
 The counts repeat to within about 1 % (requests fall into groups differently from run to run).
 Needs valgrind; without it the run is skipped with one line.
@@ -79,11 +80,15 @@ def count(args) -> tuple[float, int]:
         work = Path(tmp)
         out = work / "callgrind.out"
         valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        drop = None
         if args.hello:
             argv, port, tokens = service_load.hello_command(work)
         else:
-            argv, port, tokens = service_load.service_command(work, f"sqlite:///{work / 'service.sqlite'}", args.gpus)
-        server = service_load.Server("counted", valgrind + argv, port, args.core, work, tokens)
+            db_url, drop = service_load.fresh_pg_database(args.pg_url) if args.pg_url else \
+                (f"sqlite:///{work / 'service.sqlite'}", None)
+            argv, port, tokens = service_load.service_command(work, db_url, args.gpus)
+        # under valgrind the service's start-up (imports, the fleet) is slow, more so on a loaded machine
+        server = service_load.Server("counted", valgrind + argv, port, args.core, work, tokens, start_timeout=600)
         try:
             def send(requests: int, start: int) -> int:
                 if args.hello:
@@ -98,6 +103,8 @@ def count(args) -> tuple[float, int]:
             subprocess.run(["callgrind_control", "-d", str(server.proc.pid)], check=True, stdout=subprocess.DEVNULL)
         finally:
             server.stop()
+            if drop is not None:
+                drop()
         total = 0
         for dump in work.glob("callgrind.out*"):
             for line in dump.read_text(errors="replace").splitlines():
@@ -117,13 +124,16 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=300, help="requests sent before counting")
     parser.add_argument("--core", type=int, default=1, help="the core the server is pinned to")
     parser.add_argument("--hello", action="store_true", help="count the tornado hello app instead")
+    parser.add_argument("--pg-url", help="count the service on a new database of this PostgreSQL server "
+                                         "(postgresql+psycopg://...) instead of a new SQLite file")
     parser.add_argument("--keep", help="copy the counted dump here (for callgrind_annotate --inclusive=yes)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("taskset") is None:
         print("skipped: valgrind and taskset are needed to count instructions")
         return
     per_request, counted = count(args)
-    what = "tornado hello" if args.hello else f"service (sqlite, {args.gpus} GPUs)"
+    store = "postgresql" if args.pg_url else "sqlite"
+    what = "tornado hello" if args.hello else f"service ({store}, {args.gpus} GPUs)"
     print(f"{what}, {args.in_flight} in flight: {per_request / 1e6:.3f} M instructions per request "
           f"over {counted} requests")
 

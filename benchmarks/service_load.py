@@ -153,11 +153,12 @@ def cpu_seconds(pid: int) -> float:
 class Server:
     """A server subprocess pinned to `core`, listening on 127.0.0.1:port."""
 
-    def __init__(self, name: str, argv: list[str], port: int, core: int, cwd: Path, tokens: list[str]):
+    def __init__(self, name: str, argv: list[str], port: int, core: int, cwd: Path, tokens: list[str],
+                 start_timeout: float = 60.0):
         self.name, self.port, self.tokens = name, port, tokens
         self.proc = subprocess.Popen(["taskset", "-c", str(core), *argv], cwd=cwd, stdout=subprocess.DEVNULL,
                                      stderr=open(cwd / "server.log", "ab"), start_new_session=True)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):

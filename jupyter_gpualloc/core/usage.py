@@ -29,7 +29,7 @@ import io
 import json
 import re
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache, partial
 from typing import Iterable, Mapping, Sequence
@@ -88,9 +88,21 @@ def _day_name(day: int) -> str:
 
 
 def next_midnight(t: float) -> float:
-    """The first UTC midnight strictly after t."""
-    day = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    return (day + timedelta(days=1)).timestamp()
+    """The first UTC midnight strictly after t: by day number, as utc_day (it runs twice for every
+    lease on every heartbeat), except within a millisecond of midnight, where datetime decides."""
+    day, into = divmod(t, 86400)
+    if 0.001 < into < 86399.999:
+        return (day + 1) * 86400.0
+    midnight = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (midnight + timedelta(days=1)).timestamp()
+
+
+def _span(template: UsageSegment, start: float, end: float) -> UsageSegment:
+    """`template` over [start, end) of one UTC day: dataclasses.replace's result without its
+    introspection of every field (this runs for every lease on every heartbeat)."""
+    t = template
+    return UsageSegment(lease_id=t.lease_id, start=start, end=end, day=utc_day(start), user=t.user, groups=t.groups,
+                        model=t.model, kind=t.kind, offer=t.offer, holder_kind=t.holder_kind, gpus=t.gpus, gib=t.gib)
 
 
 @dataclass(frozen=True)
@@ -346,7 +358,7 @@ class UsageLedger:
                 start = midnight
                 continue
             end = min(now, midnight)
-            out.append(replace(acc.template, start=start, end=end, day=utc_day(start)))
+            out.append(_span(acc.template, start, end))
             stored = end
         return out
 

@@ -109,7 +109,8 @@ class EmbeddedScheduler:
         self.core = open_core(backend, Store(db_url), policy, now=time.time(), listeners=[self.broker.publish])
         self.backend, self.store = backend, self.core.store
         self.scheduler, self.jobs = self.core.scheduler, self.core.jobs
-        self.metrics = ServiceMetrics(self.scheduler, self.core.usage, policy.usage_metrics_per_user)
+        self.metrics = ServiceMetrics(self.scheduler, self.core.usage, policy.usage_metrics_per_user,
+                                      broker=self.broker)
         self.broker.add_listener(self.metrics.observe)
         self.ctx = h.ServiceContext(
             scheduler=self.scheduler, jobs=self.jobs, usage=self.core.usage, broker=self.broker, metrics=self.metrics,

@@ -2,6 +2,10 @@
 
 Everything here runs on the IOLoop thread: the scheduler calls `EventBroker.publish` synchronously
 after each stored state change, and the broker hands each event to whoever is waiting for it.
+A stream gets its user's leases' events, and the fleet's (gpu.*, mig.*) only if it asked for them
+(administrators' streams get every event, the fleet's unless they asked not to). Each event is
+serialised once per view (`Published`), not once per stream: with dynamic MIG a fleet event comes
+with most grants and releases, and a campus keeps thousands of streams open.
 
 Each event gets an id, `<epoch>-<n>`: `epoch` is drawn when the broker is made (a restarted
 service has another), `n` counts this broker's events from 1. The broker keeps the last
@@ -41,46 +45,85 @@ def parse_event_id(text: str) -> tuple[str, int] | None:
     return (found.group(1), int(found.group(2))) if found else None
 
 
-def visible_event(event: Event, identity: Identity) -> dict[str, Any] | None:
-    """The event as `identity` may see it: their own leases' events and the fleet's, or None.
+def is_fleet_event(event: Event) -> bool:
+    """An event about the fleet (gpu.*, mig.*), of no user's lease."""
+    return event.user is None and event.lease_id is None and event.type.startswith(FLEET_EVENT_PREFIXES)
 
-    Administrators see everything. Fleet events (gpu.*, mig.*) are shown to every user without
-    the lease ids they might carry.
+
+def sse_message(event_id: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event: its id and its JSON (the id in it too), as the stream writes it."""
+    data["id"] = event_id
+    return f"id: {event_id}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class Published:
+    """One event as the broker sent it: its id and its message in each view, each serialised once
+    (when first needed) however many streams send it, replays included.
+
+    The whole event is for administrators and for the user whose lease it is about; `public` is a
+    fleet event as other users see it, without the lease ids it might carry.
     """
-    data = event.to_json()
-    if identity.admin:
-        return data
-    if event.user is not None or event.lease_id is not None:
-        return data if event.user == identity.user else None
-    if not event.type.startswith(FLEET_EVENT_PREFIXES):
-        return None
-    data["data"] = {k: v for k, v in event.data.items() if k not in _LEASE_KEYS}
-    return data
+
+    __slots__ = ("seq", "event", "id", "_whole", "_public")
+
+    def __init__(self, seq: int, event: Event, event_id: str):
+        self.seq = seq
+        self.event = event
+        self.id = event_id
+        self._whole: bytes | None = None
+        self._public: bytes | None = None
+
+    def whole(self) -> bytes:
+        if self._whole is None:
+            self._whole = sse_message(self.id, self.event.to_json())
+        return self._whole
+
+    def public(self) -> bytes:
+        if self._public is None:
+            data = self.event.to_json()
+            data["data"] = {k: v for k, v in self.event.data.items() if k not in _LEASE_KEYS}
+            self._public = sse_message(self.id, data)
+        return self._public
+
+    def serialised(self) -> int:
+        """How many messages of this event were serialised (0 to 2)."""
+        return (self._whole is not None) + (self._public is not None)
+
+    def message_for(self, stream: "EventStream") -> bytes | None:
+        """The message `stream` may see of this event, or None: administrators see every event (the
+        fleet's only if their stream asked for them); a user, their own leases' events, and the fleet's
+        without lease ids if their stream asked for them."""
+        event = self.event
+        if event.user is not None or event.lease_id is not None:
+            return self.whole() if stream.identity.admin or event.user == stream.identity.user else None
+        if event.type.startswith(FLEET_EVENT_PREFIXES):
+            if not stream.fleet:
+                return None
+            return self.whole() if stream.identity.admin else self.public()
+        return self.whole() if stream.identity.admin else None
 
 
 class EventStream:
-    """One subscriber's queue of visible events; a subscriber that falls too far behind is closed.
+    """One subscriber's queue of the messages it may see; a subscriber that falls too far behind is closed.
 
-    `first` holds what is sent before the live events (a replay, or a `stream.reset`), unbounded:
-    it was decided when the stream opened. `start` is the id the stream goes on after.
+    `fleet`: whether the fleet's events (gpu.*, mig.*) are sent too. `first` holds what is sent
+    before the live events (a replay, or a `stream.reset`), unbounded: it was decided when the
+    stream opened. `start` is the id the stream goes on after.
     """
 
-    def __init__(self, identity: Identity, start: str, backlog: int = STREAM_BACKLOG):
+    def __init__(self, identity: Identity, start: str, fleet: bool = False, backlog: int = STREAM_BACKLOG):
         self.identity = identity
+        self.fleet = fleet
         self.start = start
-        self.first: deque[dict[str, Any]] = deque()
-        self.queue: asyncio.Queue[dict[str, Any] | str] = asyncio.Queue(maxsize=backlog)
+        self.first: deque[bytes] = deque()
+        self.queue: asyncio.Queue[bytes | str] = asyncio.Queue(maxsize=backlog)
         self.closed = False
 
-    def offer(self, event: Event, event_id: str) -> None:
+    def offer(self, message: bytes) -> None:
         if self.closed:
             return
-        data = visible_event(event, self.identity)
-        if data is None:
-            return
-        data["id"] = event_id
         try:
-            self.queue.put_nowait(data)
+            self.queue.put_nowait(message)
         except asyncio.QueueFull:
             self.close("too many events not read: the stream was closed")
 
@@ -93,8 +136,8 @@ class EventStream:
             self.queue.get_nowait()
         self.queue.put_nowait(reason)
 
-    async def next(self, timeout: float) -> dict[str, Any] | None:
-        """The next event, or None on timeout; raises EOFError once the stream is closed."""
+    async def next(self, timeout: float) -> bytes | None:
+        """The next message (`id:` and `data:`), or None on timeout; raises EOFError once the stream is closed."""
         if self.first:
             return self.first.popleft()
         try:
@@ -144,18 +187,28 @@ class AuditLog:
 
 
 class EventBroker:
-    """Receives every scheduler event and passes it on to streams, waiters, listeners and the audit log."""
+    """Receives every scheduler event and passes it on to streams, waiters, listeners and the audit log.
+
+    Streams are indexed by who may see what, so an event goes only to the streams that may send it:
+    a lease's event to its user's streams and the administrators', a fleet event to the streams that
+    asked for the fleet. `serialised` and `sent` count the messages made and queued (GET /metrics).
+    """
 
     def __init__(self, audit_log: AuditLog | None = None, log: logging.Logger | None = None,
                  replay_size: int = REPLAY_SIZE):
         self.audit_log = audit_log
         self.log = log or logging.getLogger(__name__)
         self.streams: set[EventStream] = set()
+        self._admin_streams: set[EventStream] = set()
+        self._user_streams: dict[str, set[EventStream]] = {}
+        self._fleet_streams: set[EventStream] = set()
         self._waiters: dict[str, list[asyncio.Future]] = {}
         self._listeners: list[Callable[[Event], None]] = []
         self.epoch = secrets.token_hex(4)
         self._seq = 0  # the number of the last event published
-        self._kept: deque[tuple[int, Event]] = deque(maxlen=replay_size)
+        self._kept: deque[Published] = deque(maxlen=replay_size)
+        self.serialised = 0
+        self.sent = 0
 
     @property
     def position(self) -> str:
@@ -165,15 +218,15 @@ class EventBroker:
     @property
     def _oldest_kept(self) -> int:
         """The number of the oldest event kept (the next one's when none is)."""
-        return self._kept[0][0] if self._kept else self._seq + 1
+        return self._kept[0].seq if self._kept else self._seq + 1
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
 
     def publish(self, event: Event) -> None:
         self._seq += 1
-        self._kept.append((self._seq, event))
-        event_id = f"{self.epoch}-{self._seq}"
+        published = Published(self._seq, event, f"{self.epoch}-{self._seq}")
+        self._kept.append(published)
         if self.audit_log is not None:
             try:
                 self.audit_log.write(event)
@@ -181,31 +234,56 @@ class EventBroker:
                 self.log.error("cannot write the audit log %s: %s", self.audit_log.path, err)
         for listener in self._listeners:
             listener(event)
-        for stream in list(self.streams):
-            stream.offer(event, event_id)
+        self._fan_out(published)
         if event.lease_id is not None and event.type != "lease.queued":
             for future in self._waiters.pop(event.lease_id, ()):
                 if not future.done():
                     future.set_result(event)
 
+    def _fan_out(self, published: Published) -> None:
+        event = published.event
+        if event.user is not None or event.lease_id is not None:
+            streams = [*self._admin_streams, *self._user_streams.get(event.user, ())]
+        elif is_fleet_event(event):
+            streams = list(self._fleet_streams)
+        else:
+            streams = list(self._admin_streams)
+        for stream in streams:
+            message = published.message_for(stream)
+            if message is not None:
+                stream.offer(message)
+                self.sent += 1
+        self.serialised += published.serialised()
+
     def open_stream(self, identity: Identity, after: tuple[str, int] | None = None,
-                    now: float = 0.0) -> EventStream:
+                    now: float = 0.0, fleet: bool | None = None) -> EventStream:
         """A stream of what `identity` may see from now on; with `after` (a parsed event id), first the
-        events after it, or a `stream.reset` (at time `now`) saying why they cannot be replayed."""
-        stream = EventStream(identity, self.position)
+        events after it, or a `stream.reset` (at time `now`) saying why they cannot be replayed.
+        `fleet`: whether it sends the fleet's events too; by default only administrators' streams do."""
+        stream = EventStream(identity, self.position, fleet=identity.admin if fleet is None else fleet)
         if after is not None:
             why_not = self._why_not_replayable(*after)
             if why_not:
-                stream.first.append({"type": RESET, "time": now, "lease_id": None, "user": None, "id": self.position,
-                                     "data": {"reason": why_not, "last_event_id": f"{after[0]}-{after[1]}"}})
+                stream.first.append(sse_message(self.position, {
+                    "type": RESET, "time": now, "lease_id": None, "user": None,
+                    "data": {"reason": why_not, "last_event_id": f"{after[0]}-{after[1]}"}}))
+                self.serialised += 1
             else:
                 stream.start = f"{after[0]}-{after[1]}"
-                for seq, event in itertools.islice(self._kept, after[1] - self._oldest_kept + 1, None):
-                    data = visible_event(event, identity)
-                    if data is not None:
-                        data["id"] = f"{self.epoch}-{seq}"
-                        stream.first.append(data)
+                for published in itertools.islice(self._kept, after[1] - self._oldest_kept + 1, None):
+                    made = published.serialised()
+                    message = published.message_for(stream)
+                    self.serialised += published.serialised() - made
+                    if message is not None:
+                        stream.first.append(message)
+                        self.sent += 1
         self.streams.add(stream)
+        if identity.admin:
+            self._admin_streams.add(stream)
+        else:
+            self._user_streams.setdefault(identity.user, set()).add(stream)
+        if stream.fleet:
+            self._fleet_streams.add(stream)
         return stream
 
     def _why_not_replayable(self, epoch: str, seq: int) -> str:
@@ -222,6 +300,13 @@ class EventBroker:
     def close_stream(self, stream: EventStream, reason: str = "closed") -> None:
         stream.close(reason)
         self.streams.discard(stream)
+        self._admin_streams.discard(stream)
+        self._fleet_streams.discard(stream)
+        users = self._user_streams.get(stream.identity.user)
+        if users is not None:
+            users.discard(stream)
+            if not users:
+                del self._user_streams[stream.identity.user]
 
     async def wait_for_change(self, lease_id: str, timeout: float) -> Event | None:
         """The next event of a lease other than `lease.queued` (granted, ended...), or None on timeout."""

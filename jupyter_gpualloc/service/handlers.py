@@ -450,7 +450,8 @@ class DrainHandler(ApiHandler):
 
 
 class EventsHandler(ApiHandler):
-    """Server-sent events: one `id: <event id>` and `data: {json}` message per event the caller may see.
+    """Server-sent events: one `id: <event id>` and `data: {json}` message per event the caller may see;
+    the fleet's events (gpu.*, mig.*) with `fleet=1`, the default for administrators only.
 
     A client that sends the last id it read (`Last-Event-ID`, as browsers' EventSource do when
     they reconnect, else `?since=`) first gets the events after it, or a `stream.reset` when
@@ -461,22 +462,24 @@ class EventsHandler(ApiHandler):
         after = self.resume_after()
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("X-Accel-Buffering", "no")
-        self.stream = stream = self.ctx.broker.open_stream(self.identity, after, now=self.ctx.clock())
+        fleet = self.get_query_argument("fleet", None)
+        self.stream = stream = self.ctx.broker.open_stream(self.identity, after, now=self.ctx.clock(),
+                                                           fleet=None if fleet is None else fleet == "1")
         try:
             self.write(f": connected\nid: {stream.start}\n\n")
             await self.flush()
             while True:
                 try:
-                    event = await stream.next(self.ctx.keepalive_interval)
+                    message = await stream.next(self.ctx.keepalive_interval)
                 except EOFError as err:
                     if self.request.connection.stream.closed():
                         return
                     self.write(f"event: end\ndata: {json.dumps({'error': str(err)})}\n\n")
                     break
-                if event is None:  # nothing queued: every event so far was offered to this stream
+                if message is None:  # nothing queued: every event so far was offered to this stream
                     self.write(f": keepalive\nid: {self.ctx.broker.position}\n\n")
                 else:
-                    self.write(f"id: {event['id']}\ndata: {json.dumps(event)}\n\n")
+                    self.write(message)  # serialised once by the broker for every stream that sends it
                 await self.flush()
         except StreamClosedError:
             return

@@ -113,15 +113,35 @@ class TickCollector:
                                 value=len(self.scheduler.broken_rules()))
 
 
+class EventStreamCollector:
+    """The event streams' fan-out, read from the broker (service/events.py) at scrape time: open
+    streams, messages serialised (once per event and view) and messages sent (once per stream)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+
+    def collect(self):
+        yield GaugeMetricFamily("gpualloc_event_streams", "Event streams (GET /events) open.",
+                                value=len(self.broker.streams))
+        yield CounterMetricFamily("gpualloc_event_messages_serialised", "Event stream messages serialised: once "
+                                  "per event and view (whole, or a fleet event without lease ids).",
+                                  value=self.broker.serialised)
+        yield CounterMetricFamily("gpualloc_event_messages_sent", "Event stream messages queued to streams: "
+                                  "once per event and stream that may see it.", value=self.broker.sent)
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
-    def __init__(self, scheduler, usage=None, usage_per_user: bool = True):
-        """Over the scheduler and (for gpualloc_gpu_hours) its usage ledger, per user if `usage_per_user`."""
+    def __init__(self, scheduler, usage=None, usage_per_user: bool = True, broker=None):
+        """Over the scheduler, (for gpualloc_gpu_hours) its usage ledger, per user if `usage_per_user`,
+        and (for the event streams' figures) the event broker."""
         self.scheduler = scheduler
         self.registry = CollectorRegistry()
         self.registry.register(FleetCollector(scheduler))
         self.registry.register(TickCollector(scheduler))
+        if broker is not None:
+            self.registry.register(EventStreamCollector(broker))
         if usage is not None:
             self.registry.register(UsageCollector(usage, usage_per_user))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
@@ -136,6 +156,7 @@ class ServiceMetrics:
         self.preemptions = Counter("gpualloc_lease_preemptions", "Batch leases preempted for interactive requests.",
                                    registry=self.registry)
         self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
+        self._event_children: dict[str, Counter] = {}  # as _decision_children
         self.jobs = Counter("gpualloc_jobs", "Job state changes (queued, started, succeeded, failed, preempted, ...) "
                             "by priority class.", ["event", "priority"], registry=self.registry)
         self.cluster_stale = Gauge("gpualloc_cluster_stale_seconds",
@@ -147,7 +168,10 @@ class ServiceMetrics:
 
     def observe(self, event: Event) -> None:
         """Feed one scheduler event into the histograms and counters."""
-        self.events.labels(event.type).inc()
+        counter = self._event_children.get(event.type)
+        if counter is None:
+            counter = self._event_children[event.type] = self.events.labels(event.type)
+        counter.inc()
         if event.type == "lease.granted":
             priority = self.scheduler.lease(event.lease_id).priority.value
             self.queue_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))

@@ -369,7 +369,8 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                                "400": _error("Bad input."), "401": AUTH_ERRORS["401"]}},
     },
     "/events": {
-        "get": {"summary": "Server-sent events: the caller's leases and the fleet (everything for admins).",
+        "get": {"summary": "Server-sent events: the caller's leases, and the fleet's with fleet=1 (everything for "
+                           "admins).",
                 "description": "Each message is `id: <event id>` and `data: {Event JSON}`; the opening comment "
                                "(`: connected`) and the keep-alives carry an `id:` too, the stream's position. "
                                "A client that reconnects with the last id it read (Last-Event-ID, else `since`) "
@@ -378,6 +379,9 @@ OPERATIONS: dict[str, dict[str, dict[str, Any]]] = {
                                "event_replay_size came since) the first event is `stream.reset`, whose `reason` "
                                "says why: read the state again (GET /leases, /jobs), then go on from its id.",
                 "parameters": [
+                    {"name": "fleet", "in": "query", "required": False, "schema": {"enum": ["0", "1"]},
+                     "description": "1: the fleet's events too (gpu.*, mig.*; a user sees them without lease "
+                                    "ids); 0: only leases' events. Default 1 for administrators, 0 for others."},
                     {"name": "since", "in": "query", "required": False, "schema": EVENT_ID,
                      "description": "Resume after this event id (Last-Event-ID wins when both are sent)."},
                     {"name": "Last-Event-ID", "in": "header", "required": False, "schema": EVENT_ID,

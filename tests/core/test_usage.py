@@ -9,7 +9,7 @@ import pytest
 from jupyter_gpualloc.core.model import LeaseState, PriorityClass, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.scheduler import QuotaExceeded
-from jupyter_gpualloc.core.usage import Window, gpu_share, memory_gib, to_csv
+from jupyter_gpualloc.core.usage import Window, gpu_share, memory_gib, next_midnight, to_csv, utc_day
 
 from .conftest import A100_40, fleet
 
@@ -87,6 +87,17 @@ def test_accrual_is_split_at_utc_midnight(make):
     rows = h.store.load_usage(0, float("inf"))
     assert [(r.day, r.end - r.start) for r in rows] == [("2026-11-01", 2 * HOUR), ("2026-11-02", 24 * HOUR),
                                                         ("2026-11-03", 4 * HOUR)]
+
+
+@pytest.mark.parametrize("offset", [-86400.0, -1.0, -0.0011, -1e-4, -6e-7, -4e-7, 0.0, 4e-7, 6e-7, 1e-4, 0.0011,
+                                    1.0, 43200.5, 86399.9991])
+def test_next_midnight_is_the_first_utc_midnight_after_a_time_as_its_day_says(offset):
+    """By day number away from midnight, by datetime (microseconds) near it: either way the
+    midnight that ends the UTC day utc_day() names, strictly after a time that is not one."""
+    t = MONDAY + offset
+    day = datetime.fromtimestamp(t, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert next_midnight(t) == day.timestamp() + 86400.0
+    assert utc_day(next_midnight(t) - 1) == utc_day(t)
 
 
 def test_preempted_and_idle_expired_leases_stop_accruing_when_they_end(make):

@@ -23,7 +23,8 @@ async def first_of_stream_after(broker, event_id: str) -> dict:
     """What a stream resumed after `event_id` sends first (the owner, an admin, sees every event)."""
     stream = broker.open_stream(Identity("owner", admin=True), parse_event_id(event_id))
     try:
-        return await stream.next(timeout=0)
+        message = await stream.next(timeout=0)
+        return json.loads(message.split(b"\ndata: ", 1)[1])
     finally:
         broker.close_stream(stream)
 

@@ -241,10 +241,10 @@ def test_touch_and_heartbeat(service):
     assert service.call("POST", path, {}, ALICE).status == 404
 
 
-def read_events(service, token, count, timeout=10):
+def read_events(service, token, count, timeout=10, query=""):
     """Open GET /events and return (connection, function reading the next `count` data messages)."""
     conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=timeout)
-    conn.request("GET", "/api/v1/events", headers={"Authorization": f"Bearer {token}"})
+    conn.request("GET", "/api/v1/events" + query, headers={"Authorization": f"Bearer {token}"})
     response = conn.getresponse()
     assert response.status == 200 and response.headers["Content-Type"].startswith("text/event-stream")
     assert response.readline() == b": connected\n"
@@ -261,7 +261,7 @@ def read_events(service, token, count, timeout=10):
 
 
 def test_event_streams_show_own_leases_and_fleet_events(service):
-    bob_conn, bob_events = read_events(service, BOB, 3)
+    bob_conn, bob_events = read_events(service, BOB, 3, query="?fleet=1")
     root_conn, root_events = read_events(service, ROOT, 4)
     time.sleep(0.2)
     alice_lease = grant(service, ALICE, {"kind": "shared", "memory_gib": 4, "model": "L4"})

@@ -30,6 +30,6 @@ def test_a_tiny_campus_day_runs_through_the_service_and_stops_it():
     assert hour["requests"] > 24 * 360 / bench.HEARTBEAT_S * 0.8  # every server heartbeats
     assert hour["errors"] == 0
     assert hour["grants"] > 0 and hour["wait_p50"] >= 0
-    assert hour["events"] > hour["grants"]  # grants and their MIG changes, on the users' streams
+    assert hour["events"] > hour["grants"]  # each grant's event, and releases and jobs' events, on their users' streams
     assert 0 < hour["cpu_s"] and 0 < hour["rss_mib"]
     assert children() == before  # the service was stopped and reaped

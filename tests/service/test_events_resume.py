@@ -132,7 +132,7 @@ def read_messages(response, count: int) -> list[dict[str, str]]:
 
 
 def test_since_replays_on_the_wire_and_another_users_events_are_never_replayed(service):
-    conn, response = raw_stream(service, BOB)
+    conn, response = raw_stream(service, BOB, "events?fleet=1")
     opening = read_messages(response, 1)[0]
     assert opening[":"] == "connected" and opening["id"]
     conn.close()
@@ -141,7 +141,7 @@ def test_since_replays_on_the_wire_and_another_users_events_are_never_replayed(s
     uuid = service.call("GET", "inventory", token=ROOT).json()["nodes"][0]["gpus"][-1]["uuid"]
     service.call("POST", f"gpus/{uuid}/drain", token=ROOT)
     service.call("DELETE", f"leases/{alices['id']}", token=ALICE)
-    conn, response = raw_stream(service, BOB, f"events?since={quote(opening['id'])}")
+    conn, response = raw_stream(service, BOB, f"events?fleet=1&since={quote(opening['id'])}")
     assert response.status == 200
     opening_again, granted, drained = read_messages(response, 3)
     conn.close()
