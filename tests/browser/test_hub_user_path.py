@@ -150,10 +150,18 @@ def open_panel(page) -> None:
 def open_notebook(page, name: str) -> str:
     """Open the notebook in the running JupyterLab and wait for its kernel; the id of its panel."""
     page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", name)
-    page.wait_for_function(
-        "path => window.jupyterapp.shell.currentWidget?.context?.path === path"
-        " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel?.status === 'idle'",
-        arg=name, timeout=2 * MIN)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "path => window.jupyterapp.shell.currentWidget?.context?.path === path"
+            " && window.jupyterapp.shell.currentWidget.sessionContext?.session?.kernel?.status === 'idle'",
+            arg=name, timeout=2 * MIN)
+    except PlaywrightTimeout:  # say what the page shows instead
+        shown = page.evaluate("""() => { const w = window.jupyterapp.shell.currentWidget;
+            return {path: w?.context?.path, kernel: w?.sessionContext?.session?.kernel?.status ?? null,
+                    dialog: document.querySelector('.jp-Dialog')?.innerText ?? null}; }""")
+        raise AssertionError(f"{name} did not open with an idle kernel within 2 min: {shown}") from None
     return page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
 
 
