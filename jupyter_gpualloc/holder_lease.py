@@ -129,7 +129,8 @@ class HolderLease:
                 on_unavailable(err)
                 return view
 
-        if keeper is not None:
+        beats_here = keeper is not None and self.holder not in keeper.kept  # (a joined holder beats already)
+        if beats_here:
             keeper.keep(self.holder)
         try:
             if read is not None:
@@ -138,11 +139,12 @@ class HolderLease:
             view = await wait_in_queue(read_lease, self.view or {}, patience=patience, on_round=on_round,
                                        poll=poll, beat=keeper and keeper.beat, beat_every=beat_every)
         finally:
-            if keeper is not None:
+            if beats_here:
                 keeper.forget(self.holder)
         return self._took(view) if view.get("state") != "gone" else self._ended(view)
 
     def _ended(self, view: dict) -> dict:
+        """The wait ended with the lease unknown to the service: this holder holds none."""
         self._took(None)
         return view
 
