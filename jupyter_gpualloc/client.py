@@ -25,7 +25,6 @@ from urllib.parse import quote, urlencode, urlparse
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import StreamClosedError
 
-from .holder import Keepalive
 from .job_folder import JobFolder
 from .user_files import FILE_THREADS, Refused, read_regular
 from .lease_env import server_holder
@@ -582,17 +581,16 @@ class SyncGpuAllocClient:
             future.cancel()
             raise
 
-    def keep_alive(self, holders: list[str], interval: float, log: logging.Logger) -> Keepalive:
-        """Heartbeat `holders` every `interval` seconds on this client's loop, until `stop_keepalive`."""
-        keepalive = Keepalive(self._client.heartbeat, interval, log=log)
-        for holder in holders:
-            keepalive.keep(holder)
-        self._loop.call_soon_threadsafe(keepalive.start)
-        return keepalive
+    @property
+    def asynchronous(self) -> GpuAllocClient:
+        """The async client underneath, for work run on this client's loop (`run`, `on_loop`)."""
+        return self._client
 
-    def stop_keepalive(self, keepalive: Keepalive) -> None:
+    def on_loop(self, callback: Callable[[], Any]) -> None:
+        """Call `callback()` soon on this client's loop (e.g. a holder joining or leaving a Keepalive
+        that beats there), after what was asked of the loop before."""
         if self._loop.is_running():
-            self._loop.call_soon_threadsafe(keepalive.stop)
+            self._loop.call_soon_threadsafe(callback)
 
     def close(self) -> None:
         if self._loop.is_running():

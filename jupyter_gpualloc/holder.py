@@ -109,7 +109,7 @@ class Keepalive:
     each round of a caller that already polls (`beat`). A heartbeat that fails is logged and
     tried again next time: the service's heartbeat TTL is several intervals long."""
 
-    def __init__(self, heartbeat: Callable[[list[str]], Awaitable[list[dict]]], interval: float, *,
+    def __init__(self, heartbeat: Callable[[list[str]], Awaitable[list[dict]]], interval: float = math.inf, *,
                  log: logging.Logger | logging.LoggerAdapter = log, what: str = "gpualloc"):
         self.heartbeat = heartbeat
         self.interval = interval
@@ -123,6 +123,13 @@ class Keepalive:
 
     def forget(self, holder: str) -> None:
         self.kept.pop(holder, None)
+
+    def keep_only(self, holders: set[str]) -> None:
+        """Keep exactly `holders` (plain ones, this process's own): for a round that knows them all."""
+        for holder in set(self.kept) - holders:
+            self.forget(holder)
+        for holder in holders - set(self.kept):
+            self.keep(holder)
 
     @property
     def holders(self) -> list[str]:
@@ -151,9 +158,10 @@ class Keepalive:
                 return
             await self.beat()
 
-    async def beat(self) -> list[dict] | None:
+    async def beat(self, *, strict: bool = False) -> list[dict] | None:
         """Prove each holder alive, heartbeat the living ones in one call; the leases the service
-        answered, or None when the call failed. Callbacks of ended holders run before it returns."""
+        answered, or None when the call failed (`strict`: its error is raised, for a round that
+        reports the service's availability). Callbacks of ended holders run before it returns."""
         for kept in list(self.kept.values()):
             if kept.running is not None and not await kept.running():
                 self.forget(kept.holder)
@@ -164,6 +172,8 @@ class Keepalive:
         try:
             answer = await self.heartbeat(holders)
         except Exception as err:  # the service may be restarting: the next beat tries again
+            if strict:
+                raise
             self.log.warning("%s: heartbeat of %s failed: %s", self.what, ", ".join(holders), err)
             return None
         alive = {lease["id"] for lease in answer}

@@ -21,6 +21,7 @@ LAYERS = [
     # cluster's GPUs (traitlets config)
     {"lease_env", "job_folder", "user_files", "holder", "kube"},
     {"client"},  # the one client of the REST API
+    {"holder_lease"},  # one holder's lease from request to end, through that client
     {"jobs", "hub"},  # the job runner; the JupyterHub side
     {"kernel", "service"},  # inside the user's kernel; the core behind HTTP
     {"server"},  # the jupyter_server extension (embedded mode hosts the service)

@@ -57,7 +57,8 @@ def delete_token(user: Any, token: str) -> None:
 
 
 class ServiceLink:
-    """The service's API as one user sees it, reduced to what a spawner needs."""
+    """The service's API as one user sees it, reduced to what a spawner needs (its server's lease
+    lives through `client`, in a holder_lease.HolderLease)."""
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0):
         self.client = GpuAllocClient(url, token, timeout=timeout, env={})
@@ -80,18 +81,6 @@ class ServiceLink:
         """Where the user stands against each of their usage quotas (GET /usage's `quotas`)."""
         return (await self.client.usage())["quotas"]
 
-    async def submit(self, offer: str, holder: str, *, wait: float | None = None) -> dict:
-        """An interactive lease on the offer called `offer` for `holder` (its terms are the policy's):
-        granted, or queued (wait None) / long-polled (wait N)."""
-        return await self.client.request_lease(None, holder, offer=offer, priority="interactive", wait=wait)
-
-    async def lease(self, lease_id: str) -> dict | None:
-        """The lease, or None when the service does not know it."""
-        try:
-            return await self.client.lease(lease_id)
-        except NotFound:
-            return None
-
     async def release(self, lease_id: str, *, holder_gone: bool = False) -> dict | None:
         """End the lease; None when it had already ended or never existed. With `holder_gone` (the
         server's process has ended) its slice returns to the pool at once, also when the lease had
@@ -100,10 +89,6 @@ class ServiceLink:
             return await self.client.release(lease_id, holder_gone=holder_gone)
         except NotFound:
             return None
-
-    async def holders_gone(self, holders: list[str]) -> list[dict]:
-        """Say that these holders of the user's have ended: the slices they held return to the pool."""
-        return await self.client.holders_gone(holders)
 
     async def heartbeat(self, holders: list[str]) -> list[dict]:
         return await self.client.heartbeat(holders)

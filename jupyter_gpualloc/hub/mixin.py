@@ -16,9 +16,11 @@
   `progress()`; past `start_timeout` (less `gpu_start_reserve`), or beyond the user's quota, it
   withdraws the lease and raises SpawnException(reason="capacity", 503), and the progress page
   then shows no step of a server start that never began.
-- The server's env gets the slice (see env.slice_env) and the service URL; the lease id is kept
-  in the spawner's state, heartbeats keep the lease alive while the server runs (and resume
-  after a hub restart), and `stop()` or a `poll()` that finds the server dead release it.
+- The server's lease lives the one holder lifecycle (holder_lease.HolderLease): the server's env
+  gets its slice (lease_env.slice_env) and the service URL; its state is the spawner's state,
+  heartbeats keep it alive while the server runs (and resume after a hub restart), and `stop()`
+  or a `poll()` that finds the server dead release it. The server kind supplies only its proof
+  of life (`poll()`) and where its slice goes (the server's env).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from tornado import web
 from traitlets import Bool, Float, Unicode, default
 
 from ..client import GpuAllocError, HolderBusy, QuotaExceeded, ServiceUnavailable
-from ..holder import Keepalive, Waiting, WaitGaveUp, wait_in_queue
+from ..holder import Keepalive, Waiting, WaitGaveUp
+from ..holder_lease import HolderLease
 from ..core.model import SliceSpec
 from . import form
-from ..lease_env import server_holder, slice_env
+from ..lease_env import server_holder
 from .link import ServiceLink, delete_token, user_service_token
 
 
@@ -58,6 +61,8 @@ except ImportError:  # JupyterHub 5 (SpawnException came with 6.0): an HTTPError
             super().__init__(status_code, "%s", message, reason=reason)
             self.message, self.reason = message, reason
 
+
+STATE_PREFIX = "gpu_"  # the server's lease's state in the spawner's: gpu_lease_id
 
 # The spawner whose stop is running in the current task (see GPUSpawnerMixin.poll).
 _IN_GPU_STOP: contextvars.ContextVar = contextvars.ContextVar("gpualloc_in_stop", default=None)
@@ -162,8 +167,6 @@ class GPUSpawnerMixin(Spawner):
     ).tag(config=True)
     gpu_request_timeout = Float(30.0, help="Seconds each call to the service may take.").tag(config=True)
 
-    gpu_lease_id = Unicode("", help="The server's lease (kept in the spawner state).")
-
     def __init_subclass__(cls, **kwargs):
         """Like Spawner's own check: the spawner the mixin goes with must implement start, stop, poll."""
         super().__init_subclass__(**kwargs)
@@ -179,7 +182,8 @@ class GPUSpawnerMixin(Spawner):
         if not hasattr(self, "_gpu_link"):
             self._gpu_link: ServiceLink | None = None
             self._gpu_token = ""
-            self._gpu_lease: dict | None = None
+            self._gpu_holder_lease = HolderLease(lambda: self.gpu_link().client, self.gpu_holder,
+                                                 running=self._server_runs)
             self._gpu_memory: int | None = None
             self._gpu_offer: dict | None = None
             self._gpu_keepalive: Keepalive | None = None
@@ -195,6 +199,22 @@ class GPUSpawnerMixin(Spawner):
     def gpu_holder(self) -> str:
         """The lease's holder: 'server' for the default server, 'server:<name>' for named ones."""
         return server_holder(self.name)
+
+    @property
+    def gpu_lease(self) -> HolderLease:
+        """The server's lease, from its request to its end (its id is in the spawner's state)."""
+        self._gpu_init()
+        return self._gpu_holder_lease
+
+    @property
+    def gpu_lease_id(self) -> str:
+        """The server's lease id ('' when it holds none)."""
+        return self.gpu_lease.lease_id
+
+    @property
+    def _gpu_lease(self) -> dict | None:
+        """The server's granted lease as the service answered it (None: no slice, or not read since a restart)."""
+        return self.gpu_lease.view if self.gpu_lease.granted else None
 
     def hub_service_url(self) -> str:
         """The service's URL as the hub reaches it; '' when the hub has no such service."""
@@ -389,9 +409,7 @@ class GPUSpawnerMixin(Spawner):
     # ------------------------------------------------------------ lifecycle
     def clear_state(self) -> None:
         super().clear_state()
-        self._gpu_init()
-        self.gpu_lease_id = ""
-        self._gpu_lease = None
+        self.gpu_lease.load_state({})
         self._gpu_memory = None
         self._gpu_lost = ""
         self._gpu_events = []
@@ -399,21 +417,22 @@ class GPUSpawnerMixin(Spawner):
         self._gpu_granted = ""
 
     def get_state(self) -> dict:
+        """The spawner class's state, and the server's lease's (`gpu_lease_id`)."""
         state = super().get_state()
-        if self.gpu_lease_id:
-            state["gpu_lease_id"] = self.gpu_lease_id
+        state.update({f"{STATE_PREFIX}{key}": value for key, value in self.gpu_lease.get_state().items()})
         return state
 
     def load_state(self, state: dict) -> None:
         super().load_state(state)
-        self.gpu_lease_id = state.get("gpu_lease_id", "")
+        self.gpu_lease.load_state({key.removeprefix(STATE_PREFIX): value for key, value in state.items()
+                                   if key.startswith(STATE_PREFIX)})
 
     def get_env(self) -> dict:
         env = super().get_env()
         self._gpu_init()
-        env.update(slice_env(self._gpu_lease, service_url=self.server_service_url(),
-                             gpu_memory_mib=self._gpu_memory, mps=self.gpu_mps, containers=self.gpu_containers,
-                             visible_devices=self.gpu_sets_visible_devices()))
+        env.update(self.gpu_lease.env(service_url=self.server_service_url(), gpu_memory_mib=self._gpu_memory,
+                                      mps=self.gpu_mps, containers=self.gpu_containers,
+                                      visible_devices=self.gpu_sets_visible_devices()))
         return env
 
     def gpu_sets_visible_devices(self) -> bool:
@@ -469,66 +488,61 @@ class GPUSpawnerMixin(Spawner):
         return await super().start()
 
     async def acquire_slice(self, offer: dict) -> dict:
-        """Submit the server's lease and wait until it is granted; on failure nothing is left held."""
-        link = self.gpu_link()
+        """Ask for the server's lease and wait until it is granted; on failure nothing is left held."""
+        lease = self.gpu_lease
         what, a_what = describe_spec(offer["spec"]), describe_spec(offer["spec"], article=True)
         started = time.monotonic()
         patience = max(self.start_timeout - self.gpu_start_reserve, 1.0)
-        gives_up = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + patience))
         self._gpu_progress(f"asking for {a_what}", 5)
-        lease = await self._submit(link, offer, a_what)
-        self.gpu_lease_id = lease["id"]
+        await self._submit(offer, a_what)
         try:
             said: list[str] = []
 
             def tell(waiting: Waiting) -> None:
+                gives_up = time.strftime("%H:%M:%S UTC", time.gmtime(lease.gives_up_at))  # the deadline the wait states
                 words = queue_words(a_what, waiting.position, waiting.reason, gives_up, patience)
                 if not said or said[-1] != words:
                     self._gpu_progress(words, 10)
                     said.append(words)
 
-            async def read(view: dict) -> dict:
-                return await link.lease(view["id"]) or {"state": "gone", "reason": "the service lost it"}
-
             try:
-                lease = await wait_in_queue(read, lease, patience=patience, on_round=tell, poll=self.gpu_poll_interval,
-                                            beat=lambda: link.heartbeat([self.gpu_holder]),
-                                            beat_every=self.gpu_heartbeat_interval)
+                view = await lease.wait(patience=patience, on_round=tell, poll=self.gpu_poll_interval,
+                                        keeper=self._gpu_keeper(), beat_every=self.gpu_heartbeat_interval)
             except WaitGaveUp as gave_up:
                 raise capacity_error(
                     f"No {what} became free within {patience:g} seconds (this hub's start timeout of "
                     f"{self.start_timeout:g} s, less {self.gpu_start_reserve:g} s to start the server; you "
                     f"were number {gave_up.waiting.position} in the queue). Try again later, or choose a smaller "
                     "slice.") from None
-            if lease["state"] != "granted":
-                raise capacity_error(f"Your request for {a_what} ended: {lease.get('reason') or lease['state']}.")
-            self._gpu_lease = lease
-            slice_ = lease["slice"]
+            if view["state"] != "granted":
+                raise capacity_error(f"Your request for {a_what} ended: {view.get('reason') or view['state']}.")
+            slice_ = view["slice"]
             if slice_["kind"] == "shared":
-                self._gpu_memory = await link.gpu_memory_mib(slice_["gpu_uuids"][0])
+                self._gpu_memory = await self.gpu_link().gpu_memory_mib(slice_["gpu_uuids"][0])
             waited = time.monotonic() - started
             where = slice_.get("mig_uuid") or ", ".join(slice_["gpu_uuids"])
             self._gpu_progress(f"granted {a_what} after {waited:.0f} s ({where} on {slice_['node']})", 40)
             self._gpu_granted = f"on your {what}"
             now = time.time()
-            held = deadline_message(lease, now)
+            held = deadline_message(view, now)
             if held:
                 self._gpu_progress(held, 45)
-                self._gpu_granted += f", held until {form.clock_text(lease['deadline']['at'], now)}"
-            return lease
+                self._gpu_granted += f", held until {form.clock_text(view['deadline']['at'], now)}"
+            return view
         except BaseException:
             await self.release_slice("withdrawn: the server did not start")
             raise
 
-    async def _submit(self, link: ServiceLink, offer: dict, a_what: str) -> dict:
-        """Submit the lease; a stale lease of the same server (a crashed earlier start) is replaced."""
+    async def _submit(self, offer: dict, a_what: str) -> dict:
+        """Ask for the offer; a stale lease of the same server (a crashed earlier start) is replaced."""
+        lease, link = self.gpu_lease, self.gpu_link()
         try:
             try:
-                return await link.submit(offer["name"], self.gpu_holder)
+                return await lease.acquire(offer["name"])
             except HolderBusy as err:
                 self.log.warning("%s: releasing the stale lease %s of this server", self._log_name, err.lease_id)
                 await link.release(err.lease_id)
-                return await link.submit(offer["name"], self.gpu_holder)
+                return await lease.acquire(offer["name"])
         except QuotaExceeded as err:
             if offer.get("over_quota"):
                 raise spawn_error(f"Your quota never allows {a_what}: {err}.", "quota", 403) from None
@@ -548,24 +562,21 @@ class GPUSpawnerMixin(Spawner):
         """
         self._gpu_init()
         self._stop_heartbeats()
-        lease_id, self.gpu_lease_id, self._gpu_lease = self.gpu_lease_id, "", None
-        await self._release_lease(lease_id, reason, holder_gone=holder_gone)
+        await self._release_lease(reason, holder_gone=holder_gone)
 
-    async def _release_lease(self, lease_id: str, reason: str, *, holder_gone: bool) -> None:
+    async def _release_lease(self, reason: str, *, holder_gone: bool, lease: HolderLease | None = None) -> None:
+        lease = lease or self.gpu_lease
+        lease_id = lease.lease_id
         if not lease_id:
             return
         try:
-            link = self.gpu_link()
-            released = await link.release(lease_id, holder_gone=holder_gone)
-            if released is None and holder_gone:
-                # it had already ended (released from the sidebar, idle, a time limit...): its
-                # slice waits for this server to go, which it now has
-                await link.holders_gone([self.gpu_holder])
+            await lease.release(gone=holder_gone)
             self.log.info("%s: released lease %s (%s)%s", self._log_name, lease_id, reason,
                           "; the server has stopped" if holder_gone else "")
         except (GpuAllocError, PermissionError, AllocatorNotConfigured) as err:
             self.log.warning("%s: could not release lease %s (%s): %s; it ends after the heartbeat TTL",
                              self._log_name, lease_id, reason, err)
+            lease.load_state({})
         await self._gpu_close_link()
 
     # ------------------------------------------------------- stop and poll
@@ -592,7 +603,7 @@ class GPUSpawnerMixin(Spawner):
 
     async def _gpu_stop_then_release(self, now: bool, reason: str) -> int | None:
         _IN_GPU_STOP.set(self)  # this task's context (and tasks it starts): poll() from inside the stop
-        lease_id = self.gpu_lease_id  # kept: the hub may clear the spawner's state meanwhile
+        kept = self.gpu_lease.get_state()  # kept: the hub may clear the spawner's state meanwhile
         self._stop_heartbeats()
         status = None
         try:
@@ -605,9 +616,11 @@ class GPUSpawnerMixin(Spawner):
             if status is None:
                 self.log.warning("%s: the server still runs after stop(): its GPU slice is not given back "
                                  "before the service stops hearing from it", self._log_name)
-            if self.gpu_lease_id == lease_id:
-                self.gpu_lease_id, self._gpu_lease = "", None
-            await self._release_lease(lease_id, reason, holder_gone=status is not None)
+            lease = self.gpu_lease
+            if self.gpu_lease_id not in ("", kept.get("lease_id")):  # a newer lease: this stop ends the one it found
+                lease = HolderLease(lambda: self.gpu_link().client, self.gpu_holder)
+            lease.load_state(kept)
+            await self._release_lease(reason, holder_gone=status is not None, lease=lease)
             await self._gpu_close_link()
         return status
 
@@ -616,12 +629,11 @@ class GPUSpawnerMixin(Spawner):
         await self._gpu_stop(now, "the server stopped")
 
     async def _poll_server(self):
-        """The wrapped spawner's poll(), keeping the lease id its clear_state() may drop."""
-        self._gpu_init()
-        lease_id = self.gpu_lease_id
+        """The wrapped spawner's poll(), keeping the lease its clear_state() may drop."""
+        kept = self.gpu_lease.get_state()
         status = await super().poll()
-        if status is not None and lease_id:
-            self.gpu_lease_id = lease_id
+        if status is not None and kept:
+            self.gpu_lease.load_state(kept)
         return status
 
     async def poll(self):
@@ -665,18 +677,21 @@ class GPUSpawnerMixin(Spawner):
             self.log.exception("%s: stopping the server whose GPU lease ended failed", self._log_name)
 
     # ------------------------------------------------------------ heartbeats
+    def _gpu_keeper(self) -> Keepalive:
+        """This spawner's heartbeat (its user's token: one per spawner), made on first use."""
+        if self._gpu_keepalive is None:
+            self._gpu_keepalive = Keepalive(lambda holders: self.gpu_link().heartbeat(holders),
+                                            self.gpu_heartbeat_interval, log=self.log, what=self._log_name)
+        return self._gpu_keepalive
+
     def _start_heartbeats(self) -> None:
-        """Keep the running server's lease alive (holder.Keepalive): a dead server's lease is released
-        at once, and a server whose lease ended is stopped at once (then its slice returns)."""
-        keepalive = self._gpu_keepalive
-        if keepalive is None:
-            keepalive = self._gpu_keepalive = Keepalive(
-                lambda holders: self.gpu_link().heartbeat(holders), self.gpu_heartbeat_interval,
-                log=self.log, what=self._log_name)
-        if self.gpu_holder not in keepalive.kept:
-            keepalive.keep(self.gpu_holder, lease_id=self.gpu_lease_id, running=self._server_runs,
-                           on_ended=self._server_ended, on_lost=self._server_lease_lost)
-        keepalive.start()
+        """Keep the running server's lease alive (it joins the spawner's Keepalive): a dead server's
+        lease is released at once, and a server whose lease ended is stopped at once (then its slice
+        returns)."""
+        keeper = self._gpu_keeper()
+        if self.gpu_holder not in keeper.kept:
+            self.gpu_lease.keepalive(keeper, on_ended=self._server_ended, on_lost=self._server_lease_lost)
+        keeper.start()
 
     def _stop_heartbeats(self) -> None:
         keepalive, self._gpu_keepalive = self._gpu_keepalive, None
@@ -692,7 +707,7 @@ class GPUSpawnerMixin(Spawner):
         await self.release_slice("the server is not running", holder_gone=True)
 
     async def _server_lease_lost(self, holder: str) -> None:
-        lease = await self.gpu_link().lease(self.gpu_lease_id) if self.gpu_lease_id else None
+        lease = await self.gpu_lease.read()
         self._gpu_lost = (lease or {}).get("reason") or "the service no longer knows it"
         self._stop_heartbeats()  # (from inside the beat: it ends, its callbacks done)
         asyncio.ensure_future(self._stop_lost_server_and_tell_the_hub())

@@ -39,7 +39,8 @@ from ..client import GpuAllocClient, GpuAllocError, ServiceUnavailable
 from ..client import Availability
 from ..core.holders import job_holder
 from ..holder import Keepalive
-from ..lease_env import SLICE_ENV_NAMES, slice_env
+from ..holder_lease import HolderLease
+from ..lease_env import SLICE_ENV_NAMES
 from ..job_folder import INPUTS_DIR, JobFolder, inside
 from .notebook import job_notebook
 
@@ -73,11 +74,11 @@ class LoggingNotebookClient(NotebookClient):
 
 @dataclass
 class Attempt:
-    """One attempt of a job running here: its kernel and its task."""
+    """One attempt of a job running here: its lease, its kernel and its task."""
 
     job_id: str
     number: int
-    lease_id: str
+    lease: HolderLease
     km: AsyncKernelManager | None = None
     task: asyncio.Task | None = None
     stopping: str = ""  # why the runner stops it (then the core has already moved the job on)
@@ -102,15 +103,16 @@ class JobRunner:
         self._recovered = False
         self._cleaned: set[str] = set()  # ended jobs whose inputs are deleted
         self._unreported: dict[str, tuple[int, str, str]] = {}  # job id: (attempt, outcome, reason) to report again
-        self._unreturned: set[str] = set()  # leases of stopped attempts whose slices are to be returned again
+        self._unreturned: dict[str, HolderLease] = {}  # leases of stopped attempts whose slices are to be returned again
+        self.keepalive = Keepalive(client.heartbeat, log=self.log)  # the owner's jobs', beaten by poll()
 
     async def poll(self) -> None:
         """One round: recover once, heartbeat, stop what must stop, claim what may start."""
         try:
             for job_id, report in list(self._unreported.items()):
                 await self._finish(job_id, *report)
-            for lease_id in list(self._unreturned):
-                await self._return_slice(lease_id)
+            for lease in list(self._unreturned.values()):
+                await self._return_slice(lease)
             mine = [j for j in await self.client.jobs() if j.get("runner", "server") == self.client.server]
             jobs = [j for j in mine if j["state"] in ("queued", "running")]
             self._delete_inputs([j for j in mine if j["state"] not in ("queued", "running")])
@@ -118,9 +120,9 @@ class JobRunner:
                 await self._recover(jobs)
                 self._recovered = True
                 return  # the interrupted jobs are queued again: the next round sees them so
-            holders = [job_holder(j['id']) for j in jobs]
-            if holders:
-                await self.client.heartbeat(holders)
+            self.keepalive.keep_only({job_holder(j["id"]) for j in jobs})
+            if self.keepalive.kept:
+                await self.keepalive.beat(strict=True)
                 if self.on_activity is not None:
                     self.on_activity()
             by_id = {j["id"]: j for j in jobs}
@@ -174,16 +176,21 @@ class JobRunner:
         except GpuAllocError as err:  # another runner took it, or it moved on meanwhile
             self.log.info("gpualloc jobs: job %s not started: %s", job["id"], err)
             return
-        attempt = Attempt(job["id"], job["attempts"], job["lease"]["id"])
-        self.attempts[job["id"]] = attempt
+        attempt = self.attempt_of(job)
         attempt.task = asyncio.ensure_future(self._run(job, attempt))
         attempt.task.add_done_callback(lambda _: self.attempts.pop(job["id"], None))
 
-    def env_for(self, job: dict) -> dict[str, str]:
+    def attempt_of(self, job: dict) -> Attempt:
+        """The attempt a claimed job (`start`) begins here, holding the job's lease."""
+        attempt = Attempt(job["id"], job["attempts"], HolderLease(self.client, job_holder(job["id"])))
+        attempt.lease.adopt(job["lease"])
+        self.attempts[job["id"]] = attempt
+        return attempt
+
+    def env_for(self, job: dict, attempt: Attempt) -> dict[str, str]:
         """The server's env, minus its own slice, plus the job lease's slice env."""
         env = {k: v for k, v in os.environ.items() if k not in SLICE_ENV_NAMES}
-        env.update(slice_env(job["lease"], service_url=self.service_url, mps=self.mps,
-                             visible_devices=self.visible_devices))
+        env.update(attempt.lease.env(service_url=self.service_url, mps=self.mps, visible_devices=self.visible_devices))
         env["GPUALLOC_JOB_ID"] = job["id"]
         return env
 
@@ -224,7 +231,7 @@ class JobRunner:
             await self._finish(job["id"], attempt.number, outcome, reason)
             return outcome
         if self.visible_devices:  # in a pod, the pod's end returns the slice
-            await self._return_slice(attempt.lease_id)
+            await self._return_slice(attempt.lease)
         return "stopped"
 
     def _slice_text(self, slice_: dict) -> str:
@@ -236,21 +243,23 @@ class JobRunner:
                                           else f"{len(slice_['gpu_uuids'])} whole GPU")
         return f"{slice_['kind']} {shape} of {slice_.get('model') or 'a GPU'} on node {slice_['node']}"
 
-    async def _return_slice(self, lease_id: str) -> None:
+    async def _return_slice(self, lease: HolderLease) -> None:
         """A stopped attempt's kernel is gone: its ended lease's slice may go to someone else now
         (told again at the next rounds while the service cannot take it)."""
-        self._unreturned.discard(lease_id)
+        lease_id = lease.lease_id
+        self._unreturned.pop(lease_id, None)
         try:
-            await self.client.release(lease_id, holder_gone=True)
+            if await lease.release(gone=True) is None:  # already returned (its heartbeats stopped, a restart found it gone)
+                self.log.info("gpualloc jobs: the slice of lease %s was returned already", lease_id)
         except ServiceUnavailable:
-            self._unreturned.add(lease_id)
-        except GpuAllocError as err:  # already returned (its heartbeats stopped, a restart found it gone)
+            self._unreturned[lease_id] = lease
+        except GpuAllocError as err:
             self.log.info("gpualloc jobs: the slice of lease %s was not returned: %s", lease_id, err)
 
     async def _execute(self, job: dict, nb, attempt: Attempt, log_file) -> None:
         km = AsyncKernelManager(kernel_name=job["kernel_name"])
         attempt.km = km
-        await km.start_kernel(env=self.env_for(job), cwd=job["workdir"])
+        await km.start_kernel(env=self.env_for(job, attempt), cwd=job["workdir"])
         client = LoggingNotebookClient(nb, log_file, km=km, kernel_name=job["kernel_name"], timeout=None,
                                        resources={"metadata": {"path": job["workdir"]}})
         await client.async_start_new_kernel_client()
@@ -362,15 +371,13 @@ async def run_in_pod(client: GpuAllocClient, job_id: str, *, heartbeat_interval:
     log = log or logging.getLogger(__name__)
     runner = JobRunner(client, service_url=client.url, visible_devices=False, log=log)
     job = await client.start_job(job_id, runner="pod")
-    attempt = Attempt(job["id"], job["attempts"], job["lease"]["id"])
-    runner.attempts[job["id"]] = attempt
+    attempt = runner.attempt_of(job)
     attempt.task = asyncio.ensure_future(runner._run(job, attempt))
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: _terminate(runner, attempt))
     # the job's token names its holder: the heartbeat carries none
     keepalive = Keepalive(lambda holders: client.heartbeat(), heartbeat_interval, log=log, what=f"gpualloc jobs: job {job_id}")
-    keepalive.keep(job_holder(job_id))
-    keepalive.start()
+    attempt.lease.keepalive(keepalive)
     try:
         await asyncio.wait([attempt.task])
         outcome = attempt.task.result()

@@ -22,7 +22,8 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..core.holders import KERNEL, kernel_of
 from ..core.holders import kernel_holder as holder_of_kernel
-from ..holder import Waiting, WaitGaveUp, wait_in_queue
+from ..holder import Keepalive, Waiting, WaitGaveUp
+from ..holder_lease import HolderLease
 from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE
 from .arguments import JOB_WORDS, gpu_parser, parse_gpu_line, request_arguments, spec_from_args
 from .caps import FrameworkCaps, MemoryCap, apply_lease_env, cap_from_env, clear_lease_env, restore_env, slice_variables
@@ -124,7 +125,9 @@ class KernelGpu:
         self.restart_needed_for: str | None = None
         self.caps = FrameworkCaps()
         self.heartbeat_interval = heartbeat_interval
-        self._keepalive = None
+        self._keeper: Keepalive | None = None  # this process's one heartbeat, on the client's loop
+        # this kernel's own lease (asked for by %gpu): the one holder lifecycle, run on the client's loop
+        self.gpu_lease = HolderLease(lambda: self.client.asynchronous, self.holder)
         self.notices = LeaseNotices(lambda: self.events_client, lambda: self.lease_id,
                                     read_lease=lambda lease_id: self.client.lease(lease_id),
                                     read_quotas=self.usage_quotas)
@@ -172,10 +175,13 @@ class KernelGpu:
         return bool(self.environ.get(KEPT_ALIVE_VARIABLE))
 
     def _holding(self) -> None:
-        """This kernel holds a lease: keep it alive (unless its server does), and say when the
-        service warns about it."""
-        if self._keepalive is None and not self.kept_alive_by_server:
-            self._keepalive = self.client.keep_alive([self.holder], self.heartbeat_interval, QUIET_LOG)
+        """This kernel holds a lease: keep it alive (unless its server does: it joins the process's
+        Keepalive), and say when the service warns about it."""
+        if not self.kept_alive_by_server:
+            if self._keeper is None:
+                self._keeper = Keepalive(self.client.asynchronous.heartbeat, self.heartbeat_interval, log=QUIET_LOG)
+            keeper = self._keeper
+            self.client.on_loop(lambda: self.gpu_lease.keepalive(keeper))
         self.notices.start()
 
     def follow_lease_from_launch(self) -> None:
@@ -186,9 +192,13 @@ class KernelGpu:
             self.notices.start()
 
     def _not_holding(self) -> None:
-        if self._keepalive is not None:
-            self.client.stop_keepalive(self._keepalive)
-            self._keepalive = None
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            def leave() -> None:
+                self.gpu_lease.leave_keepalive()
+                keeper.stop()
+
+            self.client.on_loop(leave)
         self.notices.stop()
 
     def close(self) -> None:
@@ -202,11 +212,11 @@ class KernelGpu:
 
     def current(self) -> dict | None:
         """This holder's active lease (queued or granted), or None."""
-        mine = [lease for lease in self.client.leases() if lease["holder"] == self.holder and lease["state"] in ACTIVE]
-        if mine:
-            self.lease_id = mine[-1]["id"]
+        lease = self.client.run(lambda _: self.gpu_lease.find())
+        if lease is not None:
+            self.lease_id = lease["id"]
             self._holding()
-            return mine[-1]
+            return lease
         self._not_holding()
         return None
 
@@ -231,7 +241,7 @@ class KernelGpu:
         """Ask for a slice. mode: 'now' (fail if nothing fits), 'wait' (up to `timeout` s), 'queue'."""
         lease = None
         try:
-            lease = self.client.request_lease(spec, self.holder, wait=0 if mode == "now" else None)
+            lease = self.client.run(lambda _: self.gpu_lease.acquire(spec=spec, wait=0 if mode == "now" else None))
             self.lease_id = lease["id"]
             self._holding()
             if lease["state"] == "queued":
@@ -272,8 +282,9 @@ class KernelGpu:
         return [f"gpu: {self.events_client.restart_as_gpu_kernel(kernel_of(self.holder), spec)['note']}"]
 
     def _wait(self, lease: dict, timeout: float) -> dict:
-        """Wait in the queue (holder.wait_in_queue, on the client's loop), showing the position and
-        the reason, until the lease is granted, ends, or `timeout` passes (then it is withdrawn)."""
+        """Wait in the queue (HolderLease.wait, on the client's loop), showing the position, the
+        reason and when it gives up, until the lease is granted, ends, or `timeout` passes (then it is
+        withdrawn)."""
         progress = Progress(self.in_kernel)
         what, a_what = describe_request(lease), describe_request(lease, article=True)
         started = self.clock()
@@ -285,13 +296,13 @@ class KernelGpu:
                           f"{format_duration(waiting.waited)}{left} (interrupt to withdraw)")
 
         try:
-            lease = self.client.run(lambda client: wait_in_queue(
-                lambda view: client.lease(view["id"]), lease, patience=timeout, on_round=tell, poll=self.poll_interval))
+            lease = self.client.run(lambda _: self.gpu_lease.wait(patience=timeout, on_round=tell,
+                                                                  poll=self.poll_interval))
         except WaitGaveUp:
-            withdrawn = self.client.release(lease["id"])
+            withdrawn = self.client.run(lambda _: self.gpu_lease.release())
             progress.done(f"gpu: no {what} within {format_duration(timeout)}: request withdrawn "
                           f"(use a longer --wait, or --no-wait)")
-            return withdrawn
+            return withdrawn or {**lease, "state": "cancelled"}
         if lease["state"] == "granted":
             progress.done(f"gpu: granted after {format_duration(self.clock() - started)} in the queue")
         return lease
@@ -303,7 +314,8 @@ class KernelGpu:
         self._not_holding()
         if lease is None:
             return "gpu: interrupted before the request reached the service: nothing requested"
-        self.client.release(lease["id"])
+        self.gpu_lease.adopt(lease)
+        self.client.run(lambda _: self.gpu_lease.release())
         if lease["state"] == "granted":
             return f"gpu: interrupted: {describe_lease(lease)} released (lease {lease['id']})"
         where = f" at position {lease['position']}" if lease.get("position") else ""
@@ -379,7 +391,8 @@ class KernelGpu:
         """Release a lease of this kernel: its slice returns to the pool at once unless this process
         may still use it (a CUDA context on it), else when the kernel ends."""
         in_use = lease["id"] == self.applied_id and bool(cuda_initialised_by())
-        return self.client.release(lease["id"], holder_gone=not in_use)
+        self.gpu_lease.adopt(lease)
+        return self.client.run(lambda _: self.gpu_lease.release(gone=not in_use)) or lease
 
     def release(self) -> list[str]:
         lease = self.current()

@@ -3,8 +3,9 @@
 The decision is the scheduler's (policy `idle_timeout`, `idle_grace`, `release_busy`): this
 monitor only tells it, every `report_interval`, each GPU kernel's last activity as a person made
 it (server/activity.py: cells clients ran, never the kernel's own output), whether such a cell
-is running and how many clients are connected, and heartbeats every kernel's holder so a crashed
-server loses its slices after the heartbeat TTL. When the scheduler ends a kernel's lease
+is running and how many clients are connected, and heartbeats every kernel's holder (the
+process's one holder.Keepalive, beaten by this round) so a crashed server loses its slices after
+the heartbeat TTL. When the scheduler ends a kernel's lease
 (idle expiry, preemption), the monitor shuts that kernel down and emits `kernel.gpu_shutdown`;
 a kernel found gone is reported gone (`holders_gone`), so the slice its lease kept returns.
 
@@ -21,6 +22,8 @@ from typing import Any, Mapping
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound
 from ..core.holders import kernel_holder, kernel_of
+from ..holder import Keepalive
+from ..holder_lease import HolderLease
 from .activity import PersonActivity
 from .events import GpuAllocEvents
 from .kernel_slices import KernelSlices
@@ -37,8 +40,9 @@ class KernelActivityMonitor:
         self.kernel_manager = kernel_manager
         self.events = events
         self.log = log or logging.getLogger(__name__)
-        self.leases: dict[str, dict] = {}  # kernel id -> its granted lease (JSON of REST API v1)
+        self.held: dict[str, HolderLease] = {}  # kernel id -> its granted lease
         self.extra_holders: set[str] = set()  # other holders this server keeps alive (e.g. "server")
+        self.keepalive = Keepalive(client.heartbeat, log=self.log)  # every kernel's, beaten by report()
         self.shutdowns: dict[str, asyncio.Task] = {}  # kernel id -> its shutdown in progress
         self.person = PersonActivity(kernel_manager, log=self.log, on_comm_close=self._comm_closed)
         self.slices = KernelSlices(kernel_manager, self.person.watch, log=self.log)
@@ -48,14 +52,18 @@ class KernelActivityMonitor:
         self.seen: set[str] = set()
 
     def attach(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
-        self.leases[kernel_id] = dict(lease)
+        self.held[kernel_id] = HolderLease(self.client, kernel_holder(kernel_id))
+        self.held[kernel_id].adopt(dict(lease))
 
     def detach(self, kernel_id: str) -> dict | None:
         self.seen.discard(kernel_id)
-        return self.leases.pop(kernel_id, None)
+        held = self.held.pop(kernel_id, None)
+        return held.view if held is not None else None
 
     def lease_of(self, kernel_id: str) -> dict | None:
-        return self.leases.get(kernel_id)
+        """The kernel's granted lease (JSON of REST API v1) as last reported, or None."""
+        held = self.held.get(kernel_id)
+        return held.view if held is not None else None
 
     def activity(self, kernel_id: str) -> dict[str, Any]:
         """What the scheduler is told about a kernel: a person's last activity, busy, connections."""
@@ -72,25 +80,24 @@ class KernelActivityMonitor:
         for kernel_id in self.person.watched() - running:
             self.person.forget(kernel_id)
             self.slices.forget(kernel_id)
-        for kernel_id in (set(self.leases) & self.seen) - running:
+        for kernel_id in (set(self.held) & self.seen) - running:
             self.detach(kernel_id)
             self.unreported.add(kernel_holder(kernel_id))
-        self.seen |= running & set(self.leases)
+        self.seen |= running & set(self.held)
         self.slices.tell_again()
         await self.report_gone()
-        holders = [kernel_holder(k) for k in sorted(running)] + sorted(self.extra_holders)
-        if holders:
-            for lease in await self.client.heartbeat(holders):
-                kernel_id = kernel_of(lease["holder"])
-                if kernel_id in running and kernel_id not in self.leases and lease["state"] == "granted":
-                    self.attach(kernel_id, lease)  # e.g. obtained by the %gpu magic inside the kernel
-        for kernel_id, lease in list(self.leases.items()):
+        self.keepalive.keep_only({kernel_holder(k) for k in running} | self.extra_holders)
+        for lease in await self.keepalive.beat(strict=True):
+            kernel_id = kernel_of(lease["holder"])
+            if kernel_id in running and kernel_id not in self.held and lease["state"] == "granted":
+                self.attach(kernel_id, lease)  # e.g. obtained by the %gpu magic inside the kernel
+        for kernel_id, held in list(self.held.items()):
             if kernel_id not in running:  # still starting: the manager does not list it yet
                 continue
             try:
-                self.leases[kernel_id] = await self.client.touch(lease["id"], **self.activity(kernel_id))
+                await held.report_activity(**self.activity(kernel_id))
             except NotFound:
-                await self.lease_ended(kernel_id, await self.client.lease(lease["id"]))
+                await self.lease_ended(kernel_id, await self.client.lease(held.lease_id))
 
     async def report_gone(self) -> None:
         """Tell the service which kernels' processes ended; those it did not hear of wait for the next round."""
@@ -120,7 +127,7 @@ class KernelActivityMonitor:
 
     async def lease_ended(self, kernel_id: str, lease: Mapping[str, Any]) -> None:
         """The scheduler ended a kernel's lease: shut the kernel down if its slice was taken away."""
-        held = self.leases.get(kernel_id)
+        held = self.lease_of(kernel_id)
         if held is None or held["id"] != lease["id"]:
             return
         self.detach(kernel_id)

@@ -36,8 +36,9 @@ from traitlets import Dict, Float, Unicode
 
 from ..client import GpuAllocClient, GpuAllocError, NotFound, ServiceUnavailable, discover
 from ..core.holders import kernel_holder
-from ..holder import Waiting, WaitGaveUp, wait_in_queue
-from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE, SLICE_ENV_NAMES, slice_env
+from ..holder import Waiting, WaitGaveUp
+from ..holder_lease import HolderLease
+from ..lease_env import IN_A_POD_VARIABLE, KEPT_ALIVE_VARIABLE, OFF_VARIABLE, SLICE_ENV_NAMES
 from .idle import ENDS_KERNEL, KernelActivityMonitor
 
 POLL_SECONDS = 1.0
@@ -132,7 +133,7 @@ class GpuAllocProvisioner(LocalProvisioner):
         None, allow_none=True, help="Seconds a kernel start waits for a queued slice (None: the extension's).",
     ).tag(config=True)
 
-    lease_id: str | None = None
+    _lease: HolderLease | None = None
     in_pod: bool = False  # this kernel runs in a pod of its own
     pod_state: str = ""  # its pod's last state: queued, starting, running, ended
     local_ip: str = ""  # the kernel manager's own address, before it took the pod's
@@ -141,6 +142,18 @@ class GpuAllocProvisioner(LocalProvisioner):
     @property
     def holder(self) -> str:
         return kernel_holder(self.kernel_id)
+
+    def gpu_lease(self, link: KernelLink | None = None) -> HolderLease:
+        """The kernel's lease (holder_lease.HolderLease), through `link`'s client when given."""
+        if self._lease is None:
+            self._lease = HolderLease(None, self.holder)
+        if link is not None:
+            self._lease.client = link.client
+        return self._lease
+
+    @property
+    def lease_id(self) -> str | None:
+        return self.gpu_lease().lease_id or None
 
     def slice_request(self) -> dict[str, Any]:
         """What the kernel asks for: its offer, by name, or its spec (and a shorter idle timeout)."""
@@ -174,8 +187,9 @@ class GpuAllocProvisioner(LocalProvisioner):
         if self.spec and await link.gpu_kernels_in_pods():
             self.in_pod = True
             return kwargs  # launch_kernel asks the service for its pod
+        holder_lease = self.gpu_lease(link)
         try:
-            lease = await self._active_lease(link)
+            lease = await holder_lease.find()  # however it was obtained (e.g. by the %gpu magic): applied again
         except GpuAllocError as err:
             if self.spec:
                 raise
@@ -183,15 +197,14 @@ class GpuAllocProvisioner(LocalProvisioner):
                            self.kernel_id, err)
             return kwargs  # a kernel that asks for no slice starts all the same
         if lease is None and self.spec:
-            lease = await link.client.request_lease(self.spec, self.holder, offer=self.offer or None,
-                                                    priority=self.priority, idle_timeout=self.idle_timeout)
+            lease = await holder_lease.acquire(self.offer or None, spec=self.spec, priority=self.priority,
+                                               idle_timeout=self.idle_timeout)
         if lease is not None and lease["state"] == "queued":
-            lease = await self._wait_for_grant(link, lease)
+            lease = await self._wait_for_grant(link, holder_lease)
         if lease is not None:
             for name in SLICE_ENV_NAMES:
                 env.pop(name, None)
-            env.update(slice_env(lease, service_url=link.kernel_url, mps=link.mps))
-            self.lease_id = lease["id"]
+            env.update(holder_lease.env(service_url=link.kernel_url, mps=link.mps))
             if link.monitor is not None:
                 link.monitor.attach(self.kernel_id, lease)
             self.log.info("kernel %s: GPU slice %s (lease %s)", self.kernel_id,
@@ -220,7 +233,7 @@ class GpuAllocProvisioner(LocalProvisioner):
         except asyncio.CancelledError:  # the start was given up: the request is withdrawn
             await asyncio.shield(self._end_pod(link))
             raise
-        self.lease_id = pod["lease"]["id"]
+        self.gpu_lease(link).adopt(pod["lease"])
         if link.monitor is not None:
             link.monitor.attach(self.kernel_id, pod["lease"])
         self.log.info("kernel %s: runs in pod %s at %s (lease %s)", self.kernel_id, pod.get("pod"), pod["ip"],
@@ -253,9 +266,9 @@ class GpuAllocProvisioner(LocalProvisioner):
             return view
 
         try:
-            pod = await wait_in_queue(read, pod, patience=timeout, on_round=tell, poll=POLL_SECONDS,
-                                      first_poll=FIRST_POD_POLL_SECONDS,
-                                      waiting=lambda view: view["state"] not in ("running", "ended"))
+            pod = await self.gpu_lease(link).wait(read=read, view=pod, patience=timeout, on_round=tell,
+                                                  poll=POLL_SECONDS, first_poll=FIRST_POD_POLL_SECONDS,
+                                                  waiting=lambda view: view["state"] not in ("running", "ended"))
         except WaitGaveUp as gave_up:
             await self._end_pod(link)
             raise SliceWaitTimeout(
@@ -332,33 +345,23 @@ class GpuAllocProvisioner(LocalProvisioner):
             return await super().terminate(restart)
         await self.kill(restart)
 
-    async def _active_lease(self, link: KernelLink) -> dict | None:
-        """The kernel's queued or granted lease, however it was obtained."""
-        for lease in await link.client.leases():
-            if lease["holder"] == self.holder and lease["state"] in ("queued", "granted"):
-                return lease
-        return None
-
-    async def _wait_for_grant(self, link: KernelLink, lease: dict) -> dict:
-        """Poll the queued lease until granted, logging its place; cancel it and fail after the wait timeout."""
+    async def _wait_for_grant(self, link: KernelLink, holder_lease: HolderLease) -> dict:
+        """Wait while the lease is queued, logging its place; withdraw it and fail after the wait timeout."""
         timeout = self.wait_timeout if self.wait_timeout is not None else link.wait_timeout
-        what, said = self.offer or lease["spec"], []
+        what, said = self.offer or holder_lease.view["spec"], []
 
         def tell(waiting: Waiting) -> None:
             why = f" ({waiting.reason})" if waiting.reason else ""
             self._log_once(said, f"waiting for a GPU slice: position {waiting.position}{why}")
 
-        async def read(view: dict) -> dict:
-            try:
-                return await link.client.lease(view["id"])
-            except ServiceUnavailable as err:  # the service restarts, or this server stops: asked again after
-                self._log_once(said, f"{err}; still waiting", warning=True)
-                return view
+        def unavailable(err: Exception) -> None:  # the service restarts, or this server stops: asked again after
+            self._log_once(said, f"{err}; still waiting", warning=True)
 
         try:
-            lease = await wait_in_queue(read, lease, patience=timeout, on_round=tell, poll=POLL_SECONDS)
+            lease = await holder_lease.wait(patience=timeout, on_round=tell, poll=POLL_SECONDS,
+                                            on_unavailable=unavailable)
         except WaitGaveUp as gave_up:
-            await self._release(link, lease["id"])
+            await holder_lease.release()
             raise SliceWaitTimeout(
                 f"No GPU slice ({what}) became free within {timeout:g} s: the kernel was not started. "
                 f"It was number {gave_up.waiting.position} in the queue; try again later or pick a smaller slice.")
@@ -366,13 +369,6 @@ class GpuAllocProvisioner(LocalProvisioner):
             raise SliceWaitTimeout(f"The GPU request for this kernel ended ({lease['state']}: "
                                    f"{lease.get('reason', '')}): the kernel was not started.")
         return lease
-
-    @staticmethod
-    async def _release(link: KernelLink, lease_id: str) -> None:
-        try:
-            await link.client.release(lease_id)
-        except NotFound:
-            pass  # it ended already (expired, or released by the user)
 
     async def cleanup(self, restart: bool = False) -> None:
         """At shutdown, its process ended: report the kernel gone; a restart keeps its lease. A kernel in
@@ -391,7 +387,8 @@ class GpuAllocProvisioner(LocalProvisioner):
             if restart and self.local_ip:  # the kernel manager starts kernels on local addresses only
                 self.parent.ip = self.local_ip
                 self._fresh_ports()
-            self.lease_id, self.in_pod, self.pod_request = None, restart, None
+            self.gpu_lease().load_state({})
+            self.in_pod, self.pod_request = restart, None
             return
         if restart:
             if self.spec and link is not None and link.kernel_pods:  # it moves into a pod of its own
@@ -404,12 +401,11 @@ class GpuAllocProvisioner(LocalProvisioner):
         if link.released_by_server:
             return
         try:
-            await link.client.holders_gone([self.holder])
+            await self.gpu_lease(link).gone()  # its lease, or one its %gpu magic got, ends; the slice returns
         except GpuAllocError as err:  # the kernel still stops; its lease ends with the heartbeat TTL
             self.log.warning("kernel %s: cannot report its end to the GPU allocator: %s", self.kernel_id, err)
             if link.monitor is not None:
                 link.monitor.unreported.add(self.holder)  # the next report tries again
-        self.lease_id = None
 
     def _fresh_ports(self) -> None:
         """New ports and a new connection file for the next start (the cached ones go back to the cache)."""
@@ -425,11 +421,11 @@ class GpuAllocProvisioner(LocalProvisioner):
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         info = await super().get_provisioner_info()
-        info["lease_id"] = self.lease_id
+        info.update(self.gpu_lease().get_state())
         info["in_pod"] = self.in_pod
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
         await super().load_provisioner_info(provisioner_info)
-        self.lease_id = provisioner_info.get("lease_id")
+        self.gpu_lease().load_state(provisioner_info)
         self.in_pod = bool(provisioner_info.get("in_pod"))

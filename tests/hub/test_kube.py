@@ -76,8 +76,8 @@ def pod_for(kind: str | None, service: str | None = SERVICE, owned: dict | None 
     """The pod for a lease of `kind`, the service's `pod` (namespace, labels, resources) in the lease when `owned`."""
     async def build():
         spawner = make_spawner(service, kube_gpu, **settings)
-        spawner._gpu_init()
-        spawner._gpu_lease = {**lease_json(kind), **({"pod": owned} if owned else {})} if kind else None
+        if kind:
+            spawner.gpu_lease.adopt({**lease_json(kind), **({"pod": owned} if owned else {})})
         spawner._gpu_memory = 81559 if kind == "shared" else None
         pod = await spawner.get_pod_manifest()
         assert spawner.extra_resource_limits == settings.get("extra_resource_limits", {})
@@ -239,8 +239,7 @@ def test_profile_list_is_kubespawners_beside_the_gpu_choice():
         spawner.user_options = options
         await spawner.load_user_options()
         assert (spawner.image, spawner.cpu_limit, spawner.environment["TEAM"]) == ("example.org/scipy:2", 4.0, "ds")
-        spawner._gpu_init()
-        spawner._gpu_lease = lease_json("mig")
+        spawner.gpu_lease.adopt(lease_json("mig"))
         return ApiClient().sanitize_for_serialization(await spawner.get_pod_manifest())
 
     pod = validated(asyncio.run(scenario()))

@@ -277,8 +277,8 @@ async def in_thread(call, *args, **kwargs):
 def record_releases(spawner, processes: list[psutil.Process], service, waiting: dict) -> list[dict]:
     """What the spawner tells the service, and what runs and what waits at that moment."""
     calls: list[dict] = []
-    link = spawner._gpu_link
-    release, holders_gone = link.release, link.holders_gone
+    client = spawner._gpu_link.client
+    release, holders_gone = client.release, client.holders_gone
 
     def seen(call: str, **details) -> None:
         calls.append({"call": call, **details, "running": [p.pid for p in processes if still_running(p)],
@@ -293,7 +293,7 @@ def record_releases(spawner, processes: list[psutil.Process], service, waiting: 
         seen("holders_gone", holders=holders)
         return await holders_gone(holders)
 
-    link.release, link.holders_gone = recording_release, recording_holders_gone
+    client.release, client.holders_gone = recording_release, recording_holders_gone
     return calls
 
 
