@@ -96,7 +96,8 @@ def external_kubeconfig(k8s_cluster, tmp_path_factory) -> Path:
                          tmp_path_factory.mktemp("rbac-external") / "kubeconfig")
 
 
-API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io"}
+API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io",
+              "resourceslices": "resource.k8s.io", "resourceclaims": "resource.k8s.io"}
 
 
 def allowed(k8s_cluster, verb: str, resource: str, namespace: str = "", *,
@@ -116,7 +117,7 @@ def assert_exactly_what_the_service_needs(k8s_cluster, namespace: str, account: 
     def may(verb: str, resource: str, where: str = "") -> bool:
         return allowed(k8s_cluster, verb, resource, where, account=account)
 
-    for resource in ("nodes", "pods"):  # the watch: list, then watch
+    for resource in ("nodes", "pods", "resourceslices", "resourceclaims"):  # the watch: list, then watch
         assert may("list", resource) and may("watch", resource), resource
         assert not may("get", resource), resource  # never read one by name
     for verb, resource in (("create", "pods"), ("delete", "pods"), ("create", "jobs"), ("delete", "jobs"),
@@ -126,7 +127,7 @@ def assert_exactly_what_the_service_needs(k8s_cluster, namespace: str, account: 
     for verb, resource in (("patch", "nodes"), ("update", "pods"), ("get", "secrets"), ("update", "secrets"),
                            ("patch", "secrets"), ("delete", "secrets"), ("list", "secrets"), ("get", "jobs"),
                            ("list", "jobs"), ("create", "pods/exec"), ("delete", "nodes"), ("create", "roles"),
-                           ("create", "rolebindings")):
+                           ("create", "rolebindings"), ("create", "resourceslices"), ("delete", "resourceclaims")):
         assert not may(verb, resource, namespace), (verb, resource)
 
 

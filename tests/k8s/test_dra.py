@@ -1,0 +1,144 @@
+"""DRA nodes on the local control plane: kwok nodes whose GPUs NVIDIA's DRA driver publishes (the
+ResourceSlices its kubelet plugin would write, tests/core/devices/dra_slices.py: a DynamicMIG H100 and
+A100, full L4s), read by the service's watch into the core's fleet; a foreign pod's claim, allocated
+and bound by the real kube-scheduler, holds the very device it got until it is deleted."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend
+from jupyter_gpualloc.core.model import MigMode
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.store import Store, sqlite_url
+from jupyter_gpualloc.core.wiring import open_core
+from jupyter_gpualloc.service.cluster import ClusterReconciler
+
+from ..core.devices.dra_slices import dynamic_mig, full_gpus, gpu_uuid
+from .test_cluster import KWOK_ANNOTATION, until
+
+client = pytest.importorskip("kubernetes_asyncio.client")
+ApiException = pytest.importorskip("kubernetes_asyncio.client.exceptions").ApiException
+
+H100, A100 = "H100 80GB HBM3", "A100-SXM4-40GB"
+DRA_NODES = {"dra-h100-1": dynamic_mig("dra-h100-1", H100, 2), "dra-a100-1": dynamic_mig("dra-a100-1", A100, 1),
+             "dra-l4-1": full_gpus("dra-l4-1", "L4", 2)}
+# The DeviceClasses the driver's Helm chart installs.
+DEVICE_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+
+
+def dra_node(name: str) -> dict:
+    """A kwok node with no device-plugin resources: its GPUs are the DRA driver's."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                         "annotations": {KWOK_ANNOTATION: "fake"}},
+            "spec": {}, "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                                   "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"}}}
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(k8s_cluster):
+    """The DRA nodes, their slices and the driver's DeviceClasses, removed after the module."""
+    async def add(api):
+        core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        for name, kind in DEVICE_CLASSES.items():
+            try:
+                await resource.create_device_class({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {
+                    "expression": f"device.driver == 'gpu.nvidia.com' && "
+                                  f"device.attributes['gpu.nvidia.com'].type == '{kind}'"}}]}})
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+        for name, slices in DRA_NODES.items():
+            await core.create_node(dra_node(name))
+            for body in slices:
+                await resource.create_resource_slice(body)
+
+    async def remove(api):
+        core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        for name in DRA_NODES:
+            await resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={name}")
+            await core.delete_node(name)
+
+    k8s_cluster.run(add)
+    yield k8s_cluster
+    k8s_cluster.run(remove)
+
+
+def claim_pod(name: str, claim: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"automountServiceAccountToken": False,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "python:3.12-slim", "command": ["sleep", "infinity"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def mig_claim(name: str, profile: str, product: str) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression":
+                    f"device.attributes['gpu.nvidia.com'].profile == '{profile}' && "
+                    f"device.attributes['gpu.nvidia.com'].productName == '{product}'"}}]}}]}}}
+
+
+def gpus_of(scheduler, node: str) -> list[dict]:
+    return next((n["gpus"] for n in scheduler.inventory()["nodes"] if n["name"] == node), [])
+
+
+def available(scheduler, profile: str, model: str) -> int:
+    return next((o["available"] for o in scheduler.offers() if o["spec"].get("profile") == profile
+                 and o["spec"].get("model") == model), 0)
+
+
+def test_the_watch_reads_dra_nodes_and_a_foreign_claim_holds_the_partition_the_kube_scheduler_gave_it(
+        dra_cluster, namespace, tmp_path):
+    async def body(api):
+        core_api, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        backend = KubernetesBackend.from_cluster(kubeconfig=dra_cluster.kubeconfig)
+        core = open_core(backend, Store(sqlite_url(str(tmp_path / "dra.sqlite"))),
+                         SchedulerPolicy(wait_for_holders=False, heartbeat_ttl=1e9), now=time.time())
+        reconciler = ClusterReconciler(core.scheduler, backend, namespace=namespace, instance=f"{namespace}.gpualloc",
+                                       kubeconfig=dra_cluster.kubeconfig)
+        await reconciler.start()
+        try:
+            scheduler = core.scheduler
+            h100 = gpus_of(scheduler, "dra-h100-1")
+            assert [(g["uuid"], g["model"], g["mig_mode"]) for g in h100] == [
+                (gpu_uuid("dra-h100-1", i), H100, MigMode.DYNAMIC.value) for i in range(2)]
+            assert [g["mig_mode"] for g in gpus_of(scheduler, "dra-a100-1")] == ["dynamic"]
+            assert [(g["model"], g["mig_mode"]) for g in gpus_of(scheduler, "dra-l4-1")] == [("L4", "off")] * 2
+            before = available(scheduler, "1g.10gb", H100)
+
+            await resource.create_namespaced_resource_claim(namespace, mig_claim("train", "1g.10gb",
+                                                                                 "NVIDIA H100 80GB HBM3"))
+            await core_api.create_namespaced_pod(namespace, claim_pod("train", "train"))
+
+            async def bound():
+                pod = await core_api.read_namespaced_pod("train", namespace)
+                claim = await resource.read_namespaced_resource_claim("train", namespace)
+                return pod.spec.node_name and claim.status.allocation and (pod.spec.node_name, claim)
+            node, claim = await until(bound, what="the kube-scheduler's allocation and binding")
+            assert node == "dra-h100-1"
+            device = claim.status.allocation.devices.results[0].device
+            pool = backend.pool("dra-h100-1")
+
+            async def held():
+                return [(g["uuid"], i["start"]) for g in gpus_of(scheduler, "dra-h100-1") for i in g["instances"]
+                        if i.get("outside") == f"claim:{namespace}/train"]
+            expected = pool.devices[device]
+            assert await until(held, what="the claim's partition held") == [(expected.gpu_uuid, expected.start)]
+            assert available(scheduler, "1g.10gb", H100) == before - 1
+
+            await core_api.delete_namespaced_pod("train", namespace, grace_period_seconds=0)
+            await resource.delete_namespaced_resource_claim("train", namespace)
+
+            async def freed():
+                return not await held() and available(scheduler, "1g.10gb", H100) == before
+            await until(freed, what="the partition free again")
+        finally:
+            await reconciler.close()
+            core.close()
+
+    dra_cluster.run(body, timeout=180)
