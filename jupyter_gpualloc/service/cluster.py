@@ -24,6 +24,7 @@ lease tells its spawner the extended resources its pod asks for, by the names it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -34,6 +35,7 @@ from ..core.errors import NotFound, StoreFailed
 from ..core.model import Event, Lease, LeaseState, Node, OutsideUse
 from ..core.scheduler import Scheduler
 from ..kube.gpu import KubeGpu
+from .dra_claims import LeaseClaims
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class ClusterReconciler:
         self.pod_unschedulable_timeout = pod_unschedulable_timeout
         self.pod_missing_timeout = pod_missing_timeout
         self.watch = ClusterWatch(backend, self, namespace=namespace, instance=instance, kubeconfig=kubeconfig)
+        self.claims = LeaseClaims(backend, self.watch)  # the leases' ResourceClaims on DRA nodes
         self.stale_since: float | None = None
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
         self._deleting: set[str] = set()
@@ -93,6 +96,7 @@ class ClusterReconciler:
             if known is not None:
                 self._job_pod_ended(known, f"its pod {known.namespace}/{known.name} was deleted")
                 self._end(known.lease_id, f"its pod {known.namespace}/{known.name} was deleted")
+                self._delete_claim(known.lease_id, known.namespace)
             return
         self._pods[key] = pod
         if pod.phase in ("Succeeded", "Failed"):
@@ -149,8 +153,32 @@ class ClusterReconciler:
     def _on_event(self, event: Event) -> None:
         if event.type not in ENDED or event.lease_id is None:
             return
-        for pod in [p for p in self._pods.values() if p.lease_id == event.lease_id]:
+        pods = [p for p in self._pods.values() if p.lease_id == event.lease_id]
+        for pod in pods:
             self._delete(pod, f"its lease ended ({event.data.get('reason', event.type)})")
+        if not pods:  # no pod holds its claim (if it has one): it goes now, else once its pod is gone
+            self._delete_claim(event.lease_id, self.namespace)
+        with contextlib.suppress(RuntimeError):  # its claim, while it remains, holds its device outside
+            asyncio.get_running_loop().call_soon(self.watch.recheck_claims)  # after the core's call that ended it
+
+    def lease_active(self, lease_id: str) -> bool:
+        """Whether the lease is queued or granted (its claim is its own, not outside use)."""
+        return self._lease_active(lease_id)
+
+    def _delete_claim(self, lease_id: str, namespace: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no IOLoop (the core driven directly)
+            return
+        task = loop.create_task(self._delete_claim_now(lease_id, namespace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete_claim_now(self, lease_id: str, namespace: str) -> None:
+        try:
+            await self.claims.delete(lease_id, namespace)
+        except Exception as err:  # noqa: BLE001 - logged; the claim holds its device outside until deleted by hand
+            log.warning("could not delete the ResourceClaim of lease %s: %s", lease_id, err)
 
     def _job_pod_ended(self, pod: OwnPod, why: str) -> None:
         if pod.job_id is not None and self.job_pods is not None:

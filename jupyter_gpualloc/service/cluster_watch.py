@@ -48,6 +48,7 @@ class ClusterListener(Protocol):
     def outside_use(self, key: str, use: OutsideUse | None) -> None: ...
     def own_pod(self, key: str, pod: OwnPod | None) -> None: ...
     def knows_lease(self, lease_id: str) -> bool: ...
+    def lease_active(self, lease_id: str) -> bool: ...
     def stale(self, since: float | None) -> None: ...
 
 
@@ -295,12 +296,14 @@ class ClusterWatch:
 
     def _claims_changed(self) -> None:
         """Report each allocated claim's hold that changed (None for a claim gone or deallocated);
-        the claims this install wrote for its leases hold nothing outside."""
+        the claims this install wrote for its active leases hold nothing outside (one left behind by an
+        ended lease does, until it is deleted)."""
         claims = self._resources[3].objects
         uses = {}
         for key, claim in claims.items():
             labels = (claim.get("metadata") or {}).get("labels") or {}
-            if labels.get(INSTANCE_LABEL) == self.instance and self.listener.knows_lease(labels.get(LEASE_LABEL, "")):
+            if (claim.get("metadata") or {}).get("namespace") == self.namespace \
+                    and labels.get(INSTANCE_LABEL) == self.instance and self.listener.lease_active(labels.get(LEASE_LABEL, "")):
                 continue
             use = self.backend.claim_use(claim)
             if use is not None:
@@ -332,6 +335,11 @@ class ClusterWatch:
             else:
                 self._outside[key] = use
             self.listener.outside_use(key, use)
+
+    def recheck_claims(self) -> None:
+        """Judge the claims again (a lease ended: its claim, while it remains, is outside use)."""
+        if len(self._resources) == 4 and all(r.version is not None for r in self._resources):
+            self._claims_changed()
 
     def _mark_stale(self, resource: _Resource, why: str) -> None:
         self._broken.add(resource.kind)

@@ -6,6 +6,7 @@ and bound by the real kube-scheduler, holds the very device it got until it is d
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
@@ -14,10 +15,14 @@ from jupyter_gpualloc.core.model import MigMode
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.store import Store, sqlite_url
 from jupyter_gpualloc.core.wiring import open_core
+from jupyter_gpualloc.kube.claims import claim_name
 from jupyter_gpualloc.service.cluster import ClusterReconciler
+from tests.service.conftest import ALICE, ROOT
 
-from ..core.devices.dra_slices import dynamic_mig, full_gpus, gpu_uuid
+from ..core.devices.dra_slices import dynamic_mig, full_gpus, gpu_uuid, mig_device
 from .test_cluster import KWOK_ANNOTATION, until
+from .test_job_pods import JobPodService, server_pod, wait_for, wait_for_nodes
+from .test_kernel_pods import KERNEL_LABEL
 
 client = pytest.importorskip("kubernetes_asyncio.client")
 ApiException = pytest.importorskip("kubernetes_asyncio.client.exceptions").ApiException
@@ -142,3 +147,81 @@ def test_the_watch_reads_dra_nodes_and_a_foreign_claim_holds_the_partition_the_k
             core.close()
 
     dra_cluster.run(body, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def service(dra_cluster, tmp_path_factory, install_namespace):
+    """The service, GPU kernels in pods of their own, on a cluster with the DRA nodes."""
+    svc = JobPodService(tmp_path_factory.mktemp("service-dra"), dra_cluster.kubeconfig,
+                        "c.GpuAllocService.kernel_pods = True\n", namespace=install_namespace)
+    svc.start()
+    try:
+        wait_for_nodes(svc, DRA_NODES)
+        yield svc
+    finally:
+        svc.kill()
+
+
+@pytest.fixture
+def server(service, dra_cluster, install_pods, tmp_path):
+    """alice's CPU-only server pod (a named server of this test's), Running."""
+    name = f"s{uuid.uuid4().hex[:8]}"
+    dra_cluster.run(lambda api: client.CoreV1Api(api).create_namespaced_pod(
+        install_pods, server_pod(service, "alice", tmp_path, server_name=name)))
+    return f"server:{name}"
+
+
+CONNECTION = {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1, "iopub_port": 2, "stdin_port": 3,
+              "control_port": 4, "hb_port": 5}
+
+
+def test_a_kernels_pod_on_a_dra_node_gets_the_partition_the_core_chose_through_a_claim_the_service_allocated(
+        service, server, dra_cluster, install_pods):
+    namespace = install_pods
+    body = {"spec": {"kind": "mig", "profile": "1g.10gb", "node": "dra-h100-1"}, "server": server,
+            "argv": ["python"], "connection": CONNECTION}
+    kernel_id = str(uuid.uuid4())
+    made = wait_for(lambda: (r := service.call("POST", f"kernels/{kernel_id}/pod", body, ALICE)).json()
+                    .get("field") != "runner" and r, what="the service seeing the server pod")
+    assert made.status == 201, made
+    lease = made.json()["lease"]
+    slice_ = lease["slice"]
+    gpu = next(g for n in service.call("GET", "inventory", token=ROOT).json()["nodes"] if n["name"] == "dra-h100-1"
+               for g in n["gpus"] if g["uuid"] == slice_["gpu_uuids"][0])
+    start = next(i["start"] for i in gpu["instances"] if i["uuid"] == slice_["mig_uuid"])
+    minor = [gpu_uuid("dra-h100-1", i) for i in range(2)].index(gpu["uuid"])
+    chosen = mig_device(minor, "1g.10gb", start, H100)
+
+    async def body_(api):
+        core_api, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+
+        async def bound():
+            pods = (await core_api.list_namespaced_pod(namespace, label_selector=f"{KERNEL_LABEL}={kernel_id}")).items
+            return next((p for p in pods if p.spec.node_name), None)
+        pod = await until(bound, what="the kernel's pod bound by the kube-scheduler")
+        claim = await resource.read_namespaced_resource_claim(claim_name(lease["id"]), namespace)
+        return pod, claim
+    pod, claim = dra_cluster.run(body_)
+    assert pod.spec.node_name == "dra-h100-1"
+    assert [c.resource_claim_name for c in pod.spec.resource_claims] == [claim_name(lease["id"])]
+    assert not any(k.startswith("nvidia.com/") for k in (pod.spec.containers[0].resources.limits or {}))
+    assert [(r.driver, r.pool, r.device) for r in claim.status.allocation.devices.results] == [
+        ("gpu.nvidia.com", "dra-h100-1", chosen)]
+    assert [r.name for r in claim.status.reserved_for] == [pod.metadata.name]  # the kube-scheduler only reserved it
+    assert claim.metadata.labels["gpualloc.jupyter.org/lease"] == lease["id"]
+
+    dra_cluster.run(lambda api: client.CoreV1Api(api).delete_namespaced_pod(pod.metadata.name, namespace,
+                                                                             grace_period_seconds=0))
+    wait_for(lambda: service.call("GET", f"leases/{lease['id']}", token=ALICE).json()["state"] != "granted",
+             what="the lease released with its pod")
+
+    async def claim_gone(api):
+        async def gone():
+            claims = await client.ResourceV1Api(api).list_namespaced_resource_claim(namespace)
+            return not any(c.metadata.name == claim_name(lease["id"]) for c in claims.items)
+        return await until(gone, what="the lease's claim deleted")
+    dra_cluster.run(claim_gone)
+    # what the pod held is free again: every 1g.10gb of the node is offered
+    wait_for(lambda: not any(i for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]
+                             if n["name"] == "dra-h100-1" for g in n["gpus"] for i in g["instances"]),
+             what="the partition gone from the inventory")

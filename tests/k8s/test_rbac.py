@@ -102,12 +102,15 @@ API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindin
 
 def allowed(k8s_cluster, verb: str, resource: str, namespace: str = "", *,
             account: tuple[str, str] = (NAMESPACE, "hub")) -> bool:
-    """Whether the service account may do it, as the API server's authorizer answers (SubjectAccessReview)."""
+    """Whether the service account may do it, as the API server's authorizer answers (SubjectAccessReview);
+    `resource` may name a subresource (resourceclaims/status)."""
+    resource, _, subresource = resource.partition("/")
+
     async def review(api):
         answer = await client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
             "user": f"system:serviceaccount:{account[0]}:{account[1]}", "groups": ["system:serviceaccounts"],
-            "resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace,
-                                   "group": API_GROUPS.get(resource, "")}}})
+            "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource,
+                                   "namespace": namespace, "group": API_GROUPS.get(resource, "")}}})
         return answer.status.allowed
 
     return k8s_cluster.run(review)
@@ -121,13 +124,15 @@ def assert_exactly_what_the_service_needs(k8s_cluster, namespace: str, account: 
         assert may("list", resource) and may("watch", resource), resource
         assert not may("get", resource), resource  # never read one by name
     for verb, resource in (("create", "pods"), ("delete", "pods"), ("create", "jobs"), ("delete", "jobs"),
-                           ("create", "secrets")):
+                           ("create", "secrets"), ("create", "resourceclaims"), ("delete", "resourceclaims"),
+                           ("patch", "resourceclaims/status")):
         assert may(verb, resource, namespace), (verb, resource)
         assert not may(verb, resource, "default"), (verb, resource)
     for verb, resource in (("patch", "nodes"), ("update", "pods"), ("get", "secrets"), ("update", "secrets"),
                            ("patch", "secrets"), ("delete", "secrets"), ("list", "secrets"), ("get", "jobs"),
                            ("list", "jobs"), ("create", "pods/exec"), ("delete", "nodes"), ("create", "roles"),
-                           ("create", "rolebindings"), ("create", "resourceslices"), ("delete", "resourceclaims")):
+                           ("create", "rolebindings"), ("create", "resourceslices"), ("update", "resourceclaims"),
+                           ("patch", "resourceclaims"), ("update", "resourceclaims/status")):
         assert not may(verb, resource, namespace), (verb, resource)
 
 

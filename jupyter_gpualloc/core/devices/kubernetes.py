@@ -142,6 +142,7 @@ class KubernetesBackend(DeviceBackend):
         self._profiles: dict[str, dict[int, MigProfile]] = {}
         self._unusable: list[UnusableNode] = []
         self._pools: dict[str, tuple[Any, dra.DraPool | str]] = {}  # node -> (what was read, pool or its problem)
+        self._made: dict[str, dict[str, str]] = {}  # node -> dynamic partitions made for leases -> "made"
         # The ResourceSlices and ResourceClaims discover() reads beside the nodes (none: no DRA node).
         self.slices: list[Mapping[str, Any]] = []
         self.claims: list[Mapping[str, Any]] = []
@@ -198,8 +199,8 @@ class KubernetesBackend(DeviceBackend):
             reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name, self.tolerations)
             readings[name] = (key, reading)
             pool = None
-            if name in published:
-                pool = self._read_pool(name, published[name], held.get(name, {}))
+            if name in published:  # a partition made for a lease is its GPU's instance until its claim holds it
+                pool = self._read_pool(name, published[name], {**self._made.get(name, {}), **held.get(name, {})})
                 pools[name] = self._pools[name]
             problem = reading.problem or (pool if isinstance(pool, str) else None)
             if problem is not None:
@@ -297,26 +298,31 @@ class KubernetesBackend(DeviceBackend):
         """On a DRA GPU with DynamicMIG: the partition at this placement, which the driver creates
         when the claim naming it is prepared (service/dra_claims.py writes it); no other MIG GPU
         here can change."""
-        pool, device = self._dynamic(gpu_uuid, profile_id, start)
+        node, device = self._dynamic(gpu_uuid, profile_id, start)
         if device is None:
             raise DevicePermissionError(_STATIC.format(action="create MIG instances"))
-        return MigInstance(uuid=pool.mig_uuid(device), profile_id=profile_id, start=start, size=device.size)
+        self._made.setdefault(node, {})[device.name] = "made"
+        return MigInstance(uuid=dra.dra_mig_uuid(gpu_uuid, device.name), profile_id=profile_id, start=start,
+                           size=device.size)
 
     def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
         """On a DRA GPU with DynamicMIG nothing to do: the driver destroys a partition when its
         claim is unprepared."""
-        pool = next((p for p in (self.pool(n) for n in self._pools) if p and any(g.uuid == gpu_uuid for g in p.gpus)),
-                    None)
-        if pool is None or not any(g.mig_mode is MigMode.DYNAMIC for g in pool.gpus if g.uuid == gpu_uuid):
-            raise DevicePermissionError(_STATIC.format(action="destroy MIG instances"))
+        for node in list(self._pools):
+            pool = self.pool(node)
+            device = pool.named_by(mig_uuid) if pool is not None else None
+            if device is not None and device.dynamic and device.gpu_uuid == gpu_uuid:
+                self._made.get(node, {}).pop(device.name, None)
+                return
+        raise DevicePermissionError(_STATIC.format(action="destroy MIG instances"))
 
-    def _dynamic(self, gpu_uuid: str, profile_id: int, start: int) -> tuple[Any, Any]:
-        """The DRA pool holding GPU `gpu_uuid` and its dynamic partition at this placement (None, None: none)."""
+    def _dynamic(self, gpu_uuid: str, profile_id: int, start: int) -> tuple[str | None, dra.DraDevice | None]:
+        """The DRA node holding GPU `gpu_uuid` and its dynamic partition at this placement (None, None: none)."""
         for node in self._pools:
             pool = self.pool(node)
             device = pool.device_of(gpu_uuid, profile_id, start) if pool is not None else None
             if device is not None and device.dynamic:
-                return pool, device
+                return node, device
         return None, None
 
     def process_memory(self) -> list[GpuProcess]:

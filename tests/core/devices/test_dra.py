@@ -150,3 +150,23 @@ def test_the_core_places_a_partition_on_a_device_the_driver_publishes(core):
     assert (device.gpu_uuid, device.start) == (gpu_uuid("dra-h100", 0), 4)  # 3g beside the held 1g@3 leaves 0-2
     c.scheduler.release(lease.id, now=now + 1)
     assert available(c.scheduler, "3g.40gb") == 3
+
+
+def test_a_partition_granted_before_its_claim_is_written_outlives_a_reload_and_goes_with_its_lease(core):
+    """Between the grant and the claim the service writes, the fleet may be read again (another
+    claim came): the lease keeps its partition, and its release makes it free."""
+    b = backend()
+    c = core(b)
+    now = time.time()
+    lease = c.scheduler.submit("alice", "server:a", SliceSpec(kind=SliceKind.MIG, profile="1g.10gb", model=H100),
+                               now=now)
+    other = allocated_claim("ml", "train", "dra-h100", mig_device(1, "7g.80gb", 0, H100))
+    b.claims = [other]
+    c.scheduler.nodes_changed(b.discover(), now=now + 1)
+    c.scheduler.outside_use("claim:ml/train", b.claim_use(other), now=now + 1)
+    assert c.scheduler.lease(lease.id).state.value == "granted"
+    assert available(c.scheduler, "1g.10gb") == 6  # GPU 1 is the claim's, GPU 0 has the lease's
+    c.scheduler.release(lease.id, now=now + 2)
+    c.scheduler.nodes_changed(b.discover(), now=now + 3)
+    assert available(c.scheduler, "1g.10gb") == 7
+    assert [i for g in b.discover()[0].gpus[:1] for i in g.instances] == []
