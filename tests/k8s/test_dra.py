@@ -21,7 +21,8 @@ from tests.service.conftest import ALICE, ROOT
 
 from ..core.devices.dra_slices import dynamic_mig, full_gpus, gpu_uuid, mig_device
 from .test_cluster import KWOK_ANNOTATION, until
-from .test_job_pods import JobPodService, server_pod, wait_for, wait_for_nodes
+from .test_job_pods import (JobPodService, cell_job, kube_jobs, running_pod, server_pod, submit, wait_for,
+                            wait_for_nodes)
 from .test_kernel_pods import KERNEL_LABEL
 
 client = pytest.importorskip("kubernetes_asyncio.client")
@@ -171,6 +172,23 @@ def server(service, dra_cluster, install_pods, tmp_path):
     return f"server:{name}"
 
 
+def lease_claim(dra_cluster, namespace: str, lease_id: str):
+    async def read(api):
+        claims = await client.ResourceV1Api(api).list_namespaced_resource_claim(namespace)
+        return next((c for c in claims.items if c.metadata.name == claim_name(lease_id)), None)
+    return dra_cluster.run(read)
+
+
+def chosen_device(service, slice_: dict) -> str:
+    """The driver's name of the MIG device the core chose for `slice_`, from the inventory."""
+    node = slice_["node"]
+    gpus = next(n["gpus"] for n in service.call("GET", "inventory", token=ROOT).json()["nodes"] if n["name"] == node)
+    gpu = next(g for g in gpus if g["uuid"] == slice_["gpu_uuids"][0])
+    instance = next(i for i in gpu["instances"] if i["uuid"] == slice_["mig_uuid"])
+    minor = [gpu_uuid(node, i) for i in range(len(gpus))].index(gpu["uuid"])
+    return mig_device(minor, slice_["profile"], instance["start"], gpu["model"])
+
+
 CONNECTION = {"key": "k", "signature_scheme": "hmac-sha256", "shell_port": 1, "iopub_port": 2, "stdin_port": 3,
               "control_port": 4, "hb_port": 5}
 
@@ -185,12 +203,7 @@ def test_a_kernels_pod_on_a_dra_node_gets_the_partition_the_core_chose_through_a
                     .get("field") != "runner" and r, what="the service seeing the server pod")
     assert made.status == 201, made
     lease = made.json()["lease"]
-    slice_ = lease["slice"]
-    gpu = next(g for n in service.call("GET", "inventory", token=ROOT).json()["nodes"] if n["name"] == "dra-h100-1"
-               for g in n["gpus"] if g["uuid"] == slice_["gpu_uuids"][0])
-    start = next(i["start"] for i in gpu["instances"] if i["uuid"] == slice_["mig_uuid"])
-    minor = [gpu_uuid("dra-h100-1", i) for i in range(2)].index(gpu["uuid"])
-    chosen = mig_device(minor, "1g.10gb", start, H100)
+    chosen = chosen_device(service, lease["slice"])
 
     async def body_(api):
         core_api, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
@@ -215,13 +228,27 @@ def test_a_kernels_pod_on_a_dra_node_gets_the_partition_the_core_chose_through_a
     wait_for(lambda: service.call("GET", f"leases/{lease['id']}", token=ALICE).json()["state"] != "granted",
              what="the lease released with its pod")
 
-    async def claim_gone(api):
-        async def gone():
-            claims = await client.ResourceV1Api(api).list_namespaced_resource_claim(namespace)
-            return not any(c.metadata.name == claim_name(lease["id"]) for c in claims.items)
-        return await until(gone, what="the lease's claim deleted")
-    dra_cluster.run(claim_gone)
+    wait_for(lambda: lease_claim(dra_cluster, namespace, lease["id"]) is None, what="the lease's claim deleted")
     # what the pod held is free again: every 1g.10gb of the node is offered
     wait_for(lambda: not any(i for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]
                              if n["name"] == "dra-h100-1" for g in n["gpus"] for i in g["instances"]),
              what="the partition gone from the inventory")
+
+
+def test_a_jobs_pod_on_a_dra_node_uses_the_claim_the_service_allocated_and_it_goes_with_the_job(
+        service, server, dra_cluster, install_pods, tmp_path):
+    namespace = install_pods
+    job = submit(service, cell_job(tmp_path, "1", {"kind": "mig", "profile": "3g.20gb", "node": "dra-a100-1"},
+                                   runner=server))
+    pod = running_pod(dra_cluster, namespace, job["id"], service)  # bound there by the kube-scheduler
+    [kube_job] = kube_jobs(dra_cluster, namespace, job["id"])
+    lease = service.call("GET", f"leases/{job['lease_id']}", token=ALICE).json()
+    claim = lease_claim(dra_cluster, namespace, lease["id"])
+    assert pod.spec.node_name == "dra-a100-1"
+    assert [c.resource_claim_name for c in kube_job.spec.template.spec.resource_claims] == [claim.metadata.name]
+    assert [(r.pool, r.device) for r in claim.status.allocation.devices.results] == [
+        ("dra-a100-1", chosen_device(service, lease["slice"]))]
+    assert [r.name for r in claim.status.reserved_for] == [pod.metadata.name]
+    assert service.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
+    wait_for(lambda: not kube_jobs(dra_cluster, namespace, job["id"]) and
+             lease_claim(dra_cluster, namespace, lease["id"]) is None, what="the Job, then its claim, deleted")
