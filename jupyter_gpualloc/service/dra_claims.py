@@ -59,17 +59,37 @@ class LeaseClaims:
             try:
                 await api.create_namespaced_resource_claim(namespace, body, _request_timeout=30)
             except ApiException as err:
-                if err.status != 409:  # 409: made before (a retry, a restart): allocate it as well
+                if err.status != 409:  # 409: made before (a retry, a restart, the grant's own call)
                     raise
-            await api.patch_namespaced_resource_claim_status(
-                name, namespace, {"status": claim_allocation(lease["id"], slice_["node"], slice_, devices, time.time())},
-                _request_timeout=30)
+                if await self._allocated(api, name, namespace, devices):
+                    return name
+            try:
+                await api.patch_namespaced_resource_claim_status(
+                    name, namespace, {"status": claim_allocation(lease["id"], slice_["node"], slice_, devices,
+                                                                 time.time())}, _request_timeout=30)
+            except ApiException as err:  # 422: allocated meanwhile (an allocation is immutable)
+                if err.status != 422 or not await self._allocated(api, name, namespace, devices):
+                    raise
         except ApiException as err:
             raise ClaimError(f"its ResourceClaim {namespace}/{name} could not be written: {err.status} {err.reason}") \
                 from None
         log.info("lease %s: claim %s/%s allocated %s on node %s", lease["id"], namespace, name, ", ".join(devices),
                  slice_["node"])
         return name
+
+    @staticmethod
+    async def _allocated(api: Any, name: str, namespace: str, devices: list[str]) -> bool:
+        """Whether the claim is allocated already (an allocation is immutable): True on `devices`,
+        False when not allocated, ClaimError on other devices."""
+        made = await (await api.read_namespaced_resource_claim(name, namespace, _preload_content=False,
+                                                               _request_timeout=30)).json()
+        held = (((made.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        if held is None:
+            return False
+        if [r.get("device") for r in held] != devices:
+            raise ClaimError(f"its ResourceClaim {namespace}/{name} holds {[r.get('device') for r in held]}, "
+                             f"not {devices}")
+        return True
 
     async def delete(self, lease_id: str, namespace: str) -> None:
         """Delete lease `lease_id`'s claim (nothing when it has none); call once its pod is gone."""
