@@ -90,14 +90,19 @@ class FleetChanges:
         return reopened
 
     def _reload(self, nodes: list[Node], now: float) -> None:
-        """Load the new nodes (admin drains kept), then hold the leases and outside uses on them again."""
+        """Load the new nodes (admin drains kept, and which instances the core made, where they remain),
+        then hold the leases and outside uses on them again."""
         drained = {uuid for uuid, gs in self._fleet.gpus.items() if gs.drained_by_admin}
+        made = {uuid: set(gs.created) for uuid, gs in self._fleet.gpus.items() if gs.created}
         gone = set(self._fleet.node_index) - {n.name for n in nodes}
         uses = self._outside.forget_all()
         self._fleet.load(nodes)
         for uuid in drained & set(self._fleet.gpus):
             self._fleet.gpus[uuid].drained_by_admin = True
             self._fleet.changed(self._fleet.gpus[uuid])
+        for uuid in made.keys() & set(self._fleet.gpus):
+            gs = self._fleet.gpus[uuid]
+            gs.created |= made[uuid] & set(gs.instances)
         self._scheduler._plan_fleet()
         self._scheduler.reservations.use(self._scheduler._plans, self._scheduler._fit)
         self._emit("fleet.reloaded", now, nodes=len(nodes), removed=sorted(gone))

@@ -144,13 +144,15 @@ class Node:
 class OutsideUse:
     """What one outside holder (a workload the allocator did not place, named by a key that is never
     a lease id) takes on a node: whole GPUs, shares (milli of one GPU each, as time-sliced
-    replicas are) and MIG devices by profile name."""
+    replicas are) and MIG devices by profile name; `devices`, the GPU and MIG UUIDs it holds where
+    they are known (a DRA claim names its devices), which it takes before any other."""
 
     key: str
     node: str
     whole: int = 0
     shares: tuple[int, ...] = ()
     mig: Mapping[str, int] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()
 
     def is_empty(self) -> bool:
         return not (self.whole or self.shares or any(self.mig.values()))

@@ -48,7 +48,8 @@ class OutsideHolds:
     def take(self, use: OutsideUse) -> None:
         """Hold what `use` takes on its node's free devices (an unknown node holds nothing)."""
         held = _Held(use, [], [])
-        gpus = self._fleet.on_node(use.node)
+        named = set(use.devices)  # the devices it names first, then the rest in slot order
+        gpus = sorted(self._fleet.on_node(use.node), key=lambda gs: gs.gpu.uuid not in named)
         for profile, count in sorted(use.mig.items()):
             for _ in range(count):
                 self._take_instance(held, gpus, profile)
@@ -92,17 +93,18 @@ class OutsideHolds:
         return uses
 
     def _take_instance(self, held: _Held, gpus: list[GpuState], profile: str) -> None:
-        for gs in gpus:
-            if not gs.is_mig:
-                continue
-            for inst in sorted(gs.instances.values(), key=lambda i: i.start):
-                if inst.uuid not in gs.owner and gs.profiles[inst.profile_id].name == profile:
-                    self._journal.record_gpu(gs)
-                    gs.owner[inst.uuid] = held.use.key
-                    self._fleet.changed(gs)
-                    held.devices.append((gs, inst.uuid, 0))
-                    return
-        held.unplaced.append(f"a MIG {profile} device")
+        named = set(held.use.devices)
+        free = [(inst.uuid not in named, gs, inst) for gs in gpus if gs.is_mig
+                for inst in sorted(gs.instances.values(), key=lambda i: i.start)
+                if inst.uuid not in gs.owner and gs.profiles[inst.profile_id].name == profile]
+        if not free:
+            held.unplaced.append(f"a MIG {profile} device")
+            return
+        _, gs, inst = min(free, key=lambda item: item[0])  # a device it names, else the first in slot order
+        self._journal.record_gpu(gs)
+        gs.owner[inst.uuid] = held.use.key
+        self._fleet.changed(gs)
+        held.devices.append((gs, inst.uuid, 0))
 
     def _take_share(self, held: _Held, gs: GpuState, milli: int) -> None:
         self._journal.record_gpu(gs)

@@ -10,7 +10,9 @@ lease (`pod.resources`: `nvidia.com/mig-<profile>` on a node with the mixed MIG 
 `nvidia.com/gpu` on a single one, `nvidia.com/gpu` x count for whole GPUs, a time-sliced
 replica renamed or not, HAMi's `nvidia.com/gpumem` where configured); tolerations for GPU nodes
 (`c.KubeGpu`, kube/gpu.py, shared with the service's kernel and job pods); and the slice env
-(memory caps, service URL).
+(memory caps, service URL). On a node whose GPUs NVIDIA's DRA driver publishes the pod asks for
+no extended resource: it uses the lease's ResourceClaim (`pod.claim`), which the service writes and
+allocates on the device the core chose; the pod is made only once the lease names it.
 A pod without a slice gets `NVIDIA_VISIBLE_DEVICES=void`, so a CUDA image's `all` shows it no GPU.
 
 KubeSpawner's own options keep working beside the GPU choice: `profile_list` and
@@ -20,12 +22,15 @@ applied by its `load_user_options()` when the server starts.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from kubespawner import KubeSpawner
 from traitlets import Bool, TraitError, default, validate
 
 from ..core.devices.kubernetes import LEASE_LABEL
+from ..kube.claims import pod_claim
 from ..kube.gpu import KubeGpu
 from .mixin import GPUSpawnerMixin, spawn_error
 
@@ -105,7 +110,33 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if self._gpu_lease:
             labels = owned.get("labels") or {LEASE_LABEL: self._gpu_lease["id"]}
             pod.metadata.labels = {**(pod.metadata.labels or {}), **labels}
+            if "claim" in owned:
+                _use_claim(pod, await self._allocated_claim(owned))
         return pod
+
+    async def _allocated_claim(self, owned: dict[str, Any], timeout: float = 60.0) -> str:
+        """The lease's ResourceClaim on a DRA node, once the service allocated it (a pod made before
+        would have the kube-scheduler allocate the claim by itself)."""
+        deadline = time.monotonic() + timeout
+        while not owned.get("claim"):
+            if time.monotonic() > deadline:
+                raise spawn_error(f"The GPU service did not allocate the claim of your slice within {timeout:g} s.",
+                                  "claim", 503)
+            await asyncio.sleep(0.5)
+            owned = (await self.gpu_link().lease(self._gpu_lease["id"])).get("pod") or {}
+        return owned["claim"]
+
+
+def _use_claim(pod: Any, claim: str) -> None:
+    """Make KubeSpawner's pod (a kubernetes_asyncio V1Pod) use ResourceClaim `claim` in its first container."""
+    from kubernetes_asyncio.client import CoreV1ResourceClaim, V1PodResourceClaim, V1ResourceRequirements
+
+    claims, used = pod_claim(claim)
+    pod.spec.resource_claims = [V1PodResourceClaim(name=c["name"], resource_claim_name=c["resourceClaimName"])
+                                for c in claims]
+    container = pod.spec.containers[0]
+    container.resources = container.resources or V1ResourceRequirements()
+    container.resources.claims = [CoreV1ResourceClaim(name=c["name"]) for c in used]
 
 
 def _merged(configured: list | dict, extra: list) -> list | dict:

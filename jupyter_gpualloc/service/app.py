@@ -495,10 +495,12 @@ class GpuAllocService(Application):
         if self.job_pods or self.kernel_pods:
             user_pods = UserPods(kube_gpu, self.device_backend.node_resources, parent=self)
         if self.job_pods:
-            self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time, parent=self)
+            self.job_runner_pods = JobPods(self.jobs, self.cluster.watch, user_pods, clock=time.time,
+                                           claims=self.cluster.claims, parent=self)
             self.cluster.job_pods = self.job_runner_pods
         if self.kernel_pods:
-            self.gpu_kernel_pods = KernelPods(self.scheduler, self.cluster.watch, user_pods, clock=time.time)
+            self.gpu_kernel_pods = KernelPods(self.scheduler, self.cluster.watch, user_pods, clock=time.time,
+                                              claims=self.cluster.claims)
         self.scheduler.own_pod_holders = frozenset(
             kind for kind, on in ((JOB, self.job_pods), (KERNEL, self.kernel_pods)) if on)
         hub_mode = self.auth == "hub" or (not self.auth and bool(os.environ.get("JUPYTERHUB_API_TOKEN")))

@@ -24,6 +24,7 @@ lease tells its spawner the extended resources its pod asks for, by the names it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Callable
@@ -34,6 +35,7 @@ from ..core.errors import NotFound, StoreFailed
 from ..core.model import Event, Lease, LeaseState, Node, OutsideUse
 from ..core.scheduler import Scheduler
 from ..kube.gpu import KubeGpu
+from .dra_claims import LeaseClaims
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class ClusterReconciler:
         self.pod_unschedulable_timeout = pod_unschedulable_timeout
         self.pod_missing_timeout = pod_missing_timeout
         self.watch = ClusterWatch(backend, self, namespace=namespace, instance=instance, kubeconfig=kubeconfig)
+        self.claims = LeaseClaims(backend, self.watch)  # the leases' ResourceClaims on DRA nodes
+        self._claims_ready: dict[str, str] = {}  # server lease -> its claim, allocated
         self.stale_since: float | None = None
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
         self._deleting: set[str] = set()
@@ -93,6 +97,7 @@ class ClusterReconciler:
             if known is not None:
                 self._job_pod_ended(known, f"its pod {known.namespace}/{known.name} was deleted")
                 self._end(known.lease_id, f"its pod {known.namespace}/{known.name} was deleted")
+                self._delete_claim(known.lease_id, known.namespace)
             return
         self._pods[key] = pod
         if pod.phase in ("Succeeded", "Failed"):
@@ -118,10 +123,16 @@ class ClusterReconciler:
 
     def pod(self, lease: Lease) -> dict[str, object]:
         """Where `lease`'s pod must run, the labels it must carry to be the lease's and, once granted,
-        the extended resources it asks for, by the names its node advertises."""
+        the extended resources it asks for, by the names its node advertises; on a DRA node none, but
+        `claim`, the lease's ResourceClaim, once the service allocated it (null until then: the pod
+        must not exist before, or the kube-scheduler would allocate the claim itself)."""
         pod: dict[str, object] = {"namespace": self.namespace, "labels": self.watch.pod_labels(lease.id)}
         if lease.slice is not None:
-            pod["resources"] = self.gpu.limits(lease.slice.to_json(), self.backend.node_resources(lease.slice.node))
+            if self.claims.devices(lease.slice.to_json()) is not None:
+                pod["resources"], pod["claim"] = {}, self._claims_ready.get(lease.id)
+            else:
+                pod["resources"] = self.gpu.limits(lease.slice.to_json(),
+                                                   self.backend.node_resources(lease.slice.node))
         return pod
 
     # ---------------------------------------------------------------- leases
@@ -147,10 +158,65 @@ class ClusterReconciler:
                 self._end(lease.id, f"it has no pod in the cluster {now - granted:.0f} s after its grant")
 
     def _on_event(self, event: Event) -> None:
+        if event.type == "lease.granted" and event.lease_id is not None \
+                and str(event.data.get("holder", "")).partition(":")[0] == "server":
+            self._claim_for_server(event.lease_id)
         if event.type not in ENDED or event.lease_id is None:
             return
-        for pod in [p for p in self._pods.values() if p.lease_id == event.lease_id]:
+        self._claims_ready.pop(event.lease_id, None)
+        pods = [p for p in self._pods.values() if p.lease_id == event.lease_id]
+        for pod in pods:
             self._delete(pod, f"its lease ended ({event.data.get('reason', event.type)})")
+        if not pods:  # no pod holds its claim (if it has one): it goes now, else once its pod is gone
+            self._delete_claim(event.lease_id, self.namespace)
+        with contextlib.suppress(RuntimeError):  # its claim, while it remains, holds its device outside
+            asyncio.get_running_loop().call_soon(self.watch.recheck_claims)  # after the core's call that ended it
+
+    def _claim_for_server(self, lease_id: str) -> None:
+        """A server's lease granted on a DRA node: its claim, allocated before its spawner makes the pod
+        (the kernel and job pods' own claims are made where those pods are)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+
+        async def allocate() -> None:
+            try:
+                lease = self.scheduler.lease(lease_id)
+            except (NotFound, StoreFailed):
+                return
+            if lease.state is not LeaseState.GRANTED:
+                return
+            try:
+                name = await self.claims.ensure(lease.to_json(), self.namespace)
+            except Exception as err:  # noqa: BLE001 - the lease cannot be used: it ends, saying why
+                self._end(lease_id, f"its ResourceClaim could not be written: {err}")
+                return
+            if name is not None and self._lease_active(lease_id):
+                self._claims_ready[lease_id] = name
+
+        task = loop.create_task(allocate())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def lease_active(self, lease_id: str) -> bool:
+        """Whether the lease is queued or granted (its claim is its own, not outside use)."""
+        return self._lease_active(lease_id)
+
+    def _delete_claim(self, lease_id: str, namespace: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no IOLoop (the core driven directly)
+            return
+        task = loop.create_task(self._delete_claim_now(lease_id, namespace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete_claim_now(self, lease_id: str, namespace: str) -> None:
+        try:
+            await self.claims.delete(lease_id, namespace)
+        except Exception as err:  # noqa: BLE001 - logged; the claim holds its device outside until deleted by hand
+            log.warning("could not delete the ResourceClaim of lease %s: %s", lease_id, err)
 
     def _job_pod_ended(self, pod: OwnPod, why: str) -> None:
         if pod.job_id is not None and self.job_pods is not None:

@@ -9,9 +9,11 @@ reported twice across a break.
 
 What it reports, in the running event loop, to a `ClusterListener`:
 - the GPU nodes, as the backend reads them, whenever what is read from any node changed (labels,
-  allocatable, cordon, readiness) or a node came or went;
+  allocatable, cordon, readiness) or a node came or went, or the `gpu.nvidia.com` ResourceSlices
+  (DRA nodes' GPUs) or the devices the ResourceClaims hold changed;
 - each pod this install did not create that holds GPU devices on a node (`OutsideUse`), when
-  that changes, and None when it ends;
+  that changes, and None when it ends; each allocated ResourceClaim this install did not write
+  the same (where the API server serves resource.k8s.io/v1; where it does not, there are none);
 - each pod this install made for a lease, as an `OwnPod`, and None once deleted: one in its
   namespace labelled with its instance and a lease (`own_pod`, core/devices/kubernetes.py) that the
   listener knows (`knows_lease`). A pod labelled so by anyone else (another install, a copied
@@ -33,6 +35,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Protocol
 
+from ..core.devices import dra
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
                                        own_pod, pod_record, reading_key)
 from ..core.model import Node, OutsideUse
@@ -45,6 +48,7 @@ class ClusterListener(Protocol):
     def outside_use(self, key: str, use: OutsideUse | None) -> None: ...
     def own_pod(self, key: str, pod: OwnPod | None) -> None: ...
     def knows_lease(self, lease_id: str) -> bool: ...
+    def lease_active(self, lease_id: str) -> bool: ...
     def stale(self, since: float | None) -> None: ...
 
 
@@ -70,6 +74,7 @@ class ClusterWatch:
         self._node_keys: dict[str, Any] = {}  # node name -> what was read from it (reading_key)
         self._dirty_nodes: set[str] = set()  # named by node events since the last flush
         self._outside: dict[str, OutsideUse] = {}
+        self._dra_dirty = False  # ResourceSlices or claims changed since the last flush
         self._own: dict[str, OwnPod] = {}
         self._stale_since: float | None = None
         self._broken: set[str] = set()  # the kinds whose last request failed
@@ -88,7 +93,12 @@ class ClusterWatch:
         nodes = _Resource("nodes", self._core.list_node, lambda o: o["metadata"]["name"])
         pods = _Resource("pods", self._core.list_pod_for_all_namespaces,
                          lambda o: f"pod:{o['metadata'].get('namespace')}/{o['metadata']['name']}", self._kept_pod)
-        self._resources = (nodes, pods)
+        resource = client.ResourceV1Api(self._api)
+        slices = _Resource("resourceslices", resource.list_resource_slice, lambda o: o["metadata"]["name"],
+                           lambda o: o if (o.get("spec") or {}).get("driver") == dra.DRIVER else None)
+        claims = _Resource("resourceclaims", resource.list_resource_claim_for_all_namespaces, dra.claim_key,
+                           _claim_record)
+        self._resources = (nodes, pods, slices, claims)
         self._tasks = [asyncio.create_task(self._follow(r), name=f"watch {r.kind}") for r in self._resources]
 
     async def synced(self, timeout: float | None = None) -> None:
@@ -142,7 +152,8 @@ class ClusterWatch:
 
     # -------------------------------------------------------------- watching
     async def _follow(self, resource: _Resource) -> None:
-        """List, then watch from the list's version, forever; relist on 410, retry on errors."""
+        """List, then watch from the list's version, forever; relist on 410, retry on errors. A DRA
+        kind the API server does not serve (404: Kubernetes < 1.34) is empty, and not watched."""
         from kubernetes_asyncio.client.exceptions import ApiException
         import aiohttp
 
@@ -157,6 +168,14 @@ class ClusterWatch:
                 if err.status == 410:
                     resource.version = None
                     continue
+                if err.status == 404 and resource.kind in ("resourceslices", "resourceclaims"):
+                    log.info("the API server serves no resource.k8s.io/v1 %s: no DRA nodes", resource.kind)
+                    resource.version = ""
+                    self._flush(resource)
+                    self._mark_fresh(resource)
+                    if all(r.version is not None for r in self._resources):
+                        self._synced.set()
+                    return
                 self._mark_stale(resource, f"{err.status} {err.reason}")
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
                 self._mark_stale(resource, repr(err))
@@ -227,15 +246,35 @@ class ClusterWatch:
             resource.objects[key] = kept
         if resource.kind == "pods":
             self._pod_changed(key, kept)
-        else:
+        elif resource.kind == "nodes":
             self._dirty_nodes.add(key)
+        else:
+            self._dra_dirty = True
+
+    def _read_nodes(self) -> list[Node]:
+        nodes, _, slices, claims = self._resources
+        return self.backend.read_nodes(nodes.objects.values(), slices.objects.values(), claims.objects.values())
 
     def _flush(self, resource: _Resource) -> None:
         """After a batch of node events: the nodes, if what is read from any of them changed (only
         the nodes named by the batch are read again), then the pods on those nodes, whose devices
-        are read by their node's labels."""
-        if resource.kind != "nodes" or not self._dirty_nodes:
+        are read by their node's labels. After a batch of ResourceSlice or claim events: the claims'
+        holds, then the nodes (a claim's partition is an instance of its node's GPU), then the
+        claims' holds as read on the nodes anew. Nothing until every kind was listed once: the fleet
+        read from the nodes alone would lack the DRA nodes' GPUs, and end the leases on them."""
+        if not all(r.version is not None for r in self._resources):
             return
+        self._flush_nodes()
+        if self._dra_dirty:
+            self._dra_dirty = False
+            self._claims_changed()
+            self.listener.nodes_changed(self._read_nodes())
+            self._claims_changed()
+
+    def _flush_nodes(self) -> None:
+        if not self._dirty_nodes:
+            return
+        resource = self._resources[0]
         changed = set()
         for name in self._dirty_nodes:
             raw = resource.objects.get(name)
@@ -249,10 +288,33 @@ class ClusterWatch:
         self._dirty_nodes.clear()
         if not changed:
             return
-        self.listener.nodes_changed(self.backend.read_nodes(resource.objects.values()))
+        self.listener.nodes_changed(self._read_nodes())
         for key, raw in self._resources[1].objects.items():
             if (raw.get("spec") or {}).get("nodeName") in changed:
                 self._pod_changed(key, raw)
+        self._claims_changed()
+
+    def _claims_changed(self) -> None:
+        """Report each allocated claim's hold that changed (None for a claim gone or deallocated);
+        the claims this install wrote for its active leases hold nothing outside (one left behind by an
+        ended lease does, until it is deleted)."""
+        claims = self._resources[3].objects
+        uses = {}
+        for key, claim in claims.items():
+            labels = (claim.get("metadata") or {}).get("labels") or {}
+            if (claim.get("metadata") or {}).get("namespace") == self.namespace \
+                    and labels.get(INSTANCE_LABEL) == self.instance and self.listener.lease_active(labels.get(LEASE_LABEL, "")):
+                continue
+            use = self.backend.claim_use(claim)
+            if use is not None:
+                uses[key] = use
+        for key in [k for k in self._outside if k.startswith("claim:") and k not in uses]:
+            del self._outside[key]
+            self.listener.outside_use(key, None)
+        for key, use in uses.items():
+            if self._outside.get(key) != use:
+                self._outside[key] = use
+                self.listener.outside_use(key, use)
 
     def _pod_changed(self, key: str, pod: Mapping[str, Any] | None) -> None:
         mine = own_pod(pod, self.namespace, self.instance) if pod is not None else None
@@ -274,6 +336,11 @@ class ClusterWatch:
                 self._outside[key] = use
             self.listener.outside_use(key, use)
 
+    def recheck_claims(self) -> None:
+        """Judge the claims again (a lease ended: its claim, while it remains, is outside use)."""
+        if len(self._resources) == 4 and all(r.version is not None for r in self._resources):
+            self._claims_changed()
+
     def _mark_stale(self, resource: _Resource, why: str) -> None:
         self._broken.add(resource.kind)
         if self._stale_since is None:
@@ -287,3 +354,16 @@ class ClusterWatch:
             log.info("the cluster's view is current again")
             self._stale_since = None
             self.listener.stale(None)
+
+
+def _claim_record(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """What is read of a ResourceClaim: its name, the install's labels and the `gpu.nvidia.com` devices its
+    allocation holds; None for one that holds none of them."""
+    if not dra.allocated(claim):
+        return None
+    metadata = claim.get("metadata") or {}
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return {"metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace"),
+                         "labels": {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith("gpualloc.")}},
+            "status": {"allocation": {"devices": {"results": [
+                r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == dra.DRIVER]}}}}

@@ -39,6 +39,7 @@ from ..core.holders import job_of
 from ..core.jobs import POD_RUNNER, JobRequest, Jobs
 from ..core.model import Event, Job, JobState, LeaseState, SpecError
 from .auth import job_token
+from .dra_claims import ClaimError, LeaseClaims
 from .user_pods import UserPods, api_message
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,12 @@ class JobPods(LoggingConfigurable):
         3600, help="""Seconds a finished Job is kept by Kubernetes (ttlSecondsAfterFinished) when the
         service did not delete it itself (it was down when the lease ended).""",
     ).tag(config=True)
-    def __init__(self, jobs: Jobs, watch: Any, pods: UserPods, *, clock: Callable[[], float], **kwargs: Any):
+    def __init__(self, jobs: Jobs, watch: Any, pods: UserPods, *, clock: Callable[[], float],
+                 claims: LeaseClaims | None = None, **kwargs: Any):
+        """`claims`: the leases' ResourceClaims on DRA nodes (None: no claims are written)."""
         super().__init__(**kwargs)
         self.jobs, self.scheduler, self.watch, self.pods, self.clock = jobs, jobs.scheduler, watch, pods, clock
+        self.claims = claims
         self._creating: set[str] = set()  # leases whose Job is being created
         self._made: set[str] = set()  # leases whose Job exists (made or found)
         self._tasks: set[asyncio.Task] = set()
@@ -152,7 +156,12 @@ class JobPods(LoggingConfigurable):
         try:
             self.jobs.set_token(job.id, hashlib.sha256(token.encode()).hexdigest())
             secret_name = f"{job_name(job.id, lease_id)}-{secrets.token_hex(4)}"
-            manifest = self.job_manifest(job, lease, secret_name)
+            try:
+                claim = await self.claims.ensure(lease, namespace) if self.claims is not None else None
+            except ClaimError as err:  # the API refused it: this attempt can never run
+                self._fail_attempt(self.jobs.job(job.id), str(err))
+                return
+            manifest = self.job_manifest(job, lease, secret_name, claim)
             batch, core = client.BatchV1Api(self.watch.api_client), client.CoreV1Api(self.watch.api_client)
             try:
                 made = await batch.create_namespaced_job(namespace, manifest, _request_timeout=30)
@@ -220,8 +229,10 @@ class JobPods(LoggingConfigurable):
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ------------------------------------------------------------ manifests
-    def job_manifest(self, job: Job, lease: Mapping[str, Any], secret_name: str) -> dict[str, Any]:
-        """The batch/v1 Job of one attempt of `job` on granted `lease`, its token in Secret `secret_name`."""
+    def job_manifest(self, job: Job, lease: Mapping[str, Any], secret_name: str,
+                     claim: str | None = None) -> dict[str, Any]:
+        """The batch/v1 Job of one attempt of `job` on granted `lease`, its token in Secret `secret_name`;
+        on a DRA node its pod uses the lease's claim `claim`."""
         template = job.pod or {}
         name = job_name(job.id, lease["id"])
         labels = self.pods.labels(template, "job", **self.watch.pod_labels(lease["id"]), **{JOB_LABEL: job.id})
@@ -229,7 +240,7 @@ class JobPods(LoggingConfigurable):
                {"name": "GPUALLOC_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name, "key": TOKEN_KEY}}}]
         pod_spec = self.pods.pod_spec(template, lease, container="job", command=[*self.command, job.id],
                                       working_dir=job.workdir, env=env, service_url=self.service_url,
-                                      grace_seconds=int(self.jobs.policy.preempt_grace))
+                                      grace_seconds=int(self.jobs.policy.preempt_grace), claim=claim)
         return {"apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": name, "namespace": template.get("namespace", "default"), "labels": labels},
                 "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,

@@ -35,6 +35,7 @@ from ..core.holders import kernel_holder, kernel_of
 from ..core.model import Event, Lease, LeaseState, PriorityClass, SpecError
 from ..core.scheduler import Scheduler
 from .handlers import ApiError, ApiHandler
+from .dra_claims import ClaimError, LeaseClaims
 from .user_pods import UserPods, api_message
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class KernelPodRequest:
 class KernelPods:
     """The kernel pod requests of every user, their leases and their pods."""
 
-    def __init__(self, scheduler: Scheduler, watch: Any, pods: UserPods, *, clock: Callable[[], float]):
-        self.scheduler, self.watch, self.pods, self.clock = scheduler, watch, pods, clock
+    def __init__(self, scheduler: Scheduler, watch: Any, pods: UserPods, *, clock: Callable[[], float],
+                 claims: LeaseClaims | None = None):
+        """`claims`: the leases' ResourceClaims on DRA nodes (None: no claims are written)."""
+        self.scheduler, self.watch, self.pods, self.clock, self.claims = scheduler, watch, pods, clock, claims
         self._requests: dict[str, KernelPodRequest] = {}  # kernel id -> its request
         self._tasks: set[asyncio.Task] = set()
         scheduler.subscribe(self._on_event)
@@ -192,8 +195,15 @@ class KernelPods:
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        manifest = self.pod_manifest(request, lease)
-        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        namespace = request.template.get("namespace", "default")
+        try:
+            claim = await self.claims.ensure(lease, namespace) if self.claims is not None else None
+        except (ClaimError, OSError, asyncio.TimeoutError) as err:
+            request.creating = False
+            self._end(request, str(err))
+            return
+        manifest = self.pod_manifest(request, lease, claim)
+        name = manifest["metadata"]["name"]
         core = client.CoreV1Api(self.watch.api_client)
         try:
             made = await core.create_namespaced_pod(namespace, manifest, _request_timeout=30)
@@ -226,15 +236,17 @@ class KernelPods:
         except (NotFound, StoreFailed):
             pass
 
-    def pod_manifest(self, request: KernelPodRequest, lease: Mapping[str, Any]) -> dict[str, Any]:
+    def pod_manifest(self, request: KernelPodRequest, lease: Mapping[str, Any],
+                     claim: str | None = None) -> dict[str, Any]:
         """The kernel's pod on granted `lease`: the server pod's copy, the kernel's command line with
-        its connection file mounted from the Secret, and its env from the Secret."""
+        its connection file mounted from the Secret, and its env from the Secret; on a DRA node it
+        uses the lease's claim `claim`."""
         template = request.template
         name = f"kernel-{request.kernel_id}-{lease['id']}"  # a restarted kernel's pod beside the old one going
         argv = [CONNECTION_FILE if part == CONNECTION_PLACEHOLDER else part for part in request.argv]
         env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}} for key in request.env]
         spec = self.pods.pod_spec(template, lease, container="kernel", command=argv, working_dir=request.workdir,
-                                  env=env, grace_seconds=KERNEL_GRACE_SECONDS)
+                                  env=env, grace_seconds=KERNEL_GRACE_SECONDS, claim=claim)
         spec["volumes"] = [*spec.get("volumes", []),
                            {"name": "gpualloc-kernel", "secret": {"secretName": name, "defaultMode": 0o400,
                                                                   "items": [{"key": "connection.json",

@@ -25,6 +25,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.devices.kubernetes import NodeResources
 from ..core.holders import SERVER
 from ..core.model import SliceSpec, SpecError
+from ..kube.claims import pod_claim
 from ..kube.gpu import KubeGpu
 from ..lease_env import SLICE_ENV_NAMES, slice_env
 
@@ -95,10 +96,12 @@ class UserPods(LoggingConfigurable):
 
     def pod_spec(self, template: Mapping[str, Any], lease: Mapping[str, Any], *, container: str,
                  command: list[str], working_dir: str, env: list[dict[str, Any]], grace_seconds: int,
-                 service_url: str = "") -> dict[str, Any]:
+                 service_url: str = "", claim: str | None = None) -> dict[str, Any]:
         """A pod spec from `template` for granted `lease`: its container `container` runs `command`
         in `working_dir` with the server's env, the lease's slice env (no device names: the device
-        plugin picks the devices) and `env` added; the service's URL is `service_url` or the server's."""
+        plugin, or on a DRA node the driver, gives the devices) and `env` added; the service's URL is
+        `service_url` or the server's. On a DRA node the pod uses the lease's ResourceClaim `claim`
+        (service/dra_claims.py) instead of extended resources."""
         slice_ = lease["slice"]
         copied = dict(template.get("container") or {})
         url = service_url or env_value(copied.get("env", []), "GPUALLOC_URL")
@@ -107,9 +110,12 @@ class UserPods(LoggingConfigurable):
         container_env += [{"name": k, "value": v} for k, v in slice_env(lease, service_url=url,
                                                                         visible_devices=False).items() if k not in own]
         resources = {kind: dict(values) for kind, values in (template.get("resources") or {}).items()}
-        gpus = self.gpu.limits(slice_, self.node_resources(slice_["node"]))
+        gpus = self.gpu.limits(slice_, self.node_resources(slice_["node"])) if claim is None else {}
         resources["limits"] = {**resources.get("limits", {}), **gpus}
-        return {**template.get("spec", {}),
+        claims: dict[str, Any] = {}
+        if claim is not None:
+            claims["resourceClaims"], resources["claims"] = pod_claim(claim)
+        return {**template.get("spec", {}), **claims,
                 "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
                 "terminationGracePeriodSeconds": grace_seconds,
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {

@@ -96,17 +96,21 @@ def external_kubeconfig(k8s_cluster, tmp_path_factory) -> Path:
                          tmp_path_factory.mktemp("rbac-external") / "kubeconfig")
 
 
-API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io"}
+API_GROUPS = {"jobs": "batch", "roles": "rbac.authorization.k8s.io", "rolebindings": "rbac.authorization.k8s.io",
+              "resourceslices": "resource.k8s.io", "resourceclaims": "resource.k8s.io"}
 
 
 def allowed(k8s_cluster, verb: str, resource: str, namespace: str = "", *,
             account: tuple[str, str] = (NAMESPACE, "hub")) -> bool:
-    """Whether the service account may do it, as the API server's authorizer answers (SubjectAccessReview)."""
+    """Whether the service account may do it, as the API server's authorizer answers (SubjectAccessReview);
+    `resource` may name a subresource (resourceclaims/status)."""
+    resource, _, subresource = resource.partition("/")
+
     async def review(api):
         answer = await client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
             "user": f"system:serviceaccount:{account[0]}:{account[1]}", "groups": ["system:serviceaccounts"],
-            "resourceAttributes": {"verb": verb, "resource": resource, "namespace": namespace,
-                                   "group": API_GROUPS.get(resource, "")}}})
+            "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource,
+                                   "namespace": namespace, "group": API_GROUPS.get(resource, "")}}})
         return answer.status.allowed
 
     return k8s_cluster.run(review)
@@ -116,17 +120,19 @@ def assert_exactly_what_the_service_needs(k8s_cluster, namespace: str, account: 
     def may(verb: str, resource: str, where: str = "") -> bool:
         return allowed(k8s_cluster, verb, resource, where, account=account)
 
-    for resource in ("nodes", "pods"):  # the watch: list, then watch
+    for resource in ("nodes", "pods", "resourceslices", "resourceclaims"):  # the watch: list, then watch
         assert may("list", resource) and may("watch", resource), resource
         assert not may("get", resource), resource  # never read one by name
     for verb, resource in (("create", "pods"), ("delete", "pods"), ("create", "jobs"), ("delete", "jobs"),
-                           ("create", "secrets")):
+                           ("create", "secrets"), ("create", "resourceclaims"), ("delete", "resourceclaims"),
+                           ("patch", "resourceclaims/status")):
         assert may(verb, resource, namespace), (verb, resource)
         assert not may(verb, resource, "default"), (verb, resource)
     for verb, resource in (("patch", "nodes"), ("update", "pods"), ("get", "secrets"), ("update", "secrets"),
                            ("patch", "secrets"), ("delete", "secrets"), ("list", "secrets"), ("get", "jobs"),
                            ("list", "jobs"), ("create", "pods/exec"), ("delete", "nodes"), ("create", "roles"),
-                           ("create", "rolebindings")):
+                           ("create", "rolebindings"), ("create", "resourceslices"), ("update", "resourceclaims"),
+                           ("patch", "resourceclaims"), ("update", "resourceclaims/status")):
         assert not may(verb, resource, namespace), (verb, resource)
 
 

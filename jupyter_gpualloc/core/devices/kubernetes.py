@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .. import mig
 from ..fleet import gpu_uuid, mig_uuid
+from . import dra
 from ..model import MILLI_PER_GPU, Gpu, MigInstance, MigMode, MigProfile, Node, OutsideUse
 from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess, UnusableNode
 
@@ -127,7 +128,8 @@ class _Reading:
 
 
 class KubernetesBackend(DeviceBackend):
-    """A cluster's GPU nodes, as their Node objects describe them; MIG is static here."""
+    """A cluster's GPU nodes, as their Node objects and (on DRA nodes) the NVIDIA DRA driver's
+    ResourceSlices describe them; MIG is static except on DRA nodes with DynamicMIG."""
 
     name = "kubernetes"
 
@@ -139,6 +141,11 @@ class KubernetesBackend(DeviceBackend):
         self._readings: dict[str, tuple[Any, _Reading]] = {}  # node name -> (what was read, reading)
         self._profiles: dict[str, dict[int, MigProfile]] = {}
         self._unusable: list[UnusableNode] = []
+        self._pools: dict[str, tuple[Any, dra.DraPool | str]] = {}  # node -> (what was read, pool or its problem)
+        self._made: dict[str, dict[str, str]] = {}  # node -> dynamic partitions made for leases -> "made"
+        # The ResourceSlices and ResourceClaims discover() reads beside the nodes (none: no DRA node).
+        self.slices: list[Mapping[str, Any]] = []
+        self.claims: list[Mapping[str, Any]] = []
 
     @classmethod
     def from_node_objects(cls, nodes: Iterable[Mapping[str, Any]]) -> "KubernetesBackend":
@@ -149,17 +156,24 @@ class KubernetesBackend(DeviceBackend):
     @classmethod
     def from_cluster(cls, *, label_selector: str | None = None, kubeconfig: str | None = None,
                      timeout: float = 30.0) -> "KubernetesBackend":
-        """A backend that lists the cluster's nodes at each discover() (in-cluster config, else
-        the kubeconfig), with kubernetes_asyncio in a private event loop."""
+        """A backend that lists the cluster's nodes, and its ResourceSlices and ResourceClaims where
+        it serves resource.k8s.io/v1, at each discover() (in-cluster config, else the kubeconfig),
+        with kubernetes_asyncio in a private event loop."""
+        backend: KubernetesBackend
+
         def list_nodes() -> list[dict[str, Any]]:
             coroutine = _list_cluster_nodes(label_selector, kubeconfig, timeout)
             with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-                return pool.submit(asyncio.run, coroutine).result()
-        return cls(list_nodes)
+                nodes, backend.slices, backend.claims = pool.submit(asyncio.run, coroutine).result()
+            return nodes
+        backend = cls(list_nodes)
+        return backend
 
     @property
     def can_change_mig(self) -> bool:
-        return False
+        """True: the MIG GPUs of a DRA node with DynamicMIG are dynamic (the driver makes the
+        partition a claim names); those of the device plugin stay static (the MIG manager's)."""
+        return True
 
     @property
     def serves_running_processes(self) -> bool:
@@ -167,26 +181,73 @@ class KubernetesBackend(DeviceBackend):
 
     def discover(self) -> list[Node]:
         """Every usable GPU node; a node is read again only when what is read from it changed."""
-        return self.read_nodes(self._list_nodes())
+        nodes = self._list_nodes()
+        return self.read_nodes(nodes, self.slices, self.claims)
 
-    def read_nodes(self, objects: Iterable[Mapping[str, Any]]) -> list[Node]:
+    def read_nodes(self, objects: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]] = (),
+                   claims: Iterable[Mapping[str, Any]] = ()) -> list[Node]:
         """The usable GPU nodes these Node objects describe (the cluster's nodes now, as a watch
-        holds them); a node is read again only when what is read from it changed."""
-        fleet, unusable, readings, profiles = [], [], {}, {}
+        holds them), with the GPUs the `gpu.nvidia.com` ResourceSlices publish for them and the
+        dynamic MIG partitions the ResourceClaims hold (core/devices/dra.py); a node is read again
+        only when what is read from it changed."""
+        fleet, unusable, readings, profiles, pools = [], [], {}, {}, {}
+        published, held = dra.pool_slices(slices), dra.allocations(claims)
         for raw in objects:
             name = str((raw.get("metadata") or {}).get("name") or "")
             key = reading_key(raw)
             cached = self._readings.get(name)
             reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name, self.tolerations)
             readings[name] = (key, reading)
-            if reading.problem is not None:
-                unusable.append(UnusableNode(name or "(unnamed)", reading.problem))
-            elif reading.node is not None:
-                node = reading.node  # a copy down to its GPUs, which the scheduler adjusts (MIG mode)
-                fleet.append(dataclasses.replace(node, gpus=[dataclasses.replace(g) for g in node.gpus]))
+            pool = None
+            if name in published:  # a partition made for a lease is its GPU's instance until its claim holds it
+                pool = self._read_pool(name, published[name], {**self._made.get(name, {}), **held.get(name, {})})
+                pools[name] = self._pools[name]
+            problem = reading.problem or (pool if isinstance(pool, str) else None)
+            if problem is not None:
+                unusable.append(UnusableNode(name or "(unnamed)", problem))
+                continue
+            node = reading.node
+            if pool is not None and pool.gpus:
+                node = node or _plain_node(raw, name, self.tolerations)
+                node = dataclasses.replace(node, gpus=[*node.gpus, *pool.gpus])
+                profiles.update(pool.profiles)
+            if node is not None:  # a copy down to its GPUs, which the scheduler adjusts (MIG mode)
+                fleet.append(dataclasses.replace(node, gpus=[dataclasses.replace(g, instances=list(g.instances))
+                                                             for g in node.gpus]))
                 profiles.update(reading.profiles)
-        self._readings, self._profiles, self._unusable = readings, profiles, unusable
+        self._readings, self._profiles, self._unusable, self._pools = readings, profiles, unusable, pools
         return fleet
+
+    def _read_pool(self, node: str, slices: list[Mapping[str, Any]], held: Mapping[str, str]) -> dra.DraPool | str:
+        """Node `node`'s DRA pool (its problem, when it cannot be read), read again only when changed."""
+        key = (json.dumps([s.get("spec") for s in slices], sort_keys=True), json.dumps(held, sort_keys=True))
+        cached = self._pools.get(node)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            pool: dra.DraPool | str = dra.read_pool(node, slices, held)
+        except (DeviceError, KeyError, TypeError, ValueError, AttributeError, StopIteration, IndexError) as exc:
+            log.warning("skipping the DRA devices of Kubernetes node %s: %s", node, exc)
+            pool = str(exc) if isinstance(exc, DeviceError) else f"node {node}: cannot read its ResourceSlices: {exc!r}"
+        self._pools[node] = (key, pool)
+        return pool
+
+    def pool(self, node: str) -> dra.DraPool | None:
+        """Node `node`'s GPUs as the DRA driver publishes them, as last read (None: not a DRA node)."""
+        cached = self._pools.get(node)
+        return cached[1] if cached is not None and not isinstance(cached[1], str) else None
+
+    def claim_use(self, claim: Mapping[str, Any]) -> OutsideUse | None:
+        """What an allocated ResourceClaim holds of a DRA node's devices, as an outside holder
+        (`claim:<namespace>/<name>`), as read when its node was last read (None: nothing)."""
+        nodes = {pool for pool, _, _ in dra.allocated(claim)}
+        node = next(iter(nodes), None)
+        pool = self.pool(node) if node is not None else None
+        if pool is None:
+            return None
+        whole, shares, migs, named = dra.held_by_claim(pool, claim, node)
+        use = OutsideUse(dra.claim_key(claim), node, whole=whole, shares=shares, mig=migs, devices=named)
+        return None if use.is_empty() else use
 
     def unusable_nodes(self) -> list[UnusableNode]:
         return list(self._unusable)
@@ -234,10 +295,35 @@ class KubernetesBackend(DeviceBackend):
         return dict(self._profiles[gpu_uuid])
 
     def create_mig_instance(self, gpu_uuid: str, profile_id: int, start: int) -> MigInstance:
-        raise DevicePermissionError(_STATIC.format(action="create MIG instances"))
+        """On a DRA GPU with DynamicMIG: the partition at this placement, which the driver creates
+        when the claim naming it is prepared (service/dra_claims.py writes it); no other MIG GPU
+        here can change."""
+        node, device = self._dynamic(gpu_uuid, profile_id, start)
+        if device is None:
+            raise DevicePermissionError(_STATIC.format(action="create MIG instances"))
+        self._made.setdefault(node, {})[device.name] = "made"
+        return MigInstance(uuid=dra.dra_mig_uuid(gpu_uuid, device.name), profile_id=profile_id, start=start,
+                           size=device.size)
 
     def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
+        """On a DRA GPU with DynamicMIG nothing to do: the driver destroys a partition when its
+        claim is unprepared."""
+        for node in list(self._pools):
+            pool = self.pool(node)
+            device = pool.named_by(mig_uuid) if pool is not None else None
+            if device is not None and device.dynamic and device.gpu_uuid == gpu_uuid:
+                self._made.get(node, {}).pop(device.name, None)
+                return
         raise DevicePermissionError(_STATIC.format(action="destroy MIG instances"))
+
+    def _dynamic(self, gpu_uuid: str, profile_id: int, start: int) -> tuple[str | None, dra.DraDevice | None]:
+        """The DRA node holding GPU `gpu_uuid` and its dynamic partition at this placement (None, None: none)."""
+        for node in self._pools:
+            pool = self.pool(node)
+            device = pool.device_of(gpu_uuid, profile_id, start) if pool is not None else None
+            if device is not None and device.dynamic:
+                return node, device
+        return None, None
 
     def process_memory(self) -> list[GpuProcess]:
         """Always empty: per-process GPU memory is only visible on the node itself (NVML inside the
@@ -389,6 +475,15 @@ def node_from_object(raw: Mapping[str, Any]) -> Node | None:
     """The Node (with its GPUs) a Kubernetes Node object describes, or None for nodes to skip;
     DeviceError for a node that cannot be read."""
     return _read_node(raw).node
+
+
+def _plain_node(raw: Mapping[str, Any], name: str, tolerations: list[dict] | None) -> Node:
+    """A node without device-plugin GPUs (a DRA node's GPUs are added to it): its CPU, memory and whether
+    it is schedulable."""
+    allocatable: Mapping[str, Any] = (raw.get("status") or {}).get("allocatable") or {}
+    return Node(name=name, cpu_milli=int(_quantity(allocatable.get("cpu", 0), name, "cpu") * 1000),
+                memory_mib=int(_quantity(allocatable.get("memory", 0), name, "memory") / 2**20),
+                unschedulable=_unschedulable(raw) or _untolerated(raw, tolerations))
 
 
 def _read(raw: Mapping[str, Any], name: str, tolerations: list[dict] | None = None) -> _Reading:
@@ -815,8 +910,10 @@ async def cluster_configuration(kubeconfig: str | None) -> Any:
 
 
 async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None,
-                              timeout: float) -> list[dict[str, Any]]:
+                              timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The nodes, and the ResourceSlices and ResourceClaims (none where resource.k8s.io/v1 is not served)."""
     from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
 
     async with client.ApiClient(await cluster_configuration(kubeconfig)) as api:
         kwargs: dict[str, Any] = {"_request_timeout": timeout}
@@ -824,4 +921,14 @@ async def _list_cluster_nodes(label_selector: str | None, kubeconfig: str | None
             kwargs["label_selector"] = label_selector
         # The raw JSON, as the API server sent it (no client-side model validation).
         response = await client.CoreV1Api(api).list_node(_preload_content=False, **kwargs)
-        return (await response.json())["items"]
+        nodes = (await response.json())["items"]
+        resource = client.ResourceV1Api(api)
+        listed = []
+        for call in (resource.list_resource_slice, resource.list_resource_claim_for_all_namespaces):
+            try:
+                listed.append((await (await call(_preload_content=False, _request_timeout=timeout)).json())["items"])
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                listed.append([])
+        return nodes, listed[0], listed[1]

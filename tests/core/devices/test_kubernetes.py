@@ -158,7 +158,7 @@ def test_uuids_are_stable_identifiers(fleet):
 def test_mig_is_managed_by_the_mig_manager(fleet):
     backend = KubernetesBackend.from_node_objects(NODE_LIST["items"])
     gpu = backend.discover()[0].gpus[0]
-    assert not backend.can_change_mig
+    assert gpu.mig_mode is MigMode.STATIC  # a device-plugin MIG GPU; DRA nodes' DynamicMIG ones change (test_dra.py)
     assert backend.mig_profiles(gpu.uuid)[9].name == "3g.20gb"
     assert backend.mig_profiles(fleet["l4-pool-1"].gpus[0].uuid) == {}
     with pytest.raises(DevicePermissionError, match="managed by the NVIDIA MIG manager"):
