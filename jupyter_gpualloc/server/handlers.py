@@ -23,6 +23,7 @@ from tornado.iostream import StreamClosedError
 from ..client import GpuAllocError
 from ..core.devices.base import DeviceError
 from ..core.holders import KERNEL, is_server, kernel_holder, kernel_of, server_holder
+from ..holder_lease import HolderLease
 from ..service.validation import InputError, parse_json
 from ..job_folder import JobFolder
 from ..user_files import FILE_THREADS, Refused, read_regular
@@ -269,7 +270,7 @@ class RequestHandler(SidebarHandler):
         wait = body.get("wait")
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0):
             raise web.HTTPError(400, "wait must be a number of seconds")
-        lease = await self.service(self.ext.client.request_lease(spec, holder, offer=offer, wait=wait))
+        lease = await self.service(HolderLease(self.ext.client, holder).acquire(offer, spec=spec, wait=wait))
         if kernel_id and lease["state"] == "granted":
             self.ext.monitor.attach(kernel_id, lease)
             self.ext.monitor.slices.tell(kernel_id, lease["id"])  # it takes effect before the kernel's next cell
