@@ -123,7 +123,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 raise spawn_error(f"The GPU service did not allocate the claim of your slice within {timeout:g} s.",
                                   "claim", 503)
             await asyncio.sleep(0.5)
-            owned = (await self.gpu_link().lease(self._gpu_lease["id"])).get("pod") or {}
+            owned = ((await self.gpu_lease.read()) or {}).get("pod") or {}
         return owned["claim"]
 
 
