@@ -80,9 +80,11 @@ class LeaseClaims:
     @staticmethod
     async def _allocated(api: Any, name: str, namespace: str, devices: list[str]) -> bool:
         """Whether the claim is allocated already (an allocation is immutable): True on `devices`,
-        False when not allocated, ClaimError on other devices."""
-        made = await (await api.read_namespaced_resource_claim(name, namespace, _preload_content=False,
-                                                               _request_timeout=30)).json()
+        False when not allocated, ClaimError on other devices. Read by `list` (the service's RBAC
+        lists claims for its watch and has no `get`)."""
+        found = await (await api.list_namespaced_resource_claim(
+            namespace, field_selector=f"metadata.name={name}", _preload_content=False, _request_timeout=30)).json()
+        made = (found.get("items") or [{}])[0]
         held = (((made.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
         if held is None:
             return False
