@@ -200,8 +200,10 @@ class GpuAllocExtension(ExtensionApp):
         left it to Python (its stdin is not a terminal: under systemd, nohup or a hub started so). There a
         SIGINT, JupyterHub's stop signal, raised KeyboardInterrupt out of the event loop: the server exited
         without stopping its extensions or its kernels, whose slices stayed held until the heartbeat TTL.
+        SIGINT ignored from the start (the server, or the hub that spawned it, started in the background
+        of a script: a shell makes such a job ignore SIGINT) is taken over too: it is still JupyterHub's stop.
         The handler it replaces, to put back at stop; None when it left SIGINT as it was."""
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        if signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, signal.SIG_IGN):
             return None  # a terminal's confirmation prompt, or JupyterHub's own stop
         return signal.signal(signal.SIGINT, self.serverapp._signal_stop)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -74,13 +75,17 @@ class JupyterServerProcess:
                     "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60) -> "JupyterServerProcess":
-        # stdin from /dev/null, as under systemd, nohup or a hub started so: the same in a terminal and in CI
+    def start(self, timeout: float = 60, sigint_ignored: bool = False) -> "JupyterServerProcess":
+        """Start it, stdin from /dev/null (as under systemd, nohup or a hub started so: the same in a
+        terminal and in CI); `sigint_ignored`: with SIGINT ignored from the start, as a shell leaves a job
+        it starts in the background, else as Python's default (whatever this test process inherited)."""
         self.proc = start_logged(
             [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser", f"--port={self.port}",
              "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={SERVER_TOKEN}",
              f"--ServerApp.root_dir={self.workdir}"],
-            self.workdir / "server.log", env=self.env, cwd=self.workdir, stdin=subprocess.DEVNULL)
+            self.workdir / "server.log", env=self.env, cwd=self.workdir, stdin=subprocess.DEVNULL,
+            preexec_fn=functools.partial(signal.signal, signal.SIGINT,
+                                         signal.SIG_IGN if sigint_ignored else signal.SIG_DFL))
         wait_until_ready(self.proc, lambda: self.call("GET", "api/status")[0] == 200, "jupyter server",
                          self.log_tail, timeout)
         return self
@@ -352,19 +357,21 @@ def test_sigterm_stops_the_server_promptly_after_a_kernel_start_waiting_for_a_sl
     assert "Traceback" not in log.split("received signal 15")[-1], log[-4000:]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_remote_server_stop_reports_its_kernels_gone_at_once(tmp_path, servers, sig):
+@pytest.mark.parametrize("sig, sigint_ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["SIGINT", "SIGINT-ignored-at-start", "SIGTERM"])
+def test_remote_server_stop_reports_its_kernels_gone_at_once(tmp_path, servers, sig, sigint_ignored):
     """JupyterHub stops a server with SIGINT (then SIGTERM): each stops it through its shutdown sequence,
     its stdin a terminal or not (under systemd or nohup it is not, and jupyter_server then leaves SIGINT
-    to Python's KeyboardInterrupt, which skipped it). Its kernels' leases end and their slices return
-    at once, not after the heartbeat TTL."""
+    to Python's KeyboardInterrupt, which skipped it), SIGINT ignored from its start or not (a hub started
+    in a script's background passes that on). Its kernels' leases end and their slices return at once,
+    not after the heartbeat TTL."""
     service = ServiceProcess(tmp_path / "service", tokens=TOKENS, config=(
         "c.SchedulerPolicy.heartbeat_ttl = 600.0\nc.GpuAllocService.tick_interval = 0.5\n"
         f"c.SchedulerPolicy.offers = {OFFERS!r}\n")).start()
     try:
         server = JupyterServerProcess(tmp_path / "server", {},
                                       env={"GPUALLOC_URL": service.url[:-len("api/v1/")], "GPUALLOC_TOKEN": ALICE})
-        servers.append(server.start())
+        servers.append(server.start(sigint_ignored=sigint_ignored))
         status, kernel = server.call("POST", "api/kernels", {"name": MIG_KERNEL})
         assert status == 201, kernel
         ready_kernel_client(server.workdir / "runtime" / f"kernel-{kernel['id']}.json", server, 60).stop_channels()
