@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .fleet_state import FleetState
+from .devices.base import DeviceBackend
+from .fleet_state import FleetState, GpuState
 from .journal import SchedulerJournal
 from .lease_book import LeaseBook
-from .model import Lease, LeaseState, SliceKind, SliceSpec, SpecError
+from .model import Lease, LeaseState, MigInstance, MigMode, SliceKind, SliceSpec, SpecError
 from .plans import Plan, host_demand, slice_demand
 from .store import StoredState
 
 
 def reconcile_instances(state: StoredState, fleet: FleetState, journal: SchedulerJournal, now: float,
-                        emit: Callable[..., None]) -> None:
+                        emit: Callable[..., None], backend: DeviceBackend) -> None:
     """Reconcile the devices' MIG instances with the store's records. An instance the store does
     not know is the administrator's, unless a MIG intent names its place: then the core made it
-    before a crash (and destroys it once recovered, as no lease was recorded for it)."""
+    before a crash (and destroys it once recovered, as no lease was recorded for it). One the core
+    made that the devices no longer show has vanished, unless the backend holds it again (a DRA
+    partition whose claim was not yet written) on a dynamic GPU where nothing overlaps it."""
     first_start = state.seq == 0 and not state.instances and not state.intents
     intents = {(i.gpu_uuid, i.profile_id, i.start): i.id for i in state.intents}
     recorded = {r.instance.uuid: r for r in state.instances}
@@ -35,8 +38,23 @@ def reconcile_instances(state: StoredState, fleet: FleetState, journal: Schedule
             elif record.created_by_core:
                 gs.created.add(inst.uuid)
     for record in recorded.values():
+        if record.created_by_core and _restored(fleet.gpus.get(record.gpu_uuid), record.instance, backend):
+            gs = fleet.gpus[record.gpu_uuid]
+            gs.instances[record.instance.uuid] = record.instance
+            gs.created.add(record.instance.uuid)
+            fleet.changed(gs)
+            continue
         journal.instance_changes.append((record.gpu_uuid, record.instance.uuid, None, False))
         emit("reconcile.instance_vanished", now, gpu=record.gpu_uuid, instance=record.instance.uuid)
+
+
+def _restored(gs: GpuState | None, instance: MigInstance, backend: DeviceBackend) -> bool:
+    if gs is None or gs.gpu.mig_mode is not MigMode.DYNAMIC or instance.profile_id not in gs.profiles:
+        return False
+    end = instance.start + instance.size
+    if any(i.start < end and instance.start < i.start + i.size for i in gs.instances.values()):
+        return False
+    return backend.restore_mig_instance(gs.gpu.uuid, instance)
 
 
 def recover_returning(state: StoredState, fleet: FleetState, book: LeaseBook, journal: SchedulerJournal,

@@ -825,7 +825,7 @@ class Scheduler:
             if gpu_uuid in self._fleet.gpus:
                 self._fleet.gpus[gpu_uuid].drained_by_admin = True
                 self._fleet.changed(self._fleet.gpus[gpu_uuid])
-        reconcile_instances(state, self._fleet, self._journal, now, self._emit)
+        reconcile_instances(state, self._fleet, self._journal, now, self._emit, self.backend)
         recover_leases(state, self._book, self._plans.of, self._fleet, now, end=self._end, emit=self._emit,
                        running=self._running)
         recover_returning(state, self._fleet, self._book, self._journal, now)

@@ -32,6 +32,7 @@ from typing import Callable
 from ..core.devices.kubernetes import KubernetesBackend, OwnPod
 from .cluster_watch import ClusterWatch
 from ..core.errors import NotFound, StoreFailed
+from ..core.holders import is_server
 from ..core.model import Event, Lease, LeaseState, Node, OutsideUse
 from ..core.scheduler import Scheduler
 from ..kube.gpu import KubeGpu
@@ -68,9 +69,15 @@ class ClusterReconciler:
         scheduler.subscribe(self._on_event)
 
     async def start(self, sync_timeout: float = 120.0) -> None:
-        """Watch the cluster; returns once nodes and pods were listed once and applied."""
+        """Watch the cluster; returns once nodes and pods were listed once and applied. The granted
+        servers' claims are then allocated again (where they are, it finds them so; where the service
+        stopped between a grant and its allocation, it makes them): which is ready lives in memory."""
         await self.watch.start()
         await self.watch.synced(sync_timeout)
+        for lease in self.scheduler.leases():
+            if lease.state is LeaseState.GRANTED and lease.slice is not None and is_server(lease.holder) \
+                    and self.claims.devices(lease.slice.to_json()) is not None:
+                self._claim_for_server(lease.id)
 
     async def close(self) -> None:
         await self.watch.close()
@@ -158,8 +165,7 @@ class ClusterReconciler:
                 self._end(lease.id, f"it has no pod in the cluster {now - granted:.0f} s after its grant")
 
     def _on_event(self, event: Event) -> None:
-        if event.type == "lease.granted" and event.lease_id is not None \
-                and str(event.data.get("holder", "")).partition(":")[0] == "server":
+        if event.type == "lease.granted" and event.lease_id is not None and is_server(str(event.data.get("holder"))):
             self._claim_for_server(event.lease_id)
         if event.type not in ENDED or event.lease_id is None:
             return

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend
-from jupyter_gpualloc.core.model import MigMode
+from jupyter_gpualloc.core.model import MigMode, SliceKind, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.store import Store, sqlite_url
 from jupyter_gpualloc.core.wiring import open_core
@@ -252,3 +252,62 @@ def test_a_jobs_pod_on_a_dra_node_uses_the_claim_the_service_allocated_and_it_go
     assert service.call("DELETE", f"jobs/{job['id']}", token=ALICE).status == 200
     wait_for(lambda: not kube_jobs(dra_cluster, namespace, job["id"]) and
              lease_claim(dra_cluster, namespace, lease["id"]) is None, what="the Job, then its claim, deleted")
+
+
+def test_a_restarted_service_names_every_granted_servers_claim_allocated_on_its_partition(
+        dra_cluster, namespace, tmp_path):
+    """One server's claim was allocated before the service stopped; another server was granted while
+    no reconciler ran (the service stopped between the grant and the claim). Restarted, the service
+    names both claims to their spawners, each allocated on the partition the core chose."""
+    url = sqlite_url(str(tmp_path / "restart.sqlite"))
+    policy = SchedulerPolicy(wait_for_holders=False, heartbeat_ttl=1e9)
+    spec = SliceSpec(kind=SliceKind.MIG, profile="1g.10gb", node="dra-h100-1")
+
+    def open_service(reconciled: bool = True):
+        backend = KubernetesBackend.from_cluster(kubeconfig=dra_cluster.kubeconfig)
+        core = open_core(backend, Store(url), policy, now=time.time())
+        return backend, core, ClusterReconciler(core.scheduler, backend, namespace=namespace,
+                                                instance=f"{namespace}.gpualloc", kubeconfig=dra_cluster.kubeconfig) \
+            if reconciled else None
+
+    async def claim_of(reconciler, scheduler, lease_id):
+        return reconciler.pod(scheduler.lease(lease_id))["claim"]
+
+    async def body(api):
+        resource = client.ResourceV1Api(api)
+        _, core, reconciler = open_service()
+        await reconciler.start()
+        try:
+            first = core.scheduler.submit("alice", "server:first", spec, now=time.time())
+            await until(lambda: claim_of(reconciler, core.scheduler, first.id), what="the first server's claim")
+        finally:
+            await reconciler.close()
+            core.close()
+        _, core, _ = open_service(reconciled=False)  # no reconciler: the grant's claim is never written
+        try:
+            second = core.scheduler.submit("alice", "server", spec, now=time.time())
+        finally:
+            core.close()
+
+        backend, core, reconciler = open_service()
+        await reconciler.start()
+        try:
+            for lease_id in (first.id, second.id):
+                assert await until(lambda: claim_of(reconciler, core.scheduler, lease_id),
+                                   what=f"lease {lease_id}'s claim named again") == claim_name(lease_id)
+                lease = core.scheduler.lease(lease_id).to_json()
+                claim = await resource.read_namespaced_resource_claim(claim_name(lease_id), namespace)
+                device = backend.pool("dra-h100-1").named_by(lease["slice"]["mig_uuid"]).name
+                assert [(r.pool, r.device) for r in claim.status.allocation.devices.results] == [
+                    ("dra-h100-1", device)]
+            for lease_id in (first.id, second.id):
+                core.scheduler.release(lease_id, now=time.time())
+            await until(lambda: claims_left(resource, namespace), what="both claims deleted")
+        finally:
+            await reconciler.close()
+            core.close()
+
+    async def claims_left(resource, namespace):
+        return not (await resource.list_namespaced_resource_claim(namespace)).items
+
+    dra_cluster.run(body, timeout=180)

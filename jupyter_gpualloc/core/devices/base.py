@@ -102,6 +102,12 @@ class DeviceBackend(ABC):
     def destroy_mig_instance(self, gpu_uuid: str, mig_uuid: str) -> None:
         """Destroy a MIG instance created earlier (its compute instance first)."""
 
+    def restore_mig_instance(self, gpu_uuid: str, instance: MigInstance) -> bool:
+        """Hold again, after a restart, an instance the core made that discover() no longer shows;
+        False where such an instance is gone (default: on a device, something destroyed it). A
+        backend whose instances exist only while a claim names them (DRA) keeps the lease's."""
+        return False
+
     @abstractmethod
     def process_memory(self) -> list[GpuProcess]:
         """Each process currently holding GPU memory, with the GPU (or MIG device) it uses."""

@@ -316,6 +316,15 @@ class KubernetesBackend(DeviceBackend):
                 return
         raise DevicePermissionError(_STATIC.format(action="destroy MIG instances"))
 
+    def restore_mig_instance(self, gpu_uuid: str, instance: MigInstance) -> bool:
+        """A DynamicMIG partition the core made for a lease whose claim was not written before the
+        service stopped: its GPU's instance again (the claim is written when its pod is made)."""
+        node, device = self._dynamic(gpu_uuid, instance.profile_id, instance.start)
+        if device is None or dra.dra_mig_uuid(gpu_uuid, device.name) != instance.uuid:
+            return False
+        self._made.setdefault(node, {})[device.name] = "made"
+        return True
+
     def _dynamic(self, gpu_uuid: str, profile_id: int, start: int) -> tuple[str | None, dra.DraDevice | None]:
         """The DRA node holding GPU `gpu_uuid` and its dynamic partition at this placement (None, None: none)."""
         for node in self._pools:
