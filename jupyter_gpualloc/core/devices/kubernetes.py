@@ -261,11 +261,14 @@ class KubernetesBackend(DeviceBackend):
         """What a pod bound to a GPU node and not finished holds of that node's devices, as read
         when its node was last read (None: nothing). Whole GPUs on nodes without replicas; a
         share per replica of a time-sliced GPU; MIG devices by profile (under the single
-        strategy `nvidia.com/gpu` counts MIG devices)."""
+        strategy `nvidia.com/gpu` counts MIG devices). Nothing for a pod whose extended resources the
+        kube-scheduler gave it through a DRA claim (`extendedResourceClaimStatus`, KEP-5004: the DRA
+        driver serves `nvidia.com/gpu` there): that claim holds its devices, counted as the claim's."""
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         node = spec.get("nodeName")
         cached = self._readings.get(node or "")
-        if not node or status.get("phase") in ("Succeeded", "Failed") or cached is None or cached[1].labels is None:
+        if not node or status.get("phase") in ("Succeeded", "Failed") or cached is None or cached[1].labels is None \
+                or status.get("extendedResourceClaimStatus"):
             return None
         labels, gpus = cached[1].labels, 0
         mig_devices: dict[str, int] = {}
@@ -388,7 +391,8 @@ def pod_record(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     neither can ever count: one that asks for no NVIDIA device and carries no lease label. A pod's
     resources are immutable, so a pod left out now stays out until its labels change (each change
     is judged again). The record keeps the gpualloc labels, the node, the devices asked for (as one
-    container's limits), the phase, IP, scheduling condition and how it ended; nothing else (env,
+    container's limits), the phase, IP, scheduling condition, how it ended and the DRA claim that
+    serves its extended resources; nothing else (env,
     volumes, managedFields, annotations)."""
     metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k.startswith(_OWN_LABELS)}
@@ -398,7 +402,8 @@ def pod_record(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     record_metadata = {"name": metadata.get("name"), "namespace": metadata.get("namespace"), "labels": labels}
     if metadata.get("deletionTimestamp"):
         record_metadata["deletionTimestamp"] = metadata["deletionTimestamp"]
-    record_status = {k: status[k] for k in ("phase", "podIP", "reason", "message") if k in status}
+    record_status = {k: status[k] for k in ("phase", "podIP", "reason", "message", "extendedResourceClaimStatus")
+                     if k in status}
     scheduled = [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"]
     if scheduled:
         record_status["conditions"] = scheduled

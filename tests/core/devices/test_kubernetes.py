@@ -141,6 +141,22 @@ def test_each_node_says_the_names_its_gpus_are_advertised_by():
     assert backend.node_resources("cpu-only") is None and backend.node_resources("no-such-node") is None
 
 
+def test_a_pod_whose_gpus_a_dra_claim_serves_is_counted_by_its_claim_not_again_by_its_resources():
+    """KEP-5004: where NVIDIA's DRA driver serves `nvidia.com/gpu`, the kube-scheduler gives a pod asking
+    for it a claim of its own and says so in the pod's status; that claim's devices are the pod's."""
+    backend = KubernetesBackend.from_node_objects(NODE_LIST["items"])
+    backend.discover()
+    pod = {"metadata": {"namespace": "ml", "name": "train"},
+           "spec": {"nodeName": "l4-pool-1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+           "status": {"phase": "Running"}}
+    assert backend.outside_use(kubernetes.pod_record(pod)).whole == 2
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "train-extended-resources-x7k2p",
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0"}]}
+    assert backend.outside_use(kubernetes.pod_record(pod)) is None
+    assert backend.outside_use(pod) is None
+
+
 def renamed_shared_node() -> dict:
     node = json.loads(json.dumps(NODES["t4-shared"]))
     node["metadata"]["name"] = "t4-renamed"
