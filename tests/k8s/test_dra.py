@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend
+from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend, parse_quantity
 from jupyter_gpualloc.core.model import MigMode, SliceKind, SliceSpec
 from jupyter_gpualloc.core.policy import SchedulerPolicy
 from jupyter_gpualloc.core.store import Store, sqlite_url
@@ -30,7 +30,8 @@ ApiException = pytest.importorskip("kubernetes_asyncio.client.exceptions").ApiEx
 
 H100, A100 = "H100 80GB HBM3", "A100-SXM4-40GB"
 DRA_NODES = {"dra-h100-1": dynamic_mig("dra-h100-1", H100, 2), "dra-a100-1": dynamic_mig("dra-a100-1", A100, 1),
-             "dra-l4-1": full_gpus("dra-l4-1", "L4", 2)}
+             "dra-l4-1": full_gpus("dra-l4-1", "L4", 2), "dra-l4-shared-1": full_gpus("dra-l4-shared-1", "L4", 1,
+                                                                                    consumable=True)}
 # The DeviceClasses the driver's Helm chart installs.
 DEVICE_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
 
@@ -233,6 +234,47 @@ def test_a_kernels_pod_on_a_dra_node_gets_the_partition_the_core_chose_through_a
     wait_for(lambda: not any(i for n in service.call("GET", "inventory", token=ROOT).json()["nodes"]
                              if n["name"] == "dra-h100-1" for g in n["gpus"] for i in g["instances"]),
              what="the partition gone from the inventory")
+
+
+def test_shared_slices_on_a_dra_gpu_with_consumable_memory_are_capacity_claims_on_the_same_device(
+        service, server, dra_cluster, install_pods):
+    """An L4 whose driver publishes its memory as consumable capacity: two kernels' shared slices are two
+    claims on its one device, each consuming the slice's memory as a share of its own, both bound there."""
+    namespace, leases = install_pods, []
+    for memory_mib in (8192, 12288):
+        body = {"spec": {"kind": "shared", "memory_mib": memory_mib, "node": "dra-l4-shared-1"}, "server": server,
+                "argv": ["python"], "connection": CONNECTION}
+        made = wait_for(lambda: (r := service.call("POST", f"kernels/{uuid.uuid4()}/pod", body, ALICE)).json()
+                        .get("field") != "runner" and r, what="the service seeing the server pod")
+        assert made.status == 201, made
+        leases.append(made.json()["lease"])
+
+    async def bound(api):
+        core_api = client.CoreV1Api(api)
+
+        async def both():
+            pods = (await core_api.list_namespaced_pod(namespace, label_selector=KERNEL_LABEL)).items
+            mine = {p.metadata.labels["gpualloc.jupyter.org/lease"]: p for p in pods if p.spec.node_name}
+            return all(lease["id"] in mine for lease in leases) and mine
+        return await until(both, what="both kernels' pods bound by the kube-scheduler")
+    pods = dra_cluster.run(bound)
+    shares = set()
+    for lease in leases:
+        claim = lease_claim(dra_cluster, namespace, lease["id"])
+        [result] = claim.status.allocation.devices.results
+        assert (pods[lease["id"]].spec.node_name, result.pool, result.device) == ("dra-l4-shared-1",) * 2 + ("gpu-0",)
+        memory = lease["slice"]["memory_mib"] * 2**20  # the API server writes quantities canonically (8Gi)
+        assert {k: parse_quantity(v) for k, v in result.consumed_capacity.items()} == {"memory": memory}
+        assert parse_quantity(claim.spec.devices.requests[0].exactly.capacity.requests["memory"]) == memory
+        assert [r.name for r in claim.status.reserved_for] == [pods[lease["id"]].metadata.name]
+        shares.add(result.share_id)
+    assert len(shares) == 2 and None not in shares
+
+    for pod in pods.values():
+        dra_cluster.run(lambda api, pod=pod: client.CoreV1Api(api).delete_namespaced_pod(
+            pod.metadata.name, namespace, grace_period_seconds=0))
+    wait_for(lambda: all(lease_claim(dra_cluster, namespace, lease["id"]) is None for lease in leases),
+             what="both claims deleted with their pods")
 
 
 def test_a_jobs_pod_on_a_dra_node_uses_the_claim_the_service_allocated_and_it_goes_with_the_job(
