@@ -220,7 +220,7 @@ class KubernetesBackend(DeviceBackend):
 
     def _read_pool(self, node: str, slices: list[Mapping[str, Any]], held: Mapping[str, str]) -> dra.DraPool | str:
         """Node `node`'s DRA pool (its problem, when it cannot be read), read again only when changed."""
-        key = (json.dumps([s.get("spec") for s in slices], sort_keys=True), json.dumps(held, sort_keys=True))
+        key = (_slices_key(slices), json.dumps(held, sort_keys=True))
         cached = self._pools.get(node)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -384,6 +384,17 @@ def own_pod(pod: Mapping[str, Any], namespace: str, instance: str) -> OwnPod | N
                   _timestamp(scheduled.get("lastTransitionTime")) if refused else None,
                   (metadata.get("labels") or {}).get(JOB_LABEL),
                   _why_ended(status) if phase in ("Succeeded", "Failed") else "", status.get("podIP"))
+
+
+def _slices_key(slices: list[Mapping[str, Any]]) -> Any:
+    """What identifies these ResourceSlices' contents: each one's name and resourceVersion, which the
+    API server moves on every change (a pool's slices are large: encoding them on each claim event
+    cost seconds at a thousand nodes); their specs where a slice has none (not read from a cluster)."""
+    versions = [((s.get("metadata") or {}).get("name"), (s.get("metadata") or {}).get("resourceVersion"))
+                for s in slices]
+    if all(name and version for name, version in versions):
+        return tuple(sorted(versions))
+    return json.dumps([s.get("spec") for s in slices], sort_keys=True)
 
 
 def pod_record(pod: Mapping[str, Any]) -> dict[str, Any] | None:

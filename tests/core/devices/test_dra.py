@@ -78,6 +78,22 @@ def test_only_a_pools_newest_generation_counts():
     assert len(backend(republished).discover()[0].gpus) == 1
 
 
+def test_a_pool_is_read_again_when_a_slice_moves_to_a_new_version_and_only_then():
+    """Slices from a cluster carry a resourceVersion the API server moves on every change: a pool is
+    read again when one of its slices' versions moves, and not otherwise (re-encoding every pool's
+    slices on each claim event cost seconds at a thousand nodes)."""
+    def versioned(slices, version: str):
+        return [{**s, "metadata": {**s["metadata"], "name": f"slice-{i}", "resourceVersion": version}}
+                for i, s in enumerate(slices)]
+    b = KubernetesBackend.from_node_objects([node("dra-l4")])
+    b.slices = versioned(full_gpus("dra-l4", "L4", 2), "1")
+    assert len(b.discover()[0].gpus) == 2
+    first = b.pool("dra-l4")
+    assert len(b.discover()[0].gpus) == 2 and b.pool("dra-l4") is first  # the same versions: kept as read
+    b.slices = versioned(full_gpus("dra-l4", "L4", 3), "2")  # the driver published a third GPU
+    assert len(b.discover()[0].gpus) == 3 and b.pool("dra-l4") is not first
+
+
 def test_static_mig_devices_are_the_gpus_instances():
     devices = [{"name": mig_device(0, profile, start, A100),
                 "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-static"},
