@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from jupyter_gpualloc.kube.claims import pod_claim
 from tests.cuttable_proxy import CuttableProxy
 from tests.service.conftest import ROOT
+
+from ..core.devices.dra_slices import dynamic_mig
 
 from .conftest import Cluster, require_binary
 from .controlplane import ControlPlane
 from .test_cluster import until
-from .test_service_on_cluster import (ClusterService, lease_pod, lease_state, node_of, request, views,
+from .test_dra import DEVICE_CLASSES, H100, dra_node
+from .test_service_on_cluster import (ClusterService, lease_pod, lease_state, node_of, outside_on, request, views,
                                       wait_for)
 
 client = pytest.importorskip("kubernetes_asyncio.client")
@@ -114,10 +118,81 @@ def test_the_service_rides_out_an_apiserver_restart(plane, tmp_path):
         proxy.cut()
 
 
-async def _has_default_account(core) -> bool:
-    return any(a.metadata.name == "default" for a in (await core.list_namespaced_service_account("restart")).items)
+async def _has_default_account(core, namespace: str = "restart") -> bool:
+    return any(a.metadata.name == "default" for a in (await core.list_namespaced_service_account(namespace)).items)
 
 
 async def _all_running(core) -> bool:
     found = (await core.list_namespaced_pod("restart")).items
     return len(found) == 2 and all(p.status.phase == "Running" for p in found)
+
+
+def test_a_dra_leases_claim_and_partition_outlive_an_apiserver_restart(plane, tmp_path):
+    """A server's lease on a DynamicMIG node: the service allocates its claim, the kube-scheduler binds
+    its pod. Across an API-server restart the allocation stays on the partition the core chose, the
+    lease stays granted, and the watches resumed count that partition as the lease's (not as outside
+    use, not as free)."""
+    cluster, namespace = Cluster(plane), "restart-dra"
+
+    async def dra_node_and_namespace(api):
+        core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        await core.create_namespace({"metadata": {"name": namespace}})
+        await until(lambda: _has_default_account(core, namespace), what="the namespace's service account")
+        for name, kind in DEVICE_CLASSES.items():
+            await resource.create_device_class({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {
+                "expression": f"device.driver == 'gpu.nvidia.com' && "
+                              f"device.attributes['gpu.nvidia.com'].type == '{kind}'"}}]}})
+        await core.create_node(dra_node("dra-h100-r"))
+        for body in dynamic_mig("dra-h100-r", H100, 1):
+            await resource.create_resource_slice(body)
+
+    cluster.run(dra_node_and_namespace)
+    service = ClusterService(tmp_path / "service", Path(cluster.kubeconfig), namespace=namespace)
+    service.start()
+    try:
+        wait_for(lambda: node_of(service, "dra-h100-r"), what="the DRA node in the service's view")
+        lease = request(service, {"kind": "mig", "profile": "1g.10gb", "node": "dra-h100-r"}, "server:dra")
+        assert lease["state"] == "granted"
+        claim = wait_for(lambda: lease_state(service, lease["id"])["pod"].get("claim"), what="its claim allocated")
+        pod = lease_pod(lease, "dra-server", {}, None)
+        pod["spec"]["resourceClaims"], pod["spec"]["containers"][0]["resources"]["claims"] = pod_claim(claim)
+
+        async def bound(api):
+            core = client.CoreV1Api(api)
+            await core.create_namespaced_pod(namespace, pod)
+            return await until(lambda: _node_of_pod(core, namespace, "dra-server"), what="its pod bound")
+
+        assert cluster.run(bound) == "dra-h100-r"
+        before = cluster.run(lambda api: _allocation(api, namespace, claim))
+        mine = _partition(service, lease["id"])
+
+        plane.stop_apiserver()
+        wait_for(lambda: service.call("GET", "health").json()["cluster"].startswith("stale since"),
+                 what="the view marked stale")
+        plane.start_apiserver()
+        wait_for(lambda: service.call("GET", "health").json()["cluster"] == "current", what="the view current again",
+                 timeout=90)
+
+        assert cluster.run(lambda api: _allocation(api, namespace, claim)) == before
+        assert lease_state(service, lease["id"])["state"] == "granted"
+        assert _partition(service, lease["id"]) == mine
+        assert outside_on(service, "dra-h100-r") == []
+    finally:
+        service.kill()
+
+
+async def _node_of_pod(core, namespace: str, name: str) -> str | None:
+    return (await core.read_namespaced_pod(name, namespace)).spec.node_name
+
+
+async def _allocation(api, namespace: str, claim: str) -> tuple:
+    found = await client.ResourceV1Api(api).read_namespaced_resource_claim(claim, namespace)
+    return ([(r.pool, r.device) for r in found.status.allocation.devices.results],
+            [r.name for r in found.status.reserved_for or []])
+
+
+def _partition(service, lease_id: str) -> list[tuple]:
+    """Where the service holds the lease's MIG instance: (GPU, start, profile)."""
+    node = node_of(service, "dra-h100-r")
+    return [(gpu["uuid"], held["start"], held["profile"]) for gpu in node["gpus"] for held in gpu["instances"]
+            if held.get("lease_id") == lease_id]
