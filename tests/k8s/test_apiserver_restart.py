@@ -1,6 +1,7 @@
 """The service on a control plane whose kube-apiserver is stopped and started again (k8s/run.go:
 SIGUSR1 stops it, SIGUSR2 starts a new one on the same port and the same etcd, whose data it finds
-as it was). A control plane of its own, with three nodes, so the session's one is not disturbed.
+as it was). A control plane of its own, with three nodes (and a DynamicMIG node the DRA test adds),
+so the session's one is not disturbed.
 
 The service reaches the API server through a proxy, held cut while the restarted API server is
 changed, so that those changes are made while the service cannot see them; it then resumes its
