@@ -24,7 +24,8 @@ It decides nothing: the listener (the service) turns these into the scheduler's 
 Of the pods it keeps only what is read (a cluster may run tens of thousands, most without GPUs):
 the install's server pods in full (kernel and Job pods are made from them, service/user_pods.py),
 every pod that asks for NVIDIA devices or carries a lease label as a slim record (`pod_record`),
-and nothing of the others.
+and nothing of the others. A list decodes only those fields of each pod (service/pod_list.py), then
+lists the server pods whole.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import time
 from typing import Any, Callable, Mapping, Protocol
 
 from ..core.devices import dra
+from .pod_list import decode_pod_list
+from .user_pods import SERVER_COMPONENT
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
                                        own_pod, pod_record, reading_key)
 from ..core.model import Node, OutsideUse
@@ -186,7 +189,11 @@ class ClusterWatch:
 
     async def _list(self, resource: _Resource) -> None:
         response = await resource.list_call(_preload_content=False, _request_timeout=60)
-        listed = await response.json()
+        if resource.kind == "pods":  # what is read of each pod, then the install's server pods whole
+            listed = decode_pod_list(await response.read())
+            listed["items"] += await self._server_pods()
+        else:
+            listed = await response.json()
         objects = {resource.key(o): o for o in listed.get("items") or []}
         for key in set(resource.objects) - set(objects):
             self._apply(resource, "DELETED", resource.objects[key])
@@ -197,6 +204,12 @@ class ClusterWatch:
         self._mark_fresh(resource)
         if all(r.version is not None for r in self._resources):
             self._synced.set()
+
+    async def _server_pods(self) -> list[Mapping[str, Any]]:
+        """The install's server pods as the API returns them (kernel and Job pods are made from them)."""
+        response = await self._core.list_namespaced_pod(self.namespace, label_selector=f"component={SERVER_COMPONENT}",
+                                                        _preload_content=False, _request_timeout=60)
+        return (await response.json()).get("items") or []
 
     async def _watch(self, resource: _Resource) -> None:
         """One watch request, applied batch by batch as its lines arrive."""
@@ -233,7 +246,7 @@ class ClusterWatch:
     def _kept_pod(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
         metadata = pod.get("metadata") or {}
         if metadata.get("namespace") == self.namespace \
-                and (metadata.get("labels") or {}).get("component") == "singleuser-server":
+                and (metadata.get("labels") or {}).get("component") == SERVER_COMPONENT:
             return pod
         return pod_record(pod)
 

@@ -157,12 +157,15 @@ def pod_template(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+SERVER_COMPONENT = "singleuser-server"  # KubeSpawner's `component` label on a user's server pod
+
+
 def is_server_pod(pod: Mapping[str, Any], user: str, server_name: str) -> bool:
     """Whether `pod` is KubeSpawner's pod of `user`'s server `server_name` ('' the default one), running."""
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     return (annotations.get(HUB_USER) == user and annotations.get(HUB_SERVER, "") == server_name
-            and (metadata.get("labels") or {}).get("component") == "singleuser-server"
+            and (metadata.get("labels") or {}).get("component") == SERVER_COMPONENT
             and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
             and not metadata.get("deletionTimestamp"))
 
