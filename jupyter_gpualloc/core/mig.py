@@ -195,9 +195,13 @@ _MODELS: list[GpuModel] = [
 ]
 
 
+_VENDOR = re.compile(r"^NVIDIA[\s_-]+", re.IGNORECASE)
+_SEPARATORS = re.compile(r"[\s_-]+")
+
+
 def _key(name: str) -> str:
-    name = re.sub(r"^NVIDIA[\s_-]+", "", name.strip(), flags=re.IGNORECASE)
-    return re.sub(r"[\s_-]+", "-", name).upper()
+    """The patterns are compiled once: a fleet's reading calls this for every GPU (re's shared cache missed there)."""
+    return _SEPARATORS.sub("-", _VENDOR.sub("", name.strip())).upper()
 
 
 _BY_KEY: dict[str, GpuModel] = {}

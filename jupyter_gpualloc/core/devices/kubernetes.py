@@ -62,6 +62,7 @@ from .base import DeviceBackend, DeviceError, DevicePermissionError, GpuProcess,
 log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+_ALL_ONE_PROFILE = re.compile(r"all-(\d+g\.\d+gb)(\.me)?")  # a mig-manager config of one profile
 LEASE_LABEL = "gpualloc.jupyter.org/lease"  # on every pod made for a lease: the lease's id
 INSTANCE_LABEL = "gpualloc.jupyter.org/instance"  # and the install (service) that made the lease
 JOB_LABEL = "gpualloc.jupyter.org/job"  # on the Kubernetes Job (and its pod) running a job's attempt: the job's id
@@ -705,7 +706,7 @@ def _named_config(config: str | None, model: mig.GpuModel) -> dict[int, int] | N
         return None
     if config == "all-balanced":
         return _ALL_BALANCED.get(model.geometry)
-    if match := re.fullmatch(r"all-(\d+g\.\d+gb)(\.me)?", config):
+    if match := _ALL_ONE_PROFILE.fullmatch(config):
         name = match.group(1) + ("+me" if match.group(2) else "")
         try:
             profile = model.profile(name)
