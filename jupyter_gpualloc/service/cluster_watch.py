@@ -37,11 +37,11 @@ import time
 from typing import Any, Callable, Mapping, Protocol
 
 from ..core.devices import dra
-from .pod_list import decode_pod_list
-from .user_pods import SERVER_COMPONENT
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
                                        own_pod, pod_record, reading_key)
 from ..core.model import Node, OutsideUse
+from .pod_list import decode_pod_list
+from .user_pods import SERVER_COMPONENT
 
 log = logging.getLogger(__name__)
 
