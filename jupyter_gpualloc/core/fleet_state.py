@@ -83,6 +83,7 @@ class FleetState:
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
         backend, static_mig = self._backend, self._static_mig
         self.gpus: dict[str, GpuState] = {}
+        tables: dict[tuple, dict[int, MigProfile]] = {}  # GPUs with equal profile tables share one
         capacities = []
         for ni, node in enumerate(self.nodes):
             capacities.append(NodeCapacity(node.name, node.cpu_milli, node.memory_mib,
@@ -93,6 +94,7 @@ class FleetState:
                 if gpu.mig_mode is MigMode.DYNAMIC and not backend.can_change_mig:
                     gpu.mig_mode = MigMode.STATIC
                 profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
+                profiles = tables.setdefault(tuple(sorted(profiles.items())), profiles)
                 self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances},
                                                cordoned=node.unschedulable)
         view = ClusterView(capacities)

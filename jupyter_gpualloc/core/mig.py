@@ -487,16 +487,22 @@ class DefaultPlacer(MigPlacer):
 
     def __init__(self) -> None:
         self._placed: dict[int, int] = {}  # profile id -> instances this placer placed
-        self._tables: tuple[dict[int, MigProfile], tuple[MigProfile, ...], _LayoutGraph] | None = None
-        self._valued: tuple[_LayoutGraph, np.ndarray, list[float]] | None = None  # graph, shares, values
+        # per profile table object (a fleet's GPUs of one model share one): the table, its graph
+        self._tables: dict[int, tuple[dict[int, MigProfile], tuple[MigProfile, ...], _LayoutGraph]] = {}
+        # per layout graph: the graph, the shares its values were worked out for, the values
+        self._valued: dict[int, tuple[_LayoutGraph, np.ndarray, list[float]]] = {}
 
     def _table(self, profiles: dict[int, MigProfile]) -> tuple[tuple[MigProfile, ...], _LayoutGraph]:
-        """The profile table in id order and the layouts reachable from an empty GPU, kept for the
-        last table asked about (a fleet's GPUs of one model share one): O(1) for the same object."""
-        if self._tables is None or self._tables[0] is not profiles:
+        """The profile table in id order and the layouts reachable from an empty GPU, kept per table
+        object (the fleet's GPUs of one model share one): O(1) for an object asked about before."""
+        kept = self._tables.get(id(profiles))
+        if kept is None or kept[0] is not profiles:
+            if len(self._tables) >= 64:  # tables of fleets reloaded since
+                self._tables.clear()
             table = tuple(p for _, p in sorted(profiles.items()))
-            self._tables = (profiles, table, _layout_graph(table, (Layout(MigGeometry.of(profiles)),)))
-        return self._tables[1], self._tables[2]
+            kept = self._tables[id(profiles)] = (
+                profiles, table, _layout_graph(table, (Layout(MigGeometry.of(profiles)),)))
+        return kept[1], kept[2]
 
     def choose(self, layouts: Sequence[Layout], profile: MigProfile,
                profiles: dict[int, MigProfile]) -> tuple[int, int] | None:
@@ -525,11 +531,13 @@ class DefaultPlacer(MigPlacer):
         return best[1], best[2]
 
     def _values(self, graph: _LayoutGraph, shares: np.ndarray) -> list[float]:
-        """The graph's values under `shares`, or the ones last worked out for it while `shares`
+        """The graph's values under `shares`, or the ones last worked out for that graph while `shares`
         is within `mix_tolerance` of the mix they were worked out for: O(profiles) then."""
-        kept = self._valued
+        kept = self._valued.get(id(graph))
         if kept is None or kept[0] is not graph or 0.5 * np.abs(kept[1] - shares).sum() > self.mix_tolerance:
-            kept = self._valued = (graph, shares, graph.values(shares, self.discount).tolist())
+            if kept is None and len(self._valued) >= 64:  # graphs of fleets reloaded since
+                self._valued.clear()
+            kept = self._valued[id(graph)] = (graph, shares, graph.values(shares, self.discount).tolist())
         return kept[2]
 
     def _shares(self, table: tuple[MigProfile, ...]) -> np.ndarray:

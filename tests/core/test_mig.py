@@ -210,6 +210,21 @@ def test_default_placer_keeps_its_values_while_the_mix_holds_and_reworks_them_wh
     assert max(regrets) <= 0.01
 
 
+def test_default_placer_keeps_values_per_model_when_a_fleet_has_two_mig_models(monkeypatch):
+    """GPUs of two models asked about in turn keep each model's values: the kept values of one
+    model are not thrown away because the other was asked about in between."""
+    h100 = lookup_model("H100-80GB")
+    placer = DefaultPlacer()
+    for _ in range(1000):  # a hub that has placed a thousand 1g instances
+        placer.choose([EMPTY], G1, P)
+    passes = count_value_passes(monkeypatch)
+    h100_1g = next(p for p in h100.profiles.values() if p.name == "1g.10gb")
+    for _ in range(100):
+        placer.choose([EMPTY], G1, dict(P))  # an equal table in another object is a table of its own
+        placer.choose([Layout(h100.geometry)], h100_1g, h100.profiles)
+    assert len(passes) <= 10
+
+
 def test_at_most_one_media_extension_instance_per_gpu():
     assert G1ME.media_extensions and G1ME.max_instances == 1
     layout = layout_of((G1ME, 0))
