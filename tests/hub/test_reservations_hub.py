@@ -13,7 +13,9 @@ from .test_demo_hub import active_lease, spawn
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    hub = DemoHub(tmp_path_factory.mktemp("reservations-hub"),
+    # dave waits in the queue while two servers start: the demo's own start timeout, not the tests'
+    # 60 s, under which a loaded machine's two starts outlast his wait and his spawn gives up
+    hub = DemoHub(tmp_path_factory.mktemp("reservations-hub"), start_timeout=600,
                   extra_config='c.JupyterHub.load_groups = {"students": ["bob", "carol"]}\n').start()
     try:
         yield hub
