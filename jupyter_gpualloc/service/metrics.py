@@ -146,6 +146,7 @@ class ServiceMetrics:
             self.registry.register(UsageCollector(usage, usage_per_user))
         self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
                                     ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
+        self._queue_wait_children: dict[str, Histogram] = {}  # as _decision_children
         self.decision_latency = Histogram("gpualloc_decision_seconds",
                                           "Seconds the scheduler core took per call, by operation.",
                                           ["operation"], buckets=DECISION_BUCKETS, registry=self.registry)
@@ -174,7 +175,10 @@ class ServiceMetrics:
         counter.inc()
         if event.type == "lease.granted":
             priority = self.scheduler.lease(event.lease_id).priority.value
-            self.queue_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))
+            child = self._queue_wait_children.get(priority)
+            if child is None:
+                child = self._queue_wait_children[priority] = self.queue_wait.labels(priority)
+            child.observe(max(0.0, float(event.data.get("waited_s", 0.0))))
         elif event.type == "lease.expired":
             self.expirations.inc()
         elif event.type == "lease.preempted":
