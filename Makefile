@@ -9,7 +9,8 @@ TEST_STAMP := $(VENV)/.installed-test
 # The extras `make test` installs; CI adds `frameworks` (JAX's CPU build) for the framework-cap tests
 TEST_EXTRAS ?= test
 # pytest-xdist workers: most tests wait on real servers, kernels and timers, so three share two cores
-# well; --dist loadfile keeps each module's servers (module fixtures) on one worker
+# well; --dist loadfile keeps each module's servers (module fixtures) on one worker, and every
+# Kubernetes test on one, so one control plane serves them all (tests/conftest.py)
 PYTEST_WORKERS ?= 3
 # The JupyterLab extension: its sources, and what its build leaves in the Python package.
 LABEXT_SOURCES := $(shell find labextension/src labextension/style -type f) \

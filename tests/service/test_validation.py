@@ -84,7 +84,7 @@ def test_the_routes_kernels_call_most_have_a_fast_predicate(route, method):
 
 
 @pytest.mark.parametrize("route, method", FAST_ROUTES)
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_fast_predicate_accepts_only_what_jsonschema_accepts_unchanged(route, method, data):
     schema = body_schema(route, method)
