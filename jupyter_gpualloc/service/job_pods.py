@@ -141,7 +141,10 @@ class JobPods(LoggingConfigurable):
 
     # ---------------------------------------------------------- Kubernetes
     async def _create(self, job: Job, lease: Mapping[str, Any]) -> None:
-        """The attempt's token (its digest stored first), then the Job, then the Secret it owns.
+        """The attempt's token (its digest stored first), then the Job, suspended, then the Secret it
+        owns, then the Job resumed: its pod is made only once its token's Secret exists, so a crash
+        or a refusal in between leaves a Job with no pod, which is made again (below), never a pod
+        whose Secret will not come.
 
         The Secret's name is new with each token, so it is only ever created (the service may not
         update or read Secrets). A Job of this attempt that exists already was made by an earlier
@@ -178,6 +181,8 @@ class JobPods(LoggingConfigurable):
                                    "labels": manifest["metadata"]["labels"], "ownerReferences": [owner]},
                       "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
             await core.create_namespaced_secret(namespace, secret, _request_timeout=30)
+            await batch.patch_namespaced_job(manifest["metadata"]["name"], namespace, {"spec": {"suspend": False}},
+                                             _request_timeout=30)
             self._made.add(lease_id)
             log.info("job %s: Kubernetes Job %s/%s created on node %s", job.id, namespace,
                      manifest["metadata"]["name"], lease["slice"]["node"])
@@ -232,7 +237,8 @@ class JobPods(LoggingConfigurable):
     def job_manifest(self, job: Job, lease: Mapping[str, Any], secret_name: str,
                      claim: str | None = None) -> dict[str, Any]:
         """The batch/v1 Job of one attempt of `job` on granted `lease`, its token in Secret `secret_name`;
-        on a DRA node its pod uses the lease's claim `claim`."""
+        on a DRA node its pod uses the lease's claim `claim`. It is made suspended (no pod) and
+        resumed once the Secret exists (`_create`)."""
         template = job.pod or {}
         name = job_name(job.id, lease["id"])
         labels = self.pods.labels(template, "job", **self.watch.pod_labels(lease["id"]), **{JOB_LABEL: job.id})
@@ -243,7 +249,7 @@ class JobPods(LoggingConfigurable):
                                       grace_seconds=int(self.jobs.policy.preempt_grace), claim=claim)
         return {"apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": name, "namespace": template.get("namespace", "default"), "labels": labels},
-                "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
+                "spec": {"suspend": True, "backoffLimit": 0, "ttlSecondsAfterFinished": self.ttl_seconds_after_finished,
                          "template": {"metadata": {"labels": labels, "annotations": dict(self.pods.pod_annotations)},
                                       "spec": pod_spec}}}
 

@@ -179,6 +179,28 @@ def kube_jobs(k8s_cluster, namespace: str, job_id: str) -> list:
     return k8s_cluster.run(read)
 
 
+def jobs_version(k8s_cluster, namespace: str) -> str:
+    """The namespace's Jobs' list resourceVersion: a watch from it replays every change since."""
+    async def read(api):
+        return (await client.BatchV1Api(api).list_namespaced_job(namespace)).metadata.resource_version
+    return k8s_cluster.run(read)
+
+
+def job_history(k8s_cluster, namespace: str, job_id: str, since: str) -> list[tuple[str, bool]]:
+    """Every version of the job's Kubernetes Job since `since`, as the API server's watch replays
+    them: (event type, spec.suspend)."""
+    from kubernetes_asyncio import watch
+
+    async def replay(api):
+        batch, seen = client.BatchV1Api(api), []
+        async with watch.Watch().stream(batch.list_namespaced_job, namespace, resource_version=since,
+                                        label_selector=f"{JOB_LABEL}={job_id}", timeout_seconds=2) as stream:
+            async for event in stream:
+                seen.append((event["type"], bool(event["object"].spec.suspend)))
+        return seen
+    return k8s_cluster.run(replay)
+
+
 def running_pod(k8s_cluster, namespace: str, job_id: str, service=None):
     """The Running pod of the job's Kubernetes Job (waits for it; says where the job is if none comes)."""
     async def find(api):
@@ -260,6 +282,7 @@ def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_output
     inputs = home / ".gpualloc" / "inputs" / "k8s.pkl"  # as %%gpu job writes a cell's inputs
     inputs.parent.mkdir(parents=True)
     inputs.write_bytes(pickle.dumps({"y": 6}))
+    since = jobs_version(k8s_cluster, namespace)
     code = "import os\nx = y * 7\nprint('working on', os.environ.get('GPUALLOC_SLICE_KIND'), os.getcwd())"
     job = submit(service, cell_job(home, code, {"kind": "mig", "profile": "1g.10gb", "node": "gpu-h100-jobs"},
                                    source={"inputs": ["y"], "inputs_file": ".gpualloc/inputs/k8s.pkl",
@@ -267,6 +290,11 @@ def test_a_job_runs_as_a_kubernetes_job_with_the_leases_resources_and_its_output
     assert job["runner"] == "pod" and "pod" not in job and "token_sha256" not in job, job
     pod = running_pod(k8s_cluster, namespace, job["id"], service)
     lease = job_of(service, job["id"])["lease"]
+
+    # made suspended, resumed only once its token's Secret was made: a crash or a refusal in between
+    # leaves a Job with no pod, never a pod waiting for a Secret that will not come
+    history = job_history(k8s_cluster, namespace, job["id"], since)
+    assert history[0] == ("ADDED", True) and ("MODIFIED", False) in history, history
 
     # the Job: one attempt, the lease's resources and node, the server's image, env and home
     [kube_job] = kube_jobs(k8s_cluster, namespace, job["id"])

@@ -123,8 +123,8 @@ def assert_exactly_what_the_service_needs(k8s_cluster, namespace: str, account: 
     for resource in ("nodes", "pods", "resourceslices", "resourceclaims"):  # the watch: list, then watch
         assert may("list", resource) and may("watch", resource), resource
         assert not may("get", resource), resource  # never read one by name
-    for verb, resource in (("create", "pods"), ("delete", "pods"), ("create", "jobs"), ("delete", "jobs"),
-                           ("create", "secrets"), ("create", "resourceclaims"), ("delete", "resourceclaims"),
+    for verb, resource in (("create", "pods"), ("delete", "pods"), ("create", "jobs"), ("patch", "jobs"),
+                           ("delete", "jobs"), ("create", "secrets"), ("create", "resourceclaims"), ("delete", "resourceclaims"),
                            ("patch", "resourceclaims/status")):
         assert may(verb, resource, namespace), (verb, resource)
         assert not may(verb, resource, "default"), (verb, resource)
