@@ -109,7 +109,7 @@ class OutsideHolds:
     def _take_share(self, held: _Held, gs: GpuState, milli: int) -> None:
         self._journal.record_gpu(gs)
         gs.holders[held.use.key] = gs.holders.get(held.use.key, 0) + milli
-        self._journal.view_allocate(gs.node_index, (gs.slot,), _share(milli))
+        self._journal.view_allocate(gs.node_index, (gs.slot,), _share(milli), check=False)  # it runs, drained or not
         self._fleet.changed(gs)
         held.devices.append((gs, None, milli))
 
