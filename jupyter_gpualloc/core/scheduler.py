@@ -96,6 +96,7 @@ class Scheduler:
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         self._offers = Offers(self.policy)
+        self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)  # one for good: it learns the requests' mix
         self._plan_fleet()
         self.usage = UsageLedger(store, self.policy, self._offers, self._journal, now=now)
         self.deadlines = Deadlines(store, self.policy, self._offers, self._journal)
@@ -116,7 +117,7 @@ class Scheduler:
         configured = [Offer.from_config(entry) for entry in self.policy.offers]
         self._offers.replace(configured or self._plans.derived_offers(self.policy.shared_offer_gib))
         placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(self._offers))
-        self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
+        self._fit = FitSearch(self._fleet, placement_policy, self._mig_placer)
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
 
     # ------------------------------------------------------- change journal
