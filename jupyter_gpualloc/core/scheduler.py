@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import secrets
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, ContextManager, Iterable, Iterator, Mapping, Sequence
 
 from . import mig, preemption
 from .deadlines import Deadlines, ExtensionRefused
@@ -499,9 +499,10 @@ class Scheduler:
         self._changes.drain(gpu_uuid, drained, now)
 
     # ------------------------------------------------- the cluster's changes
-    def nodes_changed(self, nodes: list[Node], *, now: float) -> None:
-        """The nodes are these now (a backend that watches its cluster says so): see FleetChanges.nodes_changed."""
-        self._changes.nodes_changed(nodes, now)
+    def nodes_changed(self, nodes: list[Node], *, now: float, names: Collection[str] | None = None) -> None:
+        """The nodes are these now (a backend that watches its cluster says so): all of them, or with
+        `names`, those of the named nodes that have GPUs; see FleetChanges.nodes_changed."""
+        self._changes.nodes_changed(nodes, now, names)
 
     def outside_use(self, key: str, use: OutsideUse | None, *, now: float) -> None:
         """A workload the allocator did not place (`key`, never a lease id) holds `use` now, or
