@@ -156,3 +156,17 @@ def test_a_lease_on_a_cordoned_node_or_a_drained_gpu_outlives_a_reload_and_a_res
     assert "fleet.reloaded" in h.types()
     s = h.restart(now=6)
     assert [s.lease(lease.id).state for lease in (on_0, on_1)] == [LeaseState.GRANTED] * 2
+
+
+def test_a_named_node_added_or_deleted_reloads_the_fleet_with_the_others_as_held(harness):
+    h = harness(fleet({"model": A100_40, "count": 2, "mig": "dynamic"}, nodes=2))
+    s = h.scheduler
+    node0, node1 = nodes_of(h)
+    s.nodes_changed([], names=["node1"], now=1)  # node1 is gone
+    lease = s.submit("alice", "server", SliceSpec(kind=SliceKind.MIG, profile="3g.20gb"), now=2)
+    assert (s.gpu_count(), lease.slice.node) == (2, "node0")
+    s.nodes_changed([node1], names=["node1"], now=3)  # and back: node0 as held, its instance with it
+    assert s.gpu_count() == 4 and s.lease(lease.id).state is LeaseState.GRANTED
+    s.nodes_changed([], names=["node0"], now=4)
+    assert s.lease(lease.id).reason == "node node0 left the cluster" and s.gpu_count() == 2
+    assert h.types().count("fleet.reloaded") == 3
