@@ -36,7 +36,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from ..core.devices import dra
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
@@ -288,12 +288,13 @@ class ClusterWatch:
             return
         named = sorted(names)
         self.listener.nodes_changed(self.backend.read_named(
-            named, nodes.objects, self._in_pools(slices, named), self._in_pools(claims, named)), names=named)
+            named, nodes.objects, [slices.objects[key] for key in self._in_pools(slices.kind, named)],
+            [claims.objects[key] for key in self._in_pools(claims.kind, named)]), names=named)
 
-    def _in_pools(self, resource: _Resource, pools: list[str]) -> list[Mapping[str, Any]]:
-        """The ResourceSlices or claims of these pools (nodes)."""
-        in_pool = self._in_pool[resource.kind]
-        return [resource.objects[key] for key in sorted({key for pool in pools for key in in_pool.get(pool, ())})]
+    def _in_pools(self, kind: str, pools: Iterable[str]) -> list[str]:
+        """The keys of the ResourceSlices or claims (`kind`) of these pools (nodes), in order."""
+        in_pool = self._in_pool[kind]
+        return sorted({key for pool in pools for key in in_pool.get(pool, ())})
 
     def _flush(self, resource: _Resource) -> None:
         """After a batch of node events: the nodes, if what is read from any of them changed (only
@@ -340,8 +341,7 @@ class ClusterWatch:
         hold nothing outside (one left behind by an ended lease does, until it is deleted)."""
         claims = self._resources[3].objects
         if pools is not None:
-            in_pool = self._in_pool["resourceclaims"]
-            claims = {key: claims[key] for pool in pools for key in in_pool.get(pool, ())}
+            claims = {key: claims[key] for key in self._in_pools("resourceclaims", pools)}
         uses = {}
         for key, claim in claims.items():
             labels = (claim.get("metadata") or {}).get("labels") or {}
