@@ -6,9 +6,10 @@ Each node is an 8-GPU H100 under NVIDIA's DRA driver with DynamicMIG, its Resour
 driver's exact format (every placement of every profile, with the counters; about 230 KiB of JSON a
 node), versioned as an API server returns them. The Kubernetes backend reads them into the core
 (`open_core`). Then, --events times, one foreign claim is allocated or deleted on one node and the
-service does what its watch does on such an event: `read_nodes` over every node, slice and claim,
-then `Scheduler.nodes_changed`. Reported per fleet size: the first full read, an event's p50 and
-p99, and their ratio (an event should cost a small part of a full read, whatever the fleet's size).
+service does what its watch does on such an event: `read_named` of that node alone (its slices and
+the claims on it, as the watch indexes them by pool), then `Scheduler.nodes_changed` with its name.
+Reported per fleet size: the first full read, an event's p50 and p99, and their ratio (an event
+should cost a small part of a full read, whatever the fleet's size).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def measure(count: int, events: int, workdir: Path) -> dict:
     core = open_core(backend, Store(sqlite_url(str(workdir / f"dra{count}.sqlite"))),
                      SchedulerPolicy(wait_for_holders=False, heartbeat_ttl=1e9), now=time.time())
     first = time.perf_counter() - started
+    objects = {n["metadata"]["name"]: n for n in nodes}
+    in_pool: dict[str, list[dict]] = {}  # the watch's index of the slices by pool
+    for body in slices:
+        in_pool.setdefault(body["spec"]["pool"]["name"], []).append(body)
     claims: list[dict] = []
     costs = []
     try:
@@ -70,7 +75,8 @@ def measure(count: int, events: int, workdir: Path) -> dict:
             else:  # and deleted
                 claims.pop()
             started = time.perf_counter()
-            core.scheduler.nodes_changed(backend.read_nodes(nodes, slices, claims), now=time.time())
+            read = backend.read_named([target], objects, in_pool[target], claims)
+            core.scheduler.nodes_changed(read, now=time.time(), names=[target])
             costs.append(time.perf_counter() - started)
     finally:
         core.close()

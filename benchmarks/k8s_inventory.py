@@ -133,8 +133,8 @@ class Timed:
             outside(key, use)
             self.seen[key] = time.perf_counter()
 
-        def nodes_changed(new):
-            nodes(new)
+        def nodes_changed(new, names=None):
+            nodes(new, names)
             self.seen["nodes"] = time.perf_counter()
 
         reconciler.outside_use, reconciler.nodes_changed = outside_use, nodes_changed

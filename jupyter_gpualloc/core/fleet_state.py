@@ -9,6 +9,7 @@ changed() and moved() (the leases a pass reads changed); room_made() moves only 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -79,9 +80,7 @@ class FleetState:
     def load(self, nodes: list[Node]) -> None:
         """Hold these nodes, every GPU free (the caller puts back what is held), cordoned ones drained."""
         self.nodes: list[Node] = nodes
-        self.shape = node_shapes(nodes)
         self.node_index = {n.name: i for i, n in enumerate(self.nodes)}
-        backend, static_mig = self._backend, self._static_mig
         self.gpus: dict[str, GpuState] = {}
         tables: dict[tuple, dict[int, MigProfile]] = {}  # GPUs with equal profile tables share one
         capacities = []
@@ -89,11 +88,8 @@ class FleetState:
             capacities.append(NodeCapacity(node.name, node.cpu_milli, node.memory_mib,
                                            tuple(g.model for g in node.gpus)))
             for slot, gpu in enumerate(node.gpus):
-                if gpu.mig_mode is not MigMode.OFF and static_mig:
-                    gpu.mig_mode = MigMode.STATIC
-                if gpu.mig_mode is MigMode.DYNAMIC and not backend.can_change_mig:
-                    gpu.mig_mode = MigMode.STATIC
-                profiles = backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
+                gpu.mig_mode = self.mig_mode(gpu)
+                profiles = self._backend.mig_profiles(gpu.uuid) if gpu.mig_mode is not MigMode.OFF else {}
                 profiles = tables.setdefault(tuple(sorted(profiles.items())), profiles)
                 self.gpus[gpu.uuid] = GpuState(gpu, ni, slot, profiles, {i.uuid: i for i in gpu.instances},
                                                cordoned=node.unschedulable)
@@ -115,6 +111,21 @@ class FleetState:
             self.show(gs)
         self.moved()
         self.room_made()
+
+    def mig_mode(self, gpu: Gpu) -> MigMode:
+        """A GPU's MIG mode as held here: static when the policy says so or the backend cannot change MIG."""
+        if gpu.mig_mode is MigMode.DYNAMIC and (self._static_mig or not self._backend.can_change_mig):
+            return MigMode.STATIC
+        return gpu.mig_mode
+
+    def structure(self, node: Node) -> tuple:
+        """What the fleet's structure depends on of a node: its resources, its GPUs and the MIG instances
+        of the static ones (not whether it is schedulable, nor a dynamic GPU's instances, which are its
+        state: DRA claims allocate and free them). Equal structures need no reload."""
+        return (node.name, node.cpu_milli, node.memory_mib, tuple(
+            (g.uuid, g.model, g.memory_mib, mode, g.sharing,
+             () if mode is MigMode.DYNAMIC else placements(g.instances))
+            for g, mode in ((g, self.mig_mode(g)) for g in node.gpus)))
 
     def changed(self, gs: GpuState) -> None:
         """A GPU's instances, owners, holders or drain changed: its layout, index entry and view follow."""
@@ -162,10 +173,6 @@ class FleetState:
         return mask
 
 
-def node_shapes(nodes: list[Node]) -> tuple:
-    """What the fleet's structure depends on, per node: its resources, GPUs and their MIG instances
-    (not whether it is schedulable): equal shapes need no reload."""
-    return tuple((n.name, n.cpu_milli, n.memory_mib,
-                  tuple((g.uuid, g.model, g.memory_mib, g.mig_mode is MigMode.OFF, g.sharing,
-                         tuple(sorted((i.uuid, i.profile_id, i.start) for i in g.instances))) for g in n.gpus))
-                 for n in nodes)
+def placements(instances: Iterable[MigInstance]) -> tuple:
+    """MIG instances as what tells them apart: each one's UUID, profile and start, in order."""
+    return tuple(sorted((i.uuid, i.profile_id, i.start) for i in instances))

@@ -273,8 +273,8 @@ class SchedulerJournal:
         """Usage segments for the next commit to write (new, or moving the end of one stored)."""
         self.usage.extend(segments)
 
-    def view_allocate(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:
-        self.fleet.views.allocate(node_index, slots, taken)
+    def view_allocate(self, node_index: int, slots: tuple[int, ...], taken: Demand, check: bool = True) -> None:
+        self.fleet.views.allocate(node_index, slots, taken, check)
         self.undo.inverses.append(lambda: self.fleet.views.release(node_index, slots, taken))
 
     def view_release(self, node_index: int, slots: tuple[int, ...], taken: Demand) -> None:

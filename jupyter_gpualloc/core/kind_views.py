@@ -43,10 +43,11 @@ class KindViews:
         for kind, own in self._own.items():
             own.set_gpu_enabled(node, slot, enabled and (node, slot) not in self._hidden[kind])
 
-    def allocate(self, node: int, slots: tuple[int, ...], taken: Demand) -> None:
+    def allocate(self, node: int, slots: tuple[int, ...], taken: Demand, check: bool = True) -> None:
         """Take `taken` in every view, checked against the fleet's view only (a kind's view may
-        hide the GPUs a slice of the other kind holds): O(views)."""
-        self.view.allocate(node, slots, taken)
+        hide the GPUs a slice of the other kind holds), unless not `check` (a hold the fleet's state
+        allows on GPUs the view may hide: drained, cordoned): O(views)."""
+        self.view.allocate(node, slots, taken, check=check)
         for own in self._own.values():
             own.allocate(node, slots, taken, check=False)
 

@@ -34,6 +34,7 @@ class OutsideHolds:
     def __init__(self, fleet: FleetState, journal: SchedulerJournal):
         self._fleet, self._journal = fleet, journal
         self._held: dict[str, _Held] = {}
+        self._on_node: dict[str, dict[str, None]] = {}  # node -> the keys of its holders, in the order they took
 
     def __contains__(self, key: str) -> bool:
         return key in self._held
@@ -65,12 +66,17 @@ class OutsideHolds:
             else:
                 self._take_share(held, gs, milli)
         self._held[use.key] = held
+        self._on_node.setdefault(use.node, {})[use.key] = None
 
     def give_back(self, key: str) -> bool:
         """End an outside holder's holds; whether it held anything."""
         held = self._held.pop(key, None)
         if held is None:
             return False
+        on_node = self._on_node[held.use.node]
+        del on_node[key]
+        if not on_node:
+            del self._on_node[held.use.node]
         for gs, mig_uuid, milli in held.devices:
             self._journal.record_gpu(gs)
             if mig_uuid is not None:
@@ -86,10 +92,18 @@ class OutsideHolds:
         self._fleet.room_made()
         return bool(held.devices)
 
+    def give_back_on(self, node: str) -> list[OutsideUse]:
+        """End the holds of the outside holders on a node; their uses, in the order they took, to take again."""
+        uses = [self._held[key].use for key in self._on_node.get(node, ())]
+        for use in uses:
+            self.give_back(use.key)
+        return uses
+
     def forget_all(self) -> list[OutsideUse]:
         """Drop every hold without touching the fleet (which is being reloaded); the uses, to take again."""
         uses = self.uses()
         self._held.clear()
+        self._on_node.clear()
         return uses
 
     def _take_instance(self, held: _Held, gpus: list[GpuState], profile: str) -> None:
@@ -109,7 +123,7 @@ class OutsideHolds:
     def _take_share(self, held: _Held, gs: GpuState, milli: int) -> None:
         self._journal.record_gpu(gs)
         gs.holders[held.use.key] = gs.holders.get(held.use.key, 0) + milli
-        self._journal.view_allocate(gs.node_index, (gs.slot,), _share(milli))
+        self._journal.view_allocate(gs.node_index, (gs.slot,), _share(milli), check=False)  # it runs, drained or not
         self._fleet.changed(gs)
         held.devices.append((gs, None, milli))
 

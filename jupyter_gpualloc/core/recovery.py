@@ -92,7 +92,7 @@ def reattach(lease: Lease, fleet: FleetState) -> bool:
     for gs in gpus:
         gs.holders[lease.id] = sl.milli
         fleet.changed(gs)
-    fleet.views.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease))
+    fleet.views.allocate(node_index, tuple(g.slot for g in gpus), slice_demand(lease), check=False)  # drained or not
     return True
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import secrets
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, ContextManager, Iterable, Iterator, Mapping, Sequence
 
 from . import mig, preemption
 from .deadlines import Deadlines, ExtensionRefused
@@ -96,6 +96,7 @@ class Scheduler:
         for unusable in self.backend.unusable_nodes():
             self._emit("gpu.node_unusable", now, node=unusable.name, reason=unusable.reason)
         self._offers = Offers(self.policy)
+        self._mig_placer = mig.get_mig_placer(self.policy.mig_placement)  # one for good: it learns the requests' mix
         self._plan_fleet()
         self.usage = UsageLedger(store, self.policy, self._offers, self._journal, now=now)
         self.deadlines = Deadlines(store, self.policy, self._offers, self._journal)
@@ -116,7 +117,7 @@ class Scheduler:
         configured = [Offer.from_config(entry) for entry in self.policy.offers]
         self._offers.replace(configured or self._plans.derived_offers(self.policy.shared_offer_gib))
         placement_policy = get_policy(self.policy.placement, typical=self._plans.typical_demands(self._offers))
-        self._fit = FitSearch(self._fleet, placement_policy, mig.get_mig_placer(self.policy.mig_placement))
+        self._fit = FitSearch(self._fleet, placement_policy, self._mig_placer)
         self._order = QueueOrder(self.policy, self._book.active, self._fleet, self._plans, self._fit, self._book.plans)
 
     # ------------------------------------------------------- change journal
@@ -498,9 +499,10 @@ class Scheduler:
         self._changes.drain(gpu_uuid, drained, now)
 
     # ------------------------------------------------- the cluster's changes
-    def nodes_changed(self, nodes: list[Node], *, now: float) -> None:
-        """The nodes are these now (a backend that watches its cluster says so): see FleetChanges.nodes_changed."""
-        self._changes.nodes_changed(nodes, now)
+    def nodes_changed(self, nodes: list[Node], *, now: float, names: Collection[str] | None = None) -> None:
+        """The nodes are these now (a backend that watches its cluster says so): all of them, or with
+        `names`, those of the named nodes that have GPUs; see FleetChanges.nodes_changed."""
+        self._changes.nodes_changed(nodes, now, names)
 
     def outside_use(self, key: str, use: OutsideUse | None, *, now: float) -> None:
         """A workload the allocator did not place (`key`, never a lease id) holds `use` now, or

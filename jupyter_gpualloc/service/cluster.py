@@ -91,8 +91,8 @@ class ClusterReconciler:
         return "stale since " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.stale_since))
 
     # ----------------------------------------------------- the watch's reports
-    def nodes_changed(self, nodes: list[Node]) -> None:
-        self._core(self.scheduler.nodes_changed, nodes)
+    def nodes_changed(self, nodes: list[Node], names: list[str] | None = None) -> None:
+        self._core(self.scheduler.nodes_changed, nodes, names=names)
 
     def outside_use(self, key: str, use: OutsideUse | None) -> None:
         self._core(self.scheduler.outside_use, key, use)

@@ -8,9 +8,11 @@ reports then is the difference between its last view and the fresh one, so nothi
 reported twice across a break.
 
 What it reports, in the running event loop, to a `ClusterListener`:
-- the GPU nodes, as the backend reads them, whenever what is read from any node changed (labels,
-  allocatable, cordon, readiness) or a node came or went, or the `gpu.nvidia.com` ResourceSlices
-  (DRA nodes' GPUs) or the devices the ResourceClaims hold changed;
+- the GPU nodes, as the backend reads them: once all of them, then those a batch of events names,
+  read again alone: a node whose reading changed (labels, allocatable, cordon, readiness) or that
+  came or went, and the nodes of the `gpu.nvidia.com` ResourceSlices (DRA nodes' GPUs) and of the
+  devices the ResourceClaims hold that changed (a slice's pool and a claim's allocated devices'
+  pools are named after their nodes);
 - each pod this install did not create that holds GPU devices on a node (`OutsideUse`), when
   that changes, and None when it ends; each allocated ResourceClaim this install did not write
   the same (where the API server serves resource.k8s.io/v1; where it does not, there are none);
@@ -34,7 +36,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from ..core.devices import dra
 from ..core.devices.kubernetes import (INSTANCE_LABEL, LEASE_LABEL, KubernetesBackend, OwnPod, cluster_configuration,
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 class ClusterListener(Protocol):
-    def nodes_changed(self, nodes: list[Node]) -> None: ...
+    def nodes_changed(self, nodes: list[Node], names: list[str] | None = None) -> None: ...
     def outside_use(self, key: str, use: OutsideUse | None) -> None: ...
     def own_pod(self, key: str, pod: OwnPod | None) -> None: ...
     def knows_lease(self, lease_id: str) -> bool: ...
@@ -77,7 +79,9 @@ class ClusterWatch:
         self._node_keys: dict[str, Any] = {}  # node name -> what was read from it (reading_key)
         self._dirty_nodes: set[str] = set()  # named by node events since the last flush
         self._outside: dict[str, OutsideUse] = {}
-        self._dra_dirty = False  # ResourceSlices or claims changed since the last flush
+        self._dirty_pools: set[str] = set()  # the pools of ResourceSlices or claims changed since the last flush
+        self._in_pool: dict[str, dict[str, set[str]]] = {"resourceslices": {}, "resourceclaims": {}}  # kind -> pool -> keys
+        self._reported = False  # whether the nodes were reported once (all of them)
         self._own: dict[str, OwnPod] = {}
         self._stale_since: float | None = None
         self._broken: set[str] = set()  # the kinds whose last request failed
@@ -253,6 +257,7 @@ class ClusterWatch:
     def _apply(self, resource: _Resource, kind: str, obj: Mapping[str, Any]) -> None:
         key = resource.key(obj)
         kept = None if kind == "DELETED" else resource.keep(obj)
+        before = resource.objects.get(key)
         if kept is None:
             resource.objects.pop(key, None)
         else:
@@ -262,11 +267,34 @@ class ClusterWatch:
         elif resource.kind == "nodes":
             self._dirty_nodes.add(key)
         else:
-            self._dra_dirty = True
+            in_pool = self._in_pool[resource.kind]
+            was, now = _pools(resource.kind, before), _pools(resource.kind, kept)
+            for pool in was - now:
+                in_pool[pool].discard(key)
+                if not in_pool[pool]:
+                    del in_pool[pool]
+            for pool in now:
+                in_pool.setdefault(pool, set()).add(key)
+            self._dirty_pools |= was | now
 
-    def _read_nodes(self) -> list[Node]:
+    def _report_nodes(self, names: set[str]) -> None:
+        """Tell the listener what the named nodes are now, read again alone; the first report is every
+        node (the listener's fleet was read before the watch, and may hold nodes gone since)."""
         nodes, _, slices, claims = self._resources
-        return self.backend.read_nodes(nodes.objects.values(), slices.objects.values(), claims.objects.values())
+        if not self._reported:
+            self._reported = True
+            self.listener.nodes_changed(self.backend.read_nodes(
+                nodes.objects.values(), slices.objects.values(), claims.objects.values()))
+            return
+        named = sorted(names)
+        self.listener.nodes_changed(self.backend.read_named(
+            named, nodes.objects, [slices.objects[key] for key in self._in_pools(slices.kind, named)],
+            [claims.objects[key] for key in self._in_pools(claims.kind, named)]), names=named)
+
+    def _in_pools(self, kind: str, pools: Iterable[str]) -> list[str]:
+        """The keys of the ResourceSlices or claims (`kind`) of these pools (nodes), in order."""
+        in_pool = self._in_pool[kind]
+        return sorted({key for pool in pools for key in in_pool.get(pool, ())})
 
     def _flush(self, resource: _Resource) -> None:
         """After a batch of node events: the nodes, if what is read from any of them changed (only
@@ -278,11 +306,11 @@ class ClusterWatch:
         if not all(r.version is not None for r in self._resources):
             return
         self._flush_nodes()
-        if self._dra_dirty:
-            self._dra_dirty = False
-            self._claims_changed()
-            self.listener.nodes_changed(self._read_nodes())
-            self._claims_changed()
+        if self._dirty_pools:
+            pools, self._dirty_pools = self._dirty_pools, set()
+            self._claims_changed(pools)
+            self._report_nodes(pools)
+            self._claims_changed(pools)
 
     def _flush_nodes(self) -> None:
         if not self._dirty_nodes:
@@ -301,17 +329,19 @@ class ClusterWatch:
         self._dirty_nodes.clear()
         if not changed:
             return
-        self.listener.nodes_changed(self._read_nodes())
+        self._report_nodes(changed)
         for key, raw in self._resources[1].objects.items():
             if (raw.get("spec") or {}).get("nodeName") in changed:
                 self._pod_changed(key, raw)
-        self._claims_changed()
+        self._claims_changed(changed)
 
-    def _claims_changed(self) -> None:
-        """Report each allocated claim's hold that changed (None for a claim gone or deallocated);
-        the claims this install wrote for its active leases hold nothing outside (one left behind by an
-        ended lease does, until it is deleted)."""
+    def _claims_changed(self, pools: set[str] | None = None) -> None:
+        """Report each allocated claim's hold that changed (None for a claim gone or deallocated), of
+        every claim or of those on `pools` (nodes); the claims this install wrote for its active leases
+        hold nothing outside (one left behind by an ended lease does, until it is deleted)."""
         claims = self._resources[3].objects
+        if pools is not None:
+            claims = {key: claims[key] for key in self._in_pools("resourceclaims", pools)}
         uses = {}
         for key, claim in claims.items():
             labels = (claim.get("metadata") or {}).get("labels") or {}
@@ -321,7 +351,8 @@ class ClusterWatch:
             use = self.backend.claim_use(claim)
             if use is not None:
                 uses[key] = use
-        for key in [k for k in self._outside if k.startswith("claim:") and k not in uses]:
+        for key in [k for k, use in self._outside.items() if k.startswith("claim:") and k not in uses
+                    and (pools is None or use.node in pools)]:
             del self._outside[key]
             self.listener.outside_use(key, None)
         for key, use in uses.items():
@@ -367,6 +398,15 @@ class ClusterWatch:
             log.info("the cluster's view is current again")
             self._stale_since = None
             self.listener.stale(None)
+
+
+def _pools(kind: str, obj: Mapping[str, Any] | None) -> set[str]:
+    """The pools (named after their nodes) a ResourceSlice publishes to, or a claim holds devices of."""
+    if obj is None:
+        return set()
+    if kind == "resourceslices":
+        return {name} if (name := ((obj.get("spec") or {}).get("pool") or {}).get("name")) else set()
+    return {pool for pool, _, _ in dra.allocated(obj)}
 
 
 def _claim_record(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -133,3 +133,40 @@ def test_a_share_of_a_model_no_gpu_of_which_shares_is_refused_at_once(harness):
     with pytest.raises(SpecError, match="no GPU in this fleet can provide"):
         s.submit("a", "kernel:1", SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, model=A100_40), now=2)
     assert s.submit("a", "kernel:2", SliceSpec(memory_mib=4096, model=A100_40), now=3).slice.kind is SliceKind.WHOLE
+
+
+def test_a_pod_on_a_cordoned_node_holds_its_gpus(harness):
+    """A cordon evicts nothing: a GPU pod that runs there holds its devices (the views hide them, the holds stand)."""
+    h = harness(fleet({"model": A100_40, "count": 2}))
+    s = h.scheduler
+    s.nodes_changed([dataclasses.replace(n, unschedulable="cordoned") for n in nodes_of(h)], now=1)
+    s.outside_use("pod:t/x", OutsideUse("pod:t/x", "node0", whole=1, shares=(500,)), now=2)
+    assert [sh["outside"] for g in s.inventory()["nodes"][0]["gpus"] for sh in g["shares"]] == ["pod:t/x"] * 2
+
+
+def test_a_lease_on_a_cordoned_node_or_a_drained_gpu_outlives_a_reload_and_a_restart(harness):
+    h = harness(fleet({"model": A100_40, "count": 2}, nodes=2))
+    s = h.scheduler
+    on_0 = s.submit("alice", "server", SliceSpec(kind=SliceKind.WHOLE, node="node0"), now=1)
+    on_1 = s.submit("bob", "server", SliceSpec(kind=SliceKind.SHARED, memory_mib=4096, node="node1"), now=2)
+    s.drain(on_1.slice.gpu_uuids[0], now=3)
+    cordoned = [dataclasses.replace(n, unschedulable="cordoned") if n.name == "node0" else n for n in nodes_of(h)]
+    s.nodes_changed(cordoned, now=4)
+    s.nodes_changed([*cordoned, dataclasses.replace(cordoned[1], name="node2", gpus=[])], now=5)  # a reload
+    assert "fleet.reloaded" in h.types()
+    s = h.restart(now=6)
+    assert [s.lease(lease.id).state for lease in (on_0, on_1)] == [LeaseState.GRANTED] * 2
+
+
+def test_a_named_node_added_or_deleted_reloads_the_fleet_with_the_others_as_held(harness):
+    h = harness(fleet({"model": A100_40, "count": 2, "mig": "dynamic"}, nodes=2))
+    s = h.scheduler
+    node0, node1 = nodes_of(h)
+    s.nodes_changed([], names=["node1"], now=1)  # node1 is gone
+    lease = s.submit("alice", "server", SliceSpec(kind=SliceKind.MIG, profile="3g.20gb"), now=2)
+    assert (s.gpu_count(), lease.slice.node) == (2, "node0")
+    s.nodes_changed([node1], names=["node1"], now=3)  # and back: node0 as held, its instance with it
+    assert s.gpu_count() == 4 and s.lease(lease.id).state is LeaseState.GRANTED
+    s.nodes_changed([], names=["node0"], now=4)
+    assert s.lease(lease.id).reason == "node node0 left the cluster" and s.gpu_count() == 2
+    assert h.types().count("fleet.reloaded") == 3

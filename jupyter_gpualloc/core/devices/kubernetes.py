@@ -141,7 +141,7 @@ class KubernetesBackend(DeviceBackend):
         self.tolerations = tolerations
         self._readings: dict[str, tuple[Any, _Reading]] = {}  # node name -> (what was read, reading)
         self._profiles: dict[str, dict[int, MigProfile]] = {}
-        self._unusable: list[UnusableNode] = []
+        self._unusable: dict[str, UnusableNode] = {}  # node name -> why it cannot be used
         self._pools: dict[str, tuple[Any, dra.DraPool | str]] = {}  # node -> (what was read, pool or its problem)
         self._made: dict[str, dict[str, str]] = {}  # node -> dynamic partitions made for leases -> "made"
         # The ResourceSlices and ResourceClaims discover() reads beside the nodes (none: no DRA node).
@@ -191,33 +191,64 @@ class KubernetesBackend(DeviceBackend):
         holds them), with the GPUs the `gpu.nvidia.com` ResourceSlices publish for them and the
         dynamic MIG partitions the ResourceClaims hold (core/devices/dra.py); a node is read again
         only when what is read from it changed."""
-        fleet, unusable, readings, profiles, pools = [], [], {}, {}, {}
         published, held = dra.pool_slices(slices), dra.allocations(claims)
+        fleet, names = [], set()
         for raw in objects:
             name = str((raw.get("metadata") or {}).get("name") or "")
-            key = reading_key(raw)
-            cached = self._readings.get(name)
-            reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name, self.tolerations)
-            readings[name] = (key, reading)
-            pool = None
-            if name in published:  # a partition made for a lease is its GPU's instance until its claim holds it
-                pool = self._read_pool(name, published[name], {**self._made.get(name, {}), **held.get(name, {})})
-                pools[name] = self._pools[name]
-            problem = reading.problem or (pool if isinstance(pool, str) else None)
-            if problem is not None:
-                unusable.append(UnusableNode(name or "(unnamed)", problem))
-                continue
-            node = reading.node
-            if pool is not None and pool.gpus:
-                node = node or _plain_node(raw, name, self.tolerations)
-                node = dataclasses.replace(node, gpus=[*node.gpus, *pool.gpus])
-                profiles.update(pool.profiles)
-            if node is not None:  # a copy down to its GPUs, which the scheduler adjusts (MIG mode)
-                fleet.append(dataclasses.replace(node, gpus=[dataclasses.replace(g, instances=list(g.instances))
-                                                             for g in node.gpus]))
-                profiles.update(reading.profiles)
-        self._readings, self._profiles, self._unusable, self._pools = readings, profiles, unusable, pools
+            names.add(name)
+            node = self._read_one(name, raw, published.get(name, []), held.get(name, {}))
+            if node is not None:
+                fleet.append(node)
+        for name in set(self._readings) - names:
+            self._read_one(name, None, [], {})
         return fleet
+
+    def read_named(self, names: Iterable[str], objects: Mapping[str, Mapping[str, Any]],
+                   slices: Iterable[Mapping[str, Any]] = (), claims: Iterable[Mapping[str, Any]] = ()) -> list[Node]:
+        """The usable GPU nodes among `names`, read again as read_nodes reads them: their Node objects
+        by name in `objects` (a name absent: gone), with their pools' slices and the claims allocated
+        from those; every other node stays as last read. O(the named nodes), whatever the cluster's size."""
+        published, held = dra.pool_slices(slices), dra.allocations(claims)
+        read = (self._read_one(name, objects.get(name), published.get(name, []), held.get(name, {}))
+                for name in names)
+        return [node for node in read if node is not None]
+
+    def _read_one(self, name: str, raw: Mapping[str, Any] | None, slices: list[Mapping[str, Any]],
+                  held: Mapping[str, str]) -> Node | None:
+        """Read node `name` (None: it is gone) with its pool's slices and the devices claims hold there,
+        into what is remembered of it; its Node (a copy down to its GPUs, which the scheduler adjusts),
+        None when it is gone, has no GPU or cannot be used."""
+        for cached in (self._readings.get(name), self._pools.get(name)):
+            if cached is not None and not isinstance(cached[1], str):
+                for uuid in cached[1].profiles:
+                    self._profiles.pop(uuid, None)
+        self._unusable.pop(name, None)
+        if raw is None:
+            self._readings.pop(name, None)
+            self._pools.pop(name, None)
+            return None
+        key = reading_key(raw)
+        cached = self._readings.get(name)
+        reading = cached[1] if cached is not None and cached[0] == key else _read(raw, name, self.tolerations)
+        self._readings[name] = (key, reading)
+        pool = None
+        if slices:  # a partition made for a lease is its GPU's instance until its claim holds it
+            pool = self._read_pool(name, slices, {**self._made.get(name, {}), **held})
+        else:
+            self._pools.pop(name, None)
+        problem = reading.problem or (pool if isinstance(pool, str) else None)
+        if problem is not None:
+            self._unusable[name] = UnusableNode(name or "(unnamed)", problem)
+            return None
+        node = reading.node
+        if pool is not None and pool.gpus:
+            node = node or _plain_node(raw, name, self.tolerations)
+            node = dataclasses.replace(node, gpus=[*node.gpus, *pool.gpus])
+            self._profiles.update(pool.profiles)
+        if node is None:
+            return None
+        self._profiles.update(reading.profiles)
+        return dataclasses.replace(node, gpus=[dataclasses.replace(g, instances=list(g.instances)) for g in node.gpus])
 
     def _read_pool(self, node: str, slices: list[Mapping[str, Any]], held: Mapping[str, str]) -> dra.DraPool | str:
         """Node `node`'s DRA pool (its problem, when it cannot be read), read again only when changed."""
@@ -251,7 +282,7 @@ class KubernetesBackend(DeviceBackend):
         return None if use.is_empty() else use
 
     def unusable_nodes(self) -> list[UnusableNode]:
-        return list(self._unusable)
+        return list(self._unusable.values())
 
     def node_resources(self, node: str) -> NodeResources | None:
         """The resource names GPU node `node` advertises, as last read (None: no GPU node of that name)."""

@@ -94,6 +94,25 @@ def test_a_pool_is_read_again_when_a_slice_moves_to_a_new_version_and_only_then(
     assert len(b.discover()[0].gpus) == 3 and b.pool("dra-l4") is not first
 
 
+def test_one_node_read_again_alone_reads_as_the_whole_cluster_and_leaves_the_others_as_last_read():
+    claim = allocated_claim("ml", "train", "dra-h100", mig_device(1, "3g.40gb", 4, H100))
+    unknown = dynamic_mig("dra-a100", A100, 1)
+    for device in unknown[1]["spec"]["devices"]:
+        device["attributes"]["productName"] = {"string": "NVIDIA Z9000"}
+    slices = [*dynamic_mig("dra-h100", H100, 2), *unknown, *full_gpus("dra-l4", "L4", 2)]
+    b = backend(slices)
+    before = b.discover()
+    a100_problem, l4 = b.unusable_nodes(), b.pool("dra-l4")
+    objects = {n["metadata"]["name"]: n for n in NODES}
+    read = b.read_named(["dra-h100"], objects, [s for s in slices if s["spec"]["nodeName"] == "dra-h100"], [claim])
+    assert read == backend(slices, [claim]).discover()[:1]
+    assert [i.start for i in read[0].gpus[1].instances] == [4]
+    assert b.unusable_nodes() == a100_problem and b.pool("dra-l4") is l4
+    assert b.mig_profiles(before[0].gpus[0].uuid)  # known without listing the cluster again
+    assert b.read_named(["dra-l4"], {}, [], []) == [] and b.pool("dra-l4") is None  # gone
+    assert b.pool("dra-h100") is not None and b.unusable_nodes() == a100_problem
+
+
 def test_static_mig_devices_are_the_gpus_instances():
     devices = [{"name": mig_device(0, profile, start, A100),
                 "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": "GPU-static"},

@@ -1,0 +1,127 @@
+"""What the cluster's watch reads again after a batch of events, without a cluster (service/cluster_watch.py):
+the whole fleet once, then only the nodes a batch names (a node's own events, the pool of a ResourceSlice,
+the pools of the devices a ResourceClaim holds), reported with their names."""
+
+from __future__ import annotations
+
+import copy
+
+from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend
+from jupyter_gpualloc.service.cluster_watch import ClusterWatch, _claim_record, _Resource
+from jupyter_gpualloc.core.devices import dra
+
+from tests.core.devices.dra_slices import allocated_claim, dynamic_mig, mig_device
+
+H100 = "H100 80GB HBM3"
+NODES = ["dra-0", "dra-1", "dra-2"]
+
+
+def node_object(name: str, unschedulable: bool = False) -> dict:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class Listener:
+    """Records what the watch reports."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[list[str], list[str] | None]] = []  # (nodes reported, names)
+        self.outside: dict[str, object] = {}
+
+    def nodes_changed(self, nodes, names=None) -> None:
+        self.reports.append(([n.name for n in nodes], names))
+
+    def outside_use(self, key, use) -> None:
+        self.outside[key] = use
+
+    def own_pod(self, key, pod) -> None:
+        pass
+
+    def knows_lease(self, lease_id) -> bool:
+        return False
+
+    def lease_active(self, lease_id) -> bool:
+        return False
+
+    def stale(self, since) -> None:
+        pass
+
+
+class Reads(KubernetesBackend):
+    """The backend, counting the nodes it reads."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda: [])
+        self.whole = 0
+        self.named: list[list[str]] = []
+
+    def read_nodes(self, *args, **kwargs):
+        self.whole += 1
+        return super().read_nodes(*args, **kwargs)
+
+    def read_named(self, names, *args, **kwargs):
+        self.named.append(list(names))
+        return super().read_named(names, *args, **kwargs)
+
+
+def listed_watch() -> tuple[ClusterWatch, Listener, Reads]:
+    """A watch over three DynamicMIG nodes, every kind listed once (as `_list` leaves it)."""
+    backend, listener = Reads(), Listener()
+    watch = ClusterWatch(backend, listener, namespace="hub", instance="hub.gpualloc")
+    watch._resources = (_Resource("nodes", None, lambda o: o["metadata"]["name"]),
+                        _Resource("pods", None, lambda o: f"pod:{o['metadata']['namespace']}/{o['metadata']['name']}"),
+                        _Resource("resourceslices", None, lambda o: o["metadata"]["name"]),
+                        _Resource("resourceclaims", None, dra.claim_key, _claim_record))
+    for name in NODES:
+        event(watch, 0, "ADDED", node_object(name))
+        for j, body in enumerate(dynamic_mig(name, H100, 2)):
+            body["metadata"].update(name=f"{name}-slice-{j}", resourceVersion="1")
+            event(watch, 2, "ADDED", body)
+    for resource in watch._resources:
+        resource.version = "1"
+    watch._flush(watch._resources[0])
+    return watch, listener, backend
+
+
+def event(watch: ClusterWatch, kind: int, type_: str, *objects: dict) -> None:
+    """One batch of watch events of the `kind`-th watched kind (0 nodes, 2 slices, 3 claims), applied."""
+    resource = watch._resources[kind]
+    for obj in objects:
+        watch._event(resource, {"type": type_, "object": copy.deepcopy(obj)})
+    if resource.version is not None:
+        watch._flush(resource)
+
+
+def test_the_first_report_is_the_whole_fleet_then_a_claim_reads_only_its_node():
+    watch, listener, backend = listed_watch()
+    assert listener.reports == [(NODES, None), (NODES, NODES)]  # the nodes listed, then their pools
+    assert backend.whole == 1
+    claim = allocated_claim("ml", "train", "dra-1", mig_device(0, "1g.10gb", 0, H100))
+    event(watch, 3, "ADDED", claim)
+    assert listener.reports[2:] == [(["dra-1"], ["dra-1"])]
+    assert backend.named[1:] == [["dra-1"]] and backend.whole == 1
+    assert listener.outside["claim:ml/train"].mig == {"1g.10gb": 1}
+    event(watch, 3, "DELETED", claim)
+    assert listener.reports[3:] == [(["dra-1"], ["dra-1"])]
+    assert listener.outside["claim:ml/train"] is None
+
+
+def test_a_cordon_and_a_node_gone_read_only_that_node():
+    watch, listener, backend = listed_watch()
+    event(watch, 0, "MODIFIED", node_object("dra-2", unschedulable=True))
+    event(watch, 0, "DELETED", node_object("dra-0"))
+    assert listener.reports[2:] == [(["dra-2"], ["dra-2"]), ([], ["dra-0"])]
+    assert backend.whole == 1
+
+
+def test_a_pool_republished_reads_its_node_and_a_claims_outside_use_on_another_node_stays():
+    watch, listener, backend = listed_watch()
+    event(watch, 3, "ADDED", allocated_claim("ml", "train", "dra-0", mig_device(1, "3g.40gb", 4, H100)))
+    republished = dynamic_mig("dra-2", H100, 2, generation=2)
+    for j, body in enumerate(republished):
+        body["metadata"].update(name=f"dra-2-slice-{j}", resourceVersion="2")
+    event(watch, 2, "MODIFIED", *republished)
+    assert listener.reports[-1] == (["dra-2"], ["dra-2"])
+    assert listener.outside["claim:ml/train"].node == "dra-0"  # judged on its own node only
