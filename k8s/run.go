@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -387,22 +388,25 @@ func (c *child) stop(grace time.Duration) {
 }
 
 // waitFor polls check until it succeeds, a component ends, or ctx ends.
+// Each wait's length is printed: a slow start-up says where its time went.
 func waitFor(ctx context.Context, what string, components []*child, check func() error) error {
+	began := time.Now()
 	var last error
 	for {
 		if last = check(); last == nil {
+			fmt.Printf("%s: %.1f s\n", what, time.Since(began).Seconds())
 			return nil
 		}
 		for _, c := range components {
 			select {
 			case <-c.done:
-				return fmt.Errorf("%s ended while waiting for %s", c.name, what)
+				return fmt.Errorf("%s ended while waiting for %s (after %.1f s)", c.name, what, time.Since(began).Seconds())
 			default:
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last: %v)", what, ctx.Err(), last)
+			return fmt.Errorf("waiting for %s: %w after %.1f s (last: %v)", what, ctx.Err(), time.Since(began).Seconds(), last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -423,8 +427,22 @@ func httpsOK(address string) error {
 	return nil
 }
 
-// freePorts returns n distinct loopback ports free now (the kernel's choice).
+// freePorts returns n distinct loopback ports free now, drawn at random from below the kernel's
+// ephemeral range: a port from that range (the kernel's choice for bind to port 0 and for every
+// outgoing connection) can be taken by another process between this check and the component's
+// bind, which on a busy test machine ended a start-up with a component that could not listen.
 func freePorts(n int) ([]int, error) {
+	low, high := 15000, 32000
+	if text, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if fields := strings.Fields(string(text)); len(fields) == 2 {
+			if first, err := strconv.Atoi(fields[0]); err == nil && first-1 < high {
+				high = first - 1
+			}
+		}
+	}
+	if high-low < 1000 {
+		low = 1024
+	}
 	var listeners []net.Listener
 	defer func() {
 		for _, l := range listeners {
@@ -432,10 +450,13 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("no %d free ports in %d-%d after %d tries", n, low, high, tries)
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", low+rand.IntN(high-low+1)))
 		if err != nil {
-			return nil, err
+			continue
 		}
 		listeners = append(listeners, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
