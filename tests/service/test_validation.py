@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -135,3 +138,33 @@ def test_an_unknown_keyword_leaves_the_route_to_jsonschema():
     assert fast_check({"type": "object", "minProperties": 1}) is None
     assert fast_check({"$ref": "#/components/schemas/Job"}) is None
     assert fast_check({"type": "decimal"}) is None
+
+
+IMPORTS_IN_A_FRESH_PROCESS = """
+import json, sys
+{before}
+import jupyter_gpualloc.service.app
+from jsonschema import FormatChecker
+loaded = "rfc3987_syntax" in sys.modules
+import rfc3987_syntax
+print(json.dumps({{"loaded": loaded, "iri": "iri" in FormatChecker.checkers}}))
+"""
+
+
+def imports_in_a_fresh_process(before: str = "") -> dict:
+    script = IMPORTS_IN_A_FRESH_PROCESS.format(before=before)
+    return json.loads(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                                     text=True, timeout=120).stdout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None, reason="rfc3987_syntax is not installed")
+def test_the_service_starts_without_compiling_the_iri_grammars_and_leaves_them_importable():
+    """rfc3987_syntax compiles its grammars at import (1.6-1.9 s here); the service checks no
+    formats, so its start skips it, and the module stays importable for whoever needs it."""
+    assert imports_in_a_fresh_process() == {"loaded": False, "iri": False}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None, reason="rfc3987_syntax is not installed")
+def test_a_process_that_imported_jsonschema_first_keeps_its_iri_format_checker():
+    """In a Jupyter server, jupyter_events imports jsonschema first: its format checker is untouched."""
+    assert imports_in_a_fresh_process("import jsonschema") == {"loaded": True, "iri": True}
