@@ -93,7 +93,29 @@ def gpualloc_roles(admins: Iterable[str] = ()) -> list[dict]:
     ]
 
 
+def _ports_below_the_ephemeral_range() -> range:
+    """15000 up to the kernel's first ephemeral port (32768 on Linux by default)."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    return range(15000, first) if first - 15000 >= 1000 else range(0)
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server a test starts. Drawn at random from below the
+    kernel's ephemeral range where it can: a port of that range (the kernel's pick for port 0,
+    for every outgoing connection, for each kernel's ZMQ sockets) can be taken by another process
+    between this check and the server's bind, which on a busy machine fails the test's start."""
+    candidates = _ports_below_the_ephemeral_range()
+    for _ in range(100 if candidates else 0):
+        port = secrets.choice(candidates)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
