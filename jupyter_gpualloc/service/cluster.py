@@ -176,7 +176,7 @@ class ClusterReconciler:
         if not pods:  # no pod holds its claim (if it has one): it goes now, else once its pod is gone
             self._delete_claim(event.lease_id, self.namespace)
         with contextlib.suppress(RuntimeError):  # its claim, while it remains, holds its device outside
-            asyncio.get_running_loop().call_soon(self.watch.recheck_claims)  # after the core's call that ended it
+            asyncio.get_running_loop().call_soon(self.watch.recheck_claims, event.lease_id)  # after the core's call that ended it
 
     def _claim_for_server(self, lease_id: str) -> None:
         """A server's lease granted on a DRA node: its claim, allocated before its spawner makes the pod

@@ -81,6 +81,7 @@ class ClusterWatch:
         self._outside: dict[str, OutsideUse] = {}
         self._dirty_pools: set[str] = set()  # the pools of ResourceSlices or claims changed since the last flush
         self._in_pool: dict[str, dict[str, set[str]]] = {"resourceslices": {}, "resourceclaims": {}}  # kind -> pool -> keys
+        self._lease_claims: dict[str, set[str]] = {}  # lease id -> the keys of this install's claims for it
         self._reported = False  # whether the nodes were reported once (all of them)
         self._own: dict[str, OwnPod] = {}
         self._stale_since: float | None = None
@@ -276,6 +277,25 @@ class ClusterWatch:
             for pool in now:
                 in_pool.setdefault(pool, set()).add(key)
             self._dirty_pools |= was | now
+            if resource.kind == "resourceclaims":
+                self._index_lease_claim(key, self._claim_lease(before), self._claim_lease(kept))
+
+    def _claim_lease(self, claim: Mapping[str, Any] | None) -> str | None:
+        """The lease a claim was made for, where this install made it."""
+        metadata = (claim or {}).get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if metadata.get("namespace") != self.namespace or labels.get(INSTANCE_LABEL) != self.instance:
+            return None
+        return labels.get(LEASE_LABEL)
+
+    def _index_lease_claim(self, key: str, was: str | None, now: str | None) -> None:
+        if was is not None and was != now:
+            keys = self._lease_claims.get(was, set())
+            keys.discard(key)
+            if not keys:
+                self._lease_claims.pop(was, None)
+        if now is not None:
+            self._lease_claims.setdefault(now, set()).add(key)
 
     def _report_nodes(self, names: set[str]) -> None:
         """Tell the listener what the named nodes are now, read again alone; the first report is every
@@ -380,10 +400,15 @@ class ClusterWatch:
                 self._outside[key] = use
             self.listener.outside_use(key, use)
 
-    def recheck_claims(self) -> None:
-        """Judge the claims again (a lease ended: its claim, while it remains, is outside use)."""
-        if len(self._resources) == 4 and all(r.version is not None for r in self._resources):
-            self._claims_changed()
+    def recheck_claims(self, lease_id: str) -> None:
+        """A lease ended: judge again the claims on the nodes of its claims (which, while they
+        remain, hold their devices outside it), not every claim of the cluster."""
+        if len(self._resources) != 4 or not all(r.version is not None for r in self._resources):
+            return
+        claims = self._resources[3].objects
+        pools = {pool for key in self._lease_claims.get(lease_id, ()) for pool in _pools("resourceclaims", claims.get(key))}
+        if pools:
+            self._claims_changed(pools)
 
     def _mark_stale(self, resource: _Resource, why: str) -> None:
         self._broken.add(resource.kind)

@@ -29,6 +29,7 @@ class Listener:
     def __init__(self) -> None:
         self.reports: list[tuple[list[str], list[str] | None]] = []  # (nodes reported, names)
         self.outside: dict[str, object] = {}
+        self.active: set[str] = set()  # the leases it calls active
 
     def nodes_changed(self, nodes, names=None) -> None:
         self.reports.append(([n.name for n in nodes], names))
@@ -43,7 +44,7 @@ class Listener:
         return False
 
     def lease_active(self, lease_id) -> bool:
-        return False
+        return lease_id in self.active
 
     def stale(self, since) -> None:
         pass
@@ -56,6 +57,7 @@ class Reads(KubernetesBackend):
         super().__init__(lambda: [])
         self.whole = 0
         self.named: list[list[str]] = []
+        self.judged: list[str] = []  # the claims it judged, by name
 
     def read_nodes(self, *args, **kwargs):
         self.whole += 1
@@ -64,6 +66,10 @@ class Reads(KubernetesBackend):
     def read_named(self, names, *args, **kwargs):
         self.named.append(list(names))
         return super().read_named(names, *args, **kwargs)
+
+    def claim_use(self, claim):
+        self.judged.append(claim["metadata"]["name"])
+        return super().claim_use(claim)
 
 
 def listed_watch() -> tuple[ClusterWatch, Listener, Reads]:
@@ -125,3 +131,24 @@ def test_a_pool_republished_reads_its_node_and_a_claims_outside_use_on_another_n
     event(watch, 2, "MODIFIED", *republished)
     assert listener.reports[-1] == (["dra-2"], ["dra-2"])
     assert listener.outside["claim:ml/train"].node == "dra-0"  # judged on its own node only
+
+
+def test_a_lease_that_ends_has_only_the_claims_on_its_claims_nodes_judged_again():
+    watch, listener, backend = listed_watch()
+    listener.active = {"L1"}
+    ours = allocated_claim("hub", "lease-l1", "dra-1", mig_device(0, "1g.10gb", 0, H100))
+    ours["metadata"]["labels"] = {"gpualloc.jupyter.org/lease": "L1", "gpualloc.jupyter.org/instance": "hub.gpualloc"}
+    event(watch, 3, "ADDED", ours,
+          allocated_claim("ml", "near", "dra-1", mig_device(1, "1g.10gb", 1, H100)),
+          *[allocated_claim("ml", f"far-{n}", "dra-2", mig_device(n, "1g.10gb", 0, H100)) for n in range(2)])
+    assert "claim:hub/lease-l1" not in listener.outside  # an active lease's own claim holds nothing outside
+    backend.judged = []
+    watch.recheck_claims("L0")  # a lease with no claim: nothing to judge
+    assert backend.judged == []
+    listener.active = set()
+    watch.recheck_claims("L1")
+    assert sorted(backend.judged) == ["lease-l1", "near"]  # dra-1's claims, not dra-2's
+    assert listener.outside["claim:hub/lease-l1"].node == "dra-1"  # held until it is deleted
+    event(watch, 3, "DELETED", ours)
+    assert listener.outside["claim:hub/lease-l1"] is None
+    assert watch._lease_claims == {}
