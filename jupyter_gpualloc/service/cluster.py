@@ -170,7 +170,7 @@ class ClusterReconciler:
         if event.type not in ENDED or event.lease_id is None:
             return
         self._claims_ready.pop(event.lease_id, None)
-        pods = [p for p in self._pods.values() if p.lease_id == event.lease_id]
+        pods = self.watch.own_pods_of(event.lease_id)
         for pod in pods:
             self._delete(pod, f"its lease ended ({event.data.get('reason', event.type)})")
         if not pods:  # no pod holds its claim (if it has one): it goes now, else once its pod is gone

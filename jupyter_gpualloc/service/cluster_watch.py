@@ -84,6 +84,7 @@ class ClusterWatch:
         self._lease_claims: dict[str, set[str]] = {}  # lease id -> the keys of this install's claims for it
         self._reported = False  # whether the nodes were reported once (all of them)
         self._own: dict[str, OwnPod] = {}
+        self._own_by_lease: dict[str, dict[str, OwnPod]] = {}  # lease id -> pod key -> its pod
         self._stale_since: float | None = None
         self._broken: set[str] = set()  # the kinds whose last request failed
         self._synced = asyncio.Event()
@@ -131,9 +132,9 @@ class ClusterWatch:
         """The labels that make a pod in `namespace` the one of lease `lease_id` of this install."""
         return {LEASE_LABEL: lease_id, INSTANCE_LABEL: self.instance}
 
-    def own_pods(self) -> list[OwnPod]:
-        """The pods made for leases, as last seen."""
-        return list(self._own.values())
+    def own_pods_of(self, lease_id: str) -> list[OwnPod]:
+        """The pods made for one lease, as last seen (without going through every lease's pods)."""
+        return list(self._own_by_lease.get(lease_id, {}).values())
 
     def pods(self) -> list[Mapping[str, Any]]:
         """The pods held, as last seen: the install's server pods as the API returns them, GPU and
@@ -387,10 +388,16 @@ class ClusterWatch:
                 and not self.listener.knows_lease(mine.lease_id):
             mine = None  # labelled as ours, but for a lease this install never made
         if known != mine:
+            if known is not None:
+                pods = self._own_by_lease[known.lease_id]
+                del pods[key]
+                if not pods:
+                    del self._own_by_lease[known.lease_id]
             if mine is None:
                 del self._own[key]
             else:
                 self._own[key] = mine
+                self._own_by_lease.setdefault(mine.lease_id, {})[key] = mine
             self.listener.own_pod(key, mine)
         use = self.backend.outside_use(pod) if pod is not None and mine is None else None
         if self._outside.get(key) != use:

@@ -113,7 +113,7 @@ class JobPods(LoggingConfigurable):
             return
         if job.runner != POD_RUNNER or job.lease_id != lease_id or lease.state is not LeaseState.GRANTED:
             return
-        if any(pod.lease_id == lease_id for pod in self.watch.own_pods()):
+        if self.watch.own_pods_of(lease_id):
             self._made.add(lease_id)
             return
         self._creating.add(lease_id)

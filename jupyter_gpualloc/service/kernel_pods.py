@@ -101,7 +101,7 @@ class KernelPods:
         known = self._requests.get(kernel_id)
         if known is not None and known.lease_id == lease.id:
             return self.view(user, kernel_id)
-        made = any(pod.lease_id == lease.id for pod in self.watch.own_pods())
+        made = bool(self.watch.own_pods_of(lease.id))
         return self._keep(user, kernel_id, lease, template, body, made=made)
 
     def _keep(self, user: str, kernel_id: str, lease: Lease, template: dict[str, Any], body: Mapping[str, Any],
@@ -128,7 +128,7 @@ class KernelPods:
             return {**view, "state": "queued", "position": self.scheduler.position(lease.id)}
         if lease.state is not LeaseState.GRANTED:
             return {**view, "state": "ended", "reason": lease.reason or lease.state.value}
-        pod = next((p for p in self.watch.own_pods() if p.lease_id == lease.id), None)
+        pod = next(iter(self.watch.own_pods_of(lease.id)), None)
         if pod is not None and pod.phase == "Running" and pod.ip and not pod.deleting:
             return {**view, "state": "running", "ip": pod.ip, "pod": f"{pod.namespace}/{pod.name}"}
         if pod is not None and pod.phase in ("Succeeded", "Failed"):

@@ -76,7 +76,8 @@ def test_the_watch_keeps_only_what_it_reads_of_each_pod(k8s_cluster, namespace, 
             assert set(train["metadata"]) == {"name", "namespace", "labels"}  # no managedFields, uid, ...
             assert "not-for-the-allocator" not in repr(train)
             assert outside(core.scheduler, "gpu-a100-1").count(f"pod:{namespace}/train") == 1  # still outside use
-            assert [p.name for p in reconciler.watch.own_pods()] == ["lease-pod"]  # a lease's pod without devices
+            assert [p.name for p in reconciler.watch.own_pods_of(lease.id)] == ["lease-pod"]  # a lease's pod without devices
+            assert [p.name for p in reconciler._pods.values()] == ["lease-pod"]  # and no other
             assert kept["jupyter-alice"]["spec"]["containers"][0]["env"] == SECRET_ENV  # the server pod whole
 
             await core_api.delete_namespaced_pod("train", namespace, grace_period_seconds=0)
