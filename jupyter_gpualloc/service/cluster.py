@@ -65,6 +65,8 @@ class ClusterReconciler:
         self._pods: dict[str, OwnPod] = {}  # pod key -> the lease pod as last seen
         self._deleting: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
+        self.report_again_seconds = 5.0  # after a store refusal, how soon the watch reports everything again
+        self._reporting_again = False
         self.job_pods = None  # service.job_pods.JobPods when jobs run in Kubernetes Jobs
         scheduler.subscribe(self._on_event)
 
@@ -275,8 +277,20 @@ class ClusterReconciler:
                               {"pod": f"{pod.namespace}/{pod.name}", "holder": holder, "reason": why}))
 
     def _core(self, call, *args, **kwargs) -> None:
-        """One core call at the present time; a store failure is logged, and the next report retries."""
+        """One core call at the present time. A store failure is logged, and the watch reports the
+        whole cluster again `report_again_seconds` later (again while the store refuses): later
+        events carry only what changes, so the refused change would otherwise wait for its node's
+        or pod's next one."""
         try:
             call(*args, now=self.clock(), **kwargs)
         except StoreFailed as err:
-            log.warning("the store refused a change from the cluster: %s", err)
+            log.warning("the store refused a change from the cluster (reported again in %.0f s): %s",
+                        self.report_again_seconds, err)
+            if not self._reporting_again:
+                with contextlib.suppress(RuntimeError):  # no loop: nothing runs later anyway
+                    asyncio.get_running_loop().call_later(self.report_again_seconds, self._report_again)
+                    self._reporting_again = True
+
+    def _report_again(self) -> None:
+        self._reporting_again = False
+        self.watch.report_again()

@@ -407,6 +407,16 @@ class ClusterWatch:
                 self._outside[key] = use
             self.listener.outside_use(key, use)
 
+    def report_again(self) -> None:
+        """Report the whole fleet and every outside use again, as first reported: a core call that the
+        store refused left the core behind the cluster, and later reports carry only what changes."""
+        if not self._resources or not all(r.version is not None for r in self._resources):
+            return  # the first report, once every kind is listed, is whole anyway
+        self._reported = False
+        self._report_nodes(set())
+        for key, use in list(self._outside.items()):
+            self.listener.outside_use(key, use)
+
     def recheck_claims(self, lease_id: str) -> None:
         """A lease ended: judge again the claims on the nodes of its claims (which, while they
         remain, hold their devices outside it), not every claim of the cluster."""

@@ -4,11 +4,19 @@ the pools of the devices a ResourceClaim holds), reported with their names."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 
 from jupyter_gpualloc.core.devices.kubernetes import KubernetesBackend
 from jupyter_gpualloc.service.cluster_watch import ClusterWatch, _claim_record, _Resource
 from jupyter_gpualloc.core.devices import dra
+from jupyter_gpualloc.core.devices.simulated import SimulatedBackend
+from jupyter_gpualloc.core.errors import StoreFailed
+from jupyter_gpualloc.core.policy import SchedulerPolicy
+from jupyter_gpualloc.core.scheduler import Scheduler
+from jupyter_gpualloc.core.store import Store, sqlite_url
+from jupyter_gpualloc.service.cluster import ClusterReconciler
 
 from tests.core.devices.dra_slices import allocated_claim, dynamic_mig, mig_device
 
@@ -152,3 +160,44 @@ def test_a_lease_that_ends_has_only_the_claims_on_its_claims_nodes_judged_again(
     event(watch, 3, "DELETED", ours)
     assert listener.outside["claim:hub/lease-l1"] is None
     assert watch._lease_claims == {}
+
+
+def test_reported_again_the_whole_fleet_and_every_outside_use():
+    """After the store refused a core call, the core may lack what an incremental report carried."""
+    watch, listener, backend = listed_watch()
+    event(watch, 3, "ADDED", allocated_claim("ml", "train", "dra-1", mig_device(0, "1g.10gb", 0, H100)))
+    event(watch, 0, "MODIFIED", node_object("dra-2", unschedulable=True))
+    reports, listener.outside = len(listener.reports), {}
+    watch.report_again()
+    assert listener.reports[reports:] == [(NODES, None)]  # every node, as at the first report
+    assert backend.whole == 2
+    assert listener.outside["claim:ml/train"].node == "dra-1"
+
+
+def test_a_change_the_store_refused_has_the_watch_report_everything_again_once_and_until_it_is_taken(tmp_path):
+    store = Store(sqlite_url(tmp_path / "s.sqlite"))
+    reconciler = ClusterReconciler(Scheduler(SimulatedBackend([]), store, SchedulerPolicy()),
+                                   KubernetesBackend(lambda: []), namespace="hub", instance="hub.gpualloc")
+    reconciler.report_again_seconds = 0.05
+    refusals, calls, reported = [3], [], []  # the first report again is refused too
+
+    def core_call(*args, now):
+        calls.append(args)
+        if refusals[0]:
+            refusals[0] -= 1
+            raise StoreFailed("the database is gone")
+
+    def report_again():
+        reported.append(time.monotonic())
+        reconciler._core(core_call, "again")
+
+    reconciler.watch.report_again = report_again
+
+    async def main():
+        reconciler._core(core_call, "cordon")
+        reconciler._core(core_call, "pod")  # refused too: one report again, not two
+        await asyncio.sleep(0.5)
+    asyncio.run(main())
+    store.close()
+    assert calls == [("cordon",), ("pod",), ("again",), ("again",)]
+    assert len(reported) == 2
