@@ -61,7 +61,7 @@ def install_kernelspecs(offers: Iterable[Mapping[str, Any]], *, prefix: str | No
     for name, spec in specs.items():
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
-            manager.install_kernel_spec(tmp, name, user=user, prefix=prefix, replace=True)
+            manager.install_kernel_spec(tmp, name, user=user, prefix=prefix)  # replaces an installed one
     for name in manager.find_kernel_specs():
         if name.startswith(KERNEL_PREFIX) and name not in specs:
             try:
