@@ -261,13 +261,13 @@ class Sidebar(asyncio.Protocol):
                 break
             line = buffer[start + 6:end]
             at = end
-            stamp = line.find(b'"time": ')
+            stamp = line.find(b'"time":')  # the service writes compact JSON, its type first
             if stamp < 0:
                 continue
-            delivery.append(now - float(line[stamp + 8:line.index(b",", stamp)]))
-            kind = line[10:line.find(b'"', 10)]
+            delivery.append(now - float(line[stamp + 7:line.index(b",", stamp)]))
+            kind = line[9:line.find(b'"', 9)]
             self.day.kinds[kind] = self.day.kinds.get(kind, 0) + 1
-            if line.startswith((b'{"type": "lease.', b'{"type": "job.')):
+            if line.startswith((b'{"type":"lease.', b'{"type":"job.')):
                 self.day.on_event(self.user, json.loads(line))
         self.buffer = buffer[at:] if at else buffer[-65536:]
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import re
 import secrets
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
+
+import msgspec
 
 from ..core.model import Event
 from .auth import Identity
@@ -37,6 +38,8 @@ STREAM_BACKLOG = 1000
 REPLAY_SIZE = 10_000
 EVENT_ID = re.compile(EVENT_ID_PATTERN)
 RESET = "stream.reset"
+# Answers and events as JSON: compact UTF-8, several times json.dumps's speed (the API's hottest serialiser)
+JSON_ENCODER = msgspec.json.Encoder()
 
 
 def parse_event_id(text: str) -> tuple[str, int] | None:
@@ -53,7 +56,7 @@ def is_fleet_event(event: Event) -> bool:
 def sse_message(event_id: str, data: dict[str, Any]) -> bytes:
     """One server-sent event: its id and its JSON (the id in it too), as the stream writes it."""
     data["id"] = event_id
-    return f"id: {event_id}\ndata: {json.dumps(data)}\n\n".encode()
+    return b"id: %s\ndata: %s\n\n" % (event_id.encode(), JSON_ENCODER.encode(data))
 
 
 class Published:
@@ -149,7 +152,7 @@ class EventStream:
         return item
 
 
-_AUDIT_JSON = json.JSONEncoder(separators=(",", ":"), default=str)  # json.dumps makes one per call with these
+_AUDIT_JSON = msgspec.json.Encoder(enc_hook=str)  # a value JSON has no type for is written as its str()
 
 
 class AuditLog:
@@ -163,7 +166,7 @@ class AuditLog:
         self._flush_due = False
 
     def write(self, event: Event) -> None:
-        self._file.write(_AUDIT_JSON.encode(event.to_json()) + "\n")
+        self._file.write(_AUDIT_JSON.encode(event.to_json()).decode() + "\n")
         if self._flush_due:
             return
         try:

@@ -17,6 +17,7 @@ from http.client import responses
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
+import msgspec
 from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.log import app_log
@@ -27,7 +28,7 @@ from ..core.holders import job_holder
 from ..core.scheduler import Scheduler
 from ..core.store import StoreError
 from .auth import Forbidden, Identity
-from .events import EventBroker, parse_event_id
+from .events import JSON_ENCODER, EventBroker, parse_event_id
 from .group_commit import GroupCommit
 from .metrics import CONTENT_TYPE, ServiceMetrics
 from .openapi import MAX_EPOCH, MIN_EPOCH, openapi_document
@@ -173,7 +174,7 @@ class ApiHandler(web.RequestHandler):
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
-        self.finish(json.dumps(data))
+        self.finish(JSON_ENCODER.encode(data))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -192,7 +193,7 @@ class ApiHandler(web.RequestHandler):
         else:
             body = {"error": "internal error; the service log has the details"}
         self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps(body))
+        self.finish(JSON_ENCODER.encode(body))
 
     def log_exception(self, typ, value, tb) -> None:
         """Errors about the request are logged as warnings, without a traceback."""
