@@ -6,8 +6,10 @@ keeps a few fields of a tenth.
 What is read is what `pod_record` (core/devices/kubernetes.py) keeps: the name, namespace, labels
 and deletion time; the node and every container's resources; the phase, IP, reason, message,
 conditions, the containers' states and the DRA claim serving extended resources. A decoded pod is
-a dict of those fields, so `pod_record` of it equals `pod_record` of the whole pod. The install's
-server pods, which the service copies into kernel and Job pods, are listed whole on their own.
+a dict of those fields, so `pod_record` of it equals `pod_record` of the whole pod. A pod that
+`pod_record` can never keep (no NVIDIA device asked for, no lease label: most of a cluster's pods)
+is left out of the list, not turned into a dict the watch would drop. The install's server pods,
+which the service copies into kernel and Job pods, are listed whole on their own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from ..core.devices.kubernetes import LEASE_LABEL, is_gpu_resource
 
 
 class _Metadata(msgspec.Struct, omit_defaults=True):
@@ -72,4 +76,16 @@ def decode_pod_list(body: bytes) -> dict[str, Any]:
     body is not a PodList."""
     listed = _DECODER.decode(body)
     return {"metadata": {"resourceVersion": listed.metadata.resourceVersion},
-            "items": msgspec.to_builtins(listed.items or [])}
+            "items": msgspec.to_builtins([pod for pod in listed.items or () if _may_be_kept(pod)])}
+
+
+def _may_be_kept(pod: _Pod) -> bool:
+    """What `pod_record` asks of a pod before it keeps it: a lease label, or an NVIDIA device asked for
+    by a container or an init container (as a request or a limit)."""
+    if pod.metadata.labels and LEASE_LABEL in pod.metadata.labels:
+        return True
+    for container in (*(pod.spec.containers or ()), *(pod.spec.initContainers or ())):
+        for asked in (container.resources or {}).get("requests"), (container.resources or {}).get("limits"):
+            if asked and any(is_gpu_resource(name) for name in asked):
+                return True
+    return False

@@ -52,17 +52,32 @@ PODS = [
     pod("pending", limits={"nvidia.com/gpu": "8"}, status=UNSCHEDULABLE, node=None),
     pod("extended", limits={"nvidia.com/gpu": "1"}, status=EXTENDED),
     pod("kernel", labels={LEASE_LABEL: "l-1", INSTANCE_LABEL: "ml.gpualloc", "app": "k"}, deleting=True),
+    pod("fpga", limits={"example.com/fpga": "1"}),
+    pod("own-label", labels={INSTANCE_LABEL: "ml.gpualloc"}),
 ]
 
 
-def test_a_decoded_pod_reads_as_the_whole_pod_does():
+def requests_only(name: str, resource: str) -> dict:
+    """A pod that asks for a device as a request alone (the API server would copy it to the limits)."""
+    made = pod(name)
+    made["spec"]["containers"][0]["resources"] = {"requests": {resource: "1"}}
+    return made
+
+
+PODS += [requests_only("requested-gpu", "nvidia.com/gpu.shared"), requests_only("requested-cpu", "cpu")]
+
+
+def test_a_decoded_pod_reads_as_the_whole_pod_does_and_the_pods_never_kept_are_left_out():
     decoded = decode_pod_list(json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "901"},
                                           "items": PODS}).encode())
     assert decoded["metadata"]["resourceVersion"] == "901"
-    assert [pod_record(p) for p in decoded["items"]] == [pod_record(p) for p in PODS]
-    assert [own_pod(p, "ml", "ml.gpualloc") for p in decoded["items"]] == [own_pod(p, "ml", "ml.gpualloc") for p in PODS]
-    assert own_pod(decoded["items"][-1], "ml", "ml.gpualloc").deleting
-    assert "managedFields" not in decoded["items"][0]["metadata"] and "env" not in decoded["items"][1]["spec"]["containers"][0]
+    kept = [p for p in PODS if pod_record(p) is not None]
+    assert [p["metadata"]["name"] for p in decoded["items"]] == [p["metadata"]["name"] for p in kept] == [
+        "train", "mig", "oom", "pending", "extended", "kernel", "requested-gpu"]
+    assert [pod_record(p) for p in decoded["items"]] == [pod_record(p) for p in kept]
+    assert [own_pod(p, "ml", "ml.gpualloc") for p in decoded["items"]] == [own_pod(p, "ml", "ml.gpualloc") for p in kept]
+    assert own_pod(decoded["items"][5], "ml", "ml.gpualloc").deleting
+    assert "managedFields" not in decoded["items"][0]["metadata"] and "env" not in decoded["items"][0]["spec"]["containers"][0]
 
 
 def test_an_empty_list_and_a_body_that_is_no_pod_list():

@@ -479,13 +479,18 @@ def _timestamp(text: str | None) -> float | None:
     return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
 
 
+def is_gpu_resource(name: str) -> bool:
+    """Whether a pod's resource name is an NVIDIA device (a GPU, a shared GPU or a MIG profile's)."""
+    return name in GPU_RESOURCES or _MIG_RESOURCE.match(name) is not None
+
+
 def pod_resources(spec: Mapping[str, Any]) -> dict[str, int]:
     """The NVIDIA device counts a pod spec asks for: its containers' together, or an init
     container's where that is more (extended resources are set as limits; requests equal them)."""
     def of(container: Mapping[str, Any]) -> dict[str, int]:
         resources = container.get("resources") or {}
         asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        return {k: int(parse_quantity(v)) for k, v in asked.items() if k in GPU_RESOURCES or _MIG_RESOURCE.match(k)}
+        return {k: int(parse_quantity(v)) for k, v in asked.items() if is_gpu_resource(k)}
 
     total: dict[str, int] = {}
     for container in spec.get("containers") or []:
