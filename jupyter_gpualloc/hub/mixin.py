@@ -18,7 +18,8 @@
   then shows no step of a server start that never began.
 - The server's lease lives the one holder lifecycle (holder_lease.HolderLease): the server's env
   gets its slice (lease_env.slice_env) and the service URL; its state is the spawner's state,
-  heartbeats keep it alive while the server runs (and resume after a hub restart), and `stop()`
+  heartbeats keep it alive while the server runs and while it stops, until its processes have
+  ended (and resume after a hub restart), and `stop()`
   or a `poll()` that finds the server dead release it. The server kind supplies only its proof
   of life (`poll()`) and where its slice goes (the server's env).
 """
@@ -604,7 +605,7 @@ class GPUSpawnerMixin(Spawner):
     async def _gpu_stop_then_release(self, now: bool, reason: str) -> int | None:
         _IN_GPU_STOP.set(self)  # this task's context (and tasks it starts): poll() from inside the stop
         kept = self.gpu_lease.get_state()  # kept: the hub may clear the spawner's state meanwhile
-        self._stop_heartbeats()
+        self._heartbeat_while_stopping(kept)
         status = None
         try:
             await super().stop(now=now)
@@ -613,6 +614,7 @@ class GPUSpawnerMixin(Spawner):
                 status = await self._poll_server()
             except Exception:
                 self.log.exception("%s: poll after stop failed", self._log_name)
+            self._stop_heartbeats()
             if status is None:
                 self.log.warning("%s: the server still runs after stop(): its GPU slice is not given back "
                                  "before the service stops hearing from it", self._log_name)
@@ -692,6 +694,17 @@ class GPUSpawnerMixin(Spawner):
         if self.gpu_holder not in keeper.kept:
             self.gpu_lease.keepalive(keeper, on_ended=self._server_ended, on_lost=self._server_lease_lost)
         keeper.start()
+
+    def _heartbeat_while_stopping(self, kept: dict) -> None:
+        """Heartbeat the server's holder, whatever its lease's state, until the stop has ended its
+        processes: a server slow to stop (SIGINT, then SIGTERM, then SIGKILL, then what it left
+        running) must not outlive the service's heartbeat TTL, which would free its slice (the lease
+        ended and returning, or still active) while its kernels still run on the GPU."""
+        self._stop_heartbeats()
+        if kept.get("lease_id"):
+            keeper = self._gpu_keeper()
+            keeper.keep(self.gpu_holder)  # no lease to lose, no proof of life: the stop ends the beats
+            keeper.start()
 
     def _stop_heartbeats(self) -> None:
         keepalive, self._gpu_keepalive = self._gpu_keepalive, None

@@ -373,6 +373,67 @@ def test_the_hubs_poll_stops_a_server_whose_lease_ended_without_recursing(servic
     assert caplog.text.count("stopping the server: its GPU lease ended") == 1
 
 
+# a stand-in server that ignores SIGINT and SIGTERM (its kernel inherits that): only SIGKILL ends it
+SLOW_TO_STOP = "import signal\nfor s in (signal.SIGINT, signal.SIGTERM):\n    signal.signal(s, signal.SIG_IGN)\n" \
+    + STAND_IN_SERVER
+
+
+@pytest.fixture(scope="module")
+def short_ttl_service(tmp_path_factory):
+    """A service whose heartbeat TTL (2 s) is shorter than a slow server's stop."""
+    policy = POLICY.replace("heartbeat_ttl = 3600", "heartbeat_ttl = 2") + "c.SchedulerPolicy.wait_for_holders = True\n"
+    assert "heartbeat_ttl = 2\n" in policy
+    svc = ServiceProcess(tmp_path_factory.mktemp("hub-mixin-short-ttl"), config=policy,
+                         args=("--tick-interval", "0.2")).start()
+    yield svc
+    svc.kill(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("how", ["stop", "released from the sidebar"])
+def test_a_server_slower_to_stop_than_the_heartbeat_ttl_keeps_its_slice_until_its_processes_end(
+        short_ttl_service, tmp_path, caplog, how):
+    """The stop takes SIGKILL after interrupt_timeout and term_timeout (6 s), three times the TTL: the
+    spawner heartbeats the server's holder all the while, so the slice (the lease active, or ended and
+    returning) reaches alice only once no process of the server runs."""
+    service = short_ttl_service
+    spawner = local_spawner(service, tmp_path, gpu_heartbeat_interval=0.3, interrupt_timeout=3)
+    spawner.cmd = [sys.executable, "-c", SLOW_TO_STOP]
+
+    async def scenario():
+        processes = await start_stand_in(spawner, tmp_path)
+        waiting = await in_thread(ask_for_both_l4, service)
+        calls = record_releases(spawner, processes, service, waiting)
+        granted_while_running = []
+
+        async def watch():  # alice's kernel lives on, heartbeating, while she waits
+            while True:
+                await in_thread(service.call, "POST", "heartbeat", {"holders": ["kernel:k1"]}, token=ALICE)
+                if await in_thread(state_of, service, waiting) == "granted":
+                    granted_while_running.extend(p.pid for p in processes if still_running(p))
+                    return
+                await asyncio.sleep(0.1)
+        watching = asyncio.ensure_future(watch())
+        if how == "stop":
+            await spawner.stop()
+        else:
+            reply = await in_thread(service.call, "DELETE", f"leases/{spawner.gpu_lease_id}", token=BOB)
+            assert reply.status == 200, reply
+            started = time.monotonic()
+            while await spawner.poll() is None:  # the heartbeats find the lease ended and stop the server
+                assert time.monotonic() - started < 30, f"the server was not stopped: {calls}\n{caplog.text}"
+                await asyncio.sleep(0.2)
+        await asyncio.wait_for(watching, 10)
+        return processes, calls, granted_while_running
+
+    started = time.monotonic()
+    processes, calls, granted_while_running = asyncio.run(scenario())
+    assert time.monotonic() - started > 6  # the stop outlived the TTL three times over
+    assert granted_while_running == [], f"alice got the slice while {granted_while_running} still ran"
+    assert not any(still_running(p) for p in processes)
+    assert calls and (calls[0]["call"], calls[0]["holder_gone"], calls[0]["running"], calls[0]["waiting"]) == \
+        ("release", True, [], "queued"), calls
+
+
 def test_stop_ends_the_server_then_frees_its_slice_at_once(service, tmp_path):
     spawner = local_spawner(service, tmp_path, gpu_heartbeat_interval=3600)
 
