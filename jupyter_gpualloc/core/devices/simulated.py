@@ -149,15 +149,19 @@ class SimulatedBackend(DeviceBackend):
         return nodes
 
     def mig_profiles(self, gpu_uuid: str) -> dict[int, MigProfile]:
-        gpu = self._gpu(gpu_uuid)
+        return dict(self._profiles(self._gpu(gpu_uuid)))
+
+    @staticmethod
+    def _profiles(gpu: Gpu) -> dict[int, MigProfile]:
+        """The catalogue's table of its model (shared: read it, never change it); empty with MIG off."""
         if gpu.mig_mode is MigMode.OFF:
             return {}
-        return dict(mig.resolve_model(gpu.model, gpu.memory_mib).profiles)
+        return mig.resolve_model(gpu.model, gpu.memory_mib).profiles
 
     def create_mig_instance(self, gpu_uuid: str, profile_id: int, start: int) -> MigInstance:
         gpu = self._gpu(gpu_uuid)
         self._check_mig_changes(gpu, "create a MIG instance")
-        profiles = self.mig_profiles(gpu_uuid)
+        profiles = self._profiles(gpu)
         profile = profiles.get(profile_id)
         if profile is None:
             raise DeviceError(f"GPU {gpu_uuid} ({gpu.model}) has no MIG profile id {profile_id}")
