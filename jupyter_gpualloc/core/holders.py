@@ -8,6 +8,7 @@ every client may import it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 SERVER, KERNEL, JOB = "server", "kernel", "job"
 KINDS = (SERVER, KERNEL, JOB)
@@ -32,8 +33,10 @@ def parse_holder(text: str) -> Holder | None:
     return Holder(*parts) if parts is not None else None
 
 
+@lru_cache(maxsize=8192)
 def _kind_and_name(text: str) -> tuple[str, str] | None:
-    """parse_holder's answer as a tuple: the tests on every request make no Holder."""
+    """parse_holder's answer as a tuple: the tests on every request make no Holder (and each
+    request asks about its holder several times)."""
     if text == SERVER:
         return SERVER, ""
     kind, colon, name = text.partition(":")

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any, Mapping
 
 from .holders import GRAMMAR, is_holder, job_holder
@@ -158,6 +159,9 @@ class OutsideUse:
         return not (self.whole or self.shares or any(self.mig.values()))
 
 
+_PARSED_SPECS: dict[tuple, "SliceSpec"] = {}  # SliceSpec.from_json's answers, by the spec object's items
+
+
 @dataclass(frozen=True)
 class SliceSpec:
     """What was asked for. `memory_mib` is the minimum GPU memory per GPU."""
@@ -171,11 +175,36 @@ class SliceSpec:
     cpu_milli: int = 0
     host_memory_mib: int = 0
 
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """The fields' hash, worked out once: specs are dict keys on every request's path."""
+        return hash((self.kind, self.memory_mib, self.profile, self.model, self.count, self.node,
+                     self.cpu_milli, self.host_memory_mib))
+
     @classmethod
     def from_json(cls, data: Any) -> "SliceSpec":
-        """Parse the REST API's spec object strictly; raise SpecError naming the field."""
+        """Parse the REST API's spec object strictly; raise SpecError naming the field. The same
+        object (each value of the same type) gives the same spec object: a dict lookup finds it
+        at once, and the many requests of one shape parse once."""
         if not isinstance(data, dict):
             raise SpecError("spec", "must be an object")
+        key = tuple((name, value.__class__, value) for name, value in data.items())
+        try:
+            spec = _PARSED_SPECS.get(key)
+        except TypeError:  # a value no dict can key (a list, an object): never a valid spec
+            return cls._parse(data)
+        if spec is None:
+            spec = cls._parse(data)
+            if len(_PARSED_SPECS) >= 4096:  # requests of many odd shapes: start over
+                _PARSED_SPECS.clear()
+            _PARSED_SPECS[key] = spec
+        return spec
+
+    @classmethod
+    def _parse(cls, data: dict) -> "SliceSpec":
         known = {"kind", "memory_gib", "memory_mib", "profile", "model", "count", "node",
                  "cpu_milli", "host_memory_mib"}
         for key in data:
@@ -221,6 +250,11 @@ class SliceSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as the API gives it (a new dict: worked out once per spec, copied each time)."""
+        return dict(self._json)
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind.value, "count": self.count}
         if self.memory_mib:
             out["memory_gib"] = self.memory_mib / MIB_PER_GIB  # exact: n / 2**10
@@ -277,12 +311,16 @@ class Slice:
         it deep-copies every field, and this runs for every lease in every answer)."""
         out: dict[str, Any] = {"kind": self.kind.value, "node": self.node, "gpu_uuids": list(self.gpu_uuids),
                                "memory_mib": self.memory_mib}
-        for name in ("profile", "start", "mig_uuid"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        out.update(milli=self.milli, model=self.model, gpu_memory_mib=self.gpu_memory_mib,
-                   visible_devices=self.visible_devices)
+        if self.profile is not None:
+            out["profile"] = self.profile
+        if self.start is not None:
+            out["start"] = self.start
+        if self.mig_uuid is not None:
+            out["mig_uuid"] = self.mig_uuid
+        out["milli"] = self.milli
+        out["model"] = self.model
+        out["gpu_memory_mib"] = self.gpu_memory_mib
+        out["visible_devices"] = self.visible_devices
         return out
 
     @classmethod

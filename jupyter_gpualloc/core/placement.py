@@ -106,9 +106,9 @@ class _Interner:
 _INTERN = _Interner()
 
 
-def _state_key(cpu_free: int, models: Sequence[int], free: Sequence[int]) -> tuple:
+def _state_key(cpu_free: int, models: list[int], free: list[int]) -> tuple:
     """(free CPU, sorted ((model id, free milli) of each visible GPU))."""
-    return (int(cpu_free), tuple(sorted((int(m), int(f)) for m, f in zip(models, free) if f >= 0)))
+    return (cpu_free, tuple(sorted((m, f) for m, f in zip(models, free) if f >= 0)))
 
 
 class ClusterView:
@@ -259,10 +259,12 @@ class ClusterView:
         shares = row.tolist()  # a node's few GPUs: Python sums them in half numpy's call overhead
         self.gpu_free_total[node] = sum(share for share in shares if share > 0)
         self.gpu_count[node] = sum(share >= 0 for share in shares)
-        self.state_id[node] = self._intern(node)
+        self.state_id[node] = self._intern(node, shares)
 
-    def _intern(self, node: int) -> int:
-        return _INTERN.state(_state_key(self.cpu_free[node], self.gpu_model[node], self.gpu_vis[node]))
+    def _intern(self, node: int, shares: list[int] | None = None) -> int:
+        """The node's state id; `shares`: its row of gpu_vis as a list, if at hand."""
+        free = self.gpu_vis[node].tolist() if shares is None else shares
+        return _INTERN.state(_state_key(int(self.cpu_free[node]), self.gpu_model[node].tolist(), free))
 
 
 # -- fragmentation ---------------------------------------------------------------------------------

@@ -272,4 +272,5 @@ class SchedulerPolicy(Configurable):
         return proposal["value"]
 
     def user_quota(self, user: str) -> dict[str, float]:
-        return dict(self.quotas.get(user, self.quotas.get("*", {})))
+        quotas = self.quotas
+        return dict(quotas.get(user, quotas.get("*", {})))

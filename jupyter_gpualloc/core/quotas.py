@@ -21,15 +21,20 @@ def quota_block(policy: SchedulerPolicy, active: ActiveLeases, user: str, groups
     """The quota that granting the cheapest of `plans` to `user` (in `groups`) would break, counting
     the granted leases other than `lease_id` (nothing held at all, when `assume_empty`), or None.
     O(the user's and its groups' leases)."""
+    scopes = []
+    limits = policy.user_quota(user)
+    if limits:
+        scopes.append(("user", user, limits, active.of_user(user)))
+    if groups:
+        group_quotas = policy.group_quotas
+        for group in groups:
+            limits = group_quotas.get(group)
+            if limits:
+                scopes.append(("group", group, limits, active.of_group(group)))
+    if not scopes:
+        return None  # no quota applies: nothing to count
     ask = asked(min(plans, key=lambda p: p.memory_mib))
-    scopes = [("user", user, policy.user_quota(user), active.of_user(user))]
-    for group in groups:
-        limits = policy.group_quotas.get(group)
-        if limits:
-            scopes.append(("group", group, limits, active.of_group(group)))
     for scope, who, limits, held in scopes:
-        if not limits:
-            continue  # no quota here: nothing to count
         held = [] if assume_empty else [l for l in held if l.state is LeaseState.GRANTED and l.id != lease_id]
         used = in_use(held)
         for key, limit in limits.items():

@@ -330,14 +330,9 @@ class Store:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     # -------------------------------------------------------------- writes
-    @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> "_Holding":
         """Writes made inside wait in the group until commit_group() (nestable)."""
-        self._held += 1
-        try:
-            yield
-        finally:
-            self._held -= 1
+        return _Holding(self)
 
     @property
     def holding(self) -> bool:
@@ -697,3 +692,18 @@ def _usage_from_row(row) -> UsageSegment:
         lease_id=row["lease_id"], start=row["start"], end=row["end"], day=row["day"], user=row["user"],
         groups=tuple(json.loads(row["groups"])), model=row["model"], kind=row["kind"], offer=row["offer"],
         holder_kind=row["holder_kind"], gpus=row["gpus"], gib=row["gib"])
+
+
+class _Holding:
+    """Store.hold's block (a plain class: one wraps every request's change)."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __enter__(self) -> None:
+        self.store._held += 1
+
+    def __exit__(self, *exc_info) -> None:
+        self.store._held -= 1
