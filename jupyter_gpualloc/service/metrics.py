@@ -1,12 +1,22 @@
 """Prometheus metrics: the fleet and queue read from the scheduler at scrape time, plus
-histograms and counters fed by the scheduler's events and the service's own timings."""
+histograms and counters fed by the scheduler's events and the service's own timings.
+
+Those fed on every request (gpualloc_decision_seconds, gpualloc_queue_wait_seconds,
+gpualloc_events_total) are counted in plain Python (HistogramByLabel, CounterByLabel) and turned
+into samples at scrape time: prometheus_client's Histogram walks its bounds and takes a lock per
+observation. They are fed and read on the IOLoop thread only (events are announced there, also
+those of a group written on the group commit's thread), so they take no lock.
+"""
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from ..core.model import Event, LeaseState, PriorityClass
 
@@ -130,6 +140,60 @@ class EventStreamCollector:
                                   "once per event and stream that may see it.", value=self.broker.sent)
 
 
+class HistogramCounts:
+    """One label value's observations: how many fell in each bucket (the first whose bound is >=
+    the value; the last bucket is past every bound, +Inf) and their sum."""
+
+    __slots__ = ("bounds", "in_bucket", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.in_bucket = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.in_bucket[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class HistogramByLabel:
+    """A histogram over one label, a collector that renders it as prometheus_client's Histogram does
+    (cumulative buckets up to +Inf, _count and _sum; no _created)."""
+
+    def __init__(self, name: str, documentation: str, label: str, bounds: tuple[float, ...]):
+        self.name, self.documentation, self.label = name, documentation, label
+        self.bounds = tuple(float(bound) for bound in bounds)
+        self._le = [floatToGoString(bound) for bound in self.bounds] + ["+Inf"]
+        self.by_value: dict[str, HistogramCounts] = {}
+
+    def labels(self, value: str) -> HistogramCounts:
+        counts = self.by_value.get(value)
+        if counts is None:
+            counts = self.by_value[value] = HistogramCounts(self.bounds)
+        return counts
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, counts in self.by_value.items():
+            family.add_metric([value], list(zip(self._le, accumulate(counts.in_bucket))), counts.sum)
+        yield family
+
+
+class CounterByLabel:
+    """A counter over one label, `counts` (label value -> count), a collector that renders it as
+    prometheus_client's Counter does (<name>_total; no _created)."""
+
+    def __init__(self, name: str, documentation: str, label: str):
+        self.name, self.documentation, self.label = name, documentation, label
+        self.counts: dict[str, int] = {}
+
+    def collect(self):
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, count in self.counts.items():
+            family.add_metric([value], count)
+        yield family
+
+
 class ServiceMetrics:
     """The service's metrics, in a registry of its own (several services may share a process in tests)."""
 
@@ -144,20 +208,20 @@ class ServiceMetrics:
             self.registry.register(EventStreamCollector(broker))
         if usage is not None:
             self.registry.register(UsageCollector(usage, usage_per_user))
-        self.queue_wait = Histogram("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
-                                    ["priority"], buckets=WAIT_BUCKETS, registry=self.registry)
-        self._queue_wait_children: dict[str, Histogram] = {}  # as _decision_children
-        self.decision_latency = Histogram("gpualloc_decision_seconds",
-                                          "Seconds the scheduler core took per call, by operation.",
-                                          ["operation"], buckets=DECISION_BUCKETS, registry=self.registry)
-        self._decision_children: dict[str, Histogram] = {}  # labels() takes a lock on every call
+        self.queue_wait = HistogramByLabel("gpualloc_queue_wait_seconds", "Seconds from request to grant.",
+                                           "priority", WAIT_BUCKETS)
+        self.registry.register(self.queue_wait)
+        self.decision_latency = HistogramByLabel("gpualloc_decision_seconds",
+                                                 "Seconds the scheduler core took per call, by operation.",
+                                                 "operation", DECISION_BUCKETS)
+        self.registry.register(self.decision_latency)
         self.expirations = Counter("gpualloc_lease_expirations",
                                    "Leases ended by the scheduler (idle or no heartbeat).",
                                    registry=self.registry)
         self.preemptions = Counter("gpualloc_lease_preemptions", "Batch leases preempted for interactive requests.",
                                    registry=self.registry)
-        self.events = Counter("gpualloc_events", "Scheduler events by type.", ["type"], registry=self.registry)
-        self._event_children: dict[str, Counter] = {}  # as _decision_children
+        self.events = CounterByLabel("gpualloc_events", "Scheduler events by type.", "type")
+        self.registry.register(self.events)
         self.jobs = Counter("gpualloc_jobs", "Job state changes (queued, started, succeeded, failed, preempted, ...) "
                             "by priority class.", ["event", "priority"], registry=self.registry)
         self.cluster_stale = Gauge("gpualloc_cluster_stale_seconds",
@@ -169,16 +233,11 @@ class ServiceMetrics:
 
     def observe(self, event: Event) -> None:
         """Feed one scheduler event into the histograms and counters."""
-        counter = self._event_children.get(event.type)
-        if counter is None:
-            counter = self._event_children[event.type] = self.events.labels(event.type)
-        counter.inc()
+        event_counts = self.events.counts
+        event_counts[event.type] = event_counts.get(event.type, 0) + 1
         if event.type == "lease.granted":
             priority = self.scheduler.lease(event.lease_id).priority.value
-            child = self._queue_wait_children.get(priority)
-            if child is None:
-                child = self._queue_wait_children[priority] = self.queue_wait.labels(priority)
-            child.observe(max(0.0, float(event.data.get("waited_s", 0.0))))
+            self.queue_wait.labels(priority).observe(max(0.0, float(event.data.get("waited_s", 0.0))))
         elif event.type == "lease.expired":
             self.expirations.inc()
         elif event.type == "lease.preempted":
@@ -191,10 +250,7 @@ class ServiceMetrics:
 
     def timed(self, operation: str) -> "_Timed":
         """`with metrics.timed("touch"): ...` observes the block's duration in gpualloc_decision_seconds."""
-        child = self._decision_children.get(operation)
-        if child is None:
-            child = self._decision_children[operation] = self.decision_latency.labels(operation)
-        return _Timed(child)
+        return _Timed(self.decision_latency.labels(operation))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -206,7 +262,7 @@ class _Timed:
 
     __slots__ = ("histogram", "start")
 
-    def __init__(self, histogram: Histogram):
+    def __init__(self, histogram: HistogramCounts):
         self.histogram = histogram
 
     def __enter__(self) -> None:
