@@ -10,15 +10,18 @@ integral floats in integer fields reach the handlers as ints.
 
 jsonschema is slow for the small bodies every kernel sends many times a minute (touch,
 heartbeat), so each body schema is also compiled into a plain predicate for the keywords the
-document uses (`compile_check`). The predicate only ever accepts: a body it finds valid is
-valid (and holds no integral float where an integer is expected), and anything else, or
-anything it is unsure of, goes through jsonschema, which names the field as before.
+document uses (`compile_check`): the source of one Python function of straight-line tests, made
+with `exec`, where the schema's strings are constants or reprs, never code. The predicate only
+ever accepts: a body it finds valid is valid (and holds no integral float where an integer is
+expected), and anything else, or anything it is unsure of, goes through jsonschema, which names
+the field as before.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import sys
 from typing import Any, Callable, Iterator
@@ -205,122 +208,261 @@ class _Unsure(Exception):
     """An integral float met an integer type: jsonschema decides, and turns it into an int."""
 
 
-def _is_type(name: str, value: Any) -> bool:
-    if name == "string":
-        return isinstance(value, str)
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    if name == "boolean":
-        return isinstance(value, bool)
-    if name == "null":
-        return value is None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if name == "number":
-        return True
-    if isinstance(value, float) and value.is_integer():  # integer: jsonschema decides and converts
-        raise _Unsure
-    return isinstance(value, int)
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _keyword(key: str, value: Any, schema: dict[str, Any]) -> Check | None:
-    """The predicate of one keyword (it holds for values of the types the keyword does not apply to)."""
-    if key == "type":
-        names = value if isinstance(value, list) else [value]
-        if not set(names) <= set(_JSON_TYPES):
-            raise Unsupported(f"type {names!r}")
-        return lambda v: any(_is_type(name, v) for name in names)
-    if key in ("enum", "const"):
-        options = value if key == "enum" else [value]
-        if not all(isinstance(o, str) for o in options):
-            raise Unsupported(f"{key} of non-strings")
-        allowed = frozenset(options)
-        return lambda v: isinstance(v, str) and v in allowed
-    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        if not _is_number(value):
-            raise Unsupported(key)
-        compare = {"minimum": lambda v: v >= value, "maximum": lambda v: v <= value,
-                   "exclusiveMinimum": lambda v: v > value, "exclusiveMaximum": lambda v: v < value}[key]
-        return lambda v: not _is_number(v) or compare(v)
-    if key == "minLength":
-        return lambda v: not isinstance(v, str) or len(v) >= value
-    if key == "maxLength":
-        return lambda v: not isinstance(v, str) or len(v) <= value
-    if key == "pattern":
-        search = re.compile(value).search
-        return lambda v: not isinstance(v, str) or search(v) is not None
-    if key == "minItems":
-        return lambda v: not isinstance(v, list) or len(v) >= value
-    if key == "maxItems":
-        return lambda v: not isinstance(v, list) or len(v) <= value
-    if key == "items":
-        item = compile_check(value)
-        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
-    if key == "required":
-        names = tuple(value)
-        return lambda v: not isinstance(v, dict) or all(n in v for n in names)
-    if key == "properties":
-        return _properties(value, schema.get("additionalProperties", True))
-    if key == "additionalProperties":
-        if "properties" in schema:
-            return None  # checked with the properties
-        return _properties({}, value)
-    if key in ("allOf", "anyOf", "oneOf"):
-        branches = [compile_check(branch) for branch in value]
-        if key == "allOf":
-            return lambda v: all(b(v) for b in branches)
-        if key == "anyOf":
-            return lambda v: any(b(v) for b in branches)
-        return lambda v: sum(1 for b in branches if b(v)) == 1
-    if key == "not":
-        inner = compile_check(value)
-        return lambda v: not inner(v)
-    raise Unsupported(key)
+def _is_integer(value: Any) -> bool:
+    """JSON Schema's integer, but _Unsure on an integral float: jsonschema decides and converts it."""
+    if isinstance(value, float):
+        if value.is_integer():
+            raise _Unsure
+        return False
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _properties(properties: dict[str, Any], additional: Any) -> Check:
-    known = {name: compile_check(schema) for name, schema in properties.items()}
-    other = None if additional is True else compile_check(additional)
-
-    def check(value: Any) -> bool:
-        if not isinstance(value, dict):
-            return True
-        for name, item in value.items():
-            found = known.get(name)
-            if found is not None:
-                if not found(item):
-                    return False
-            elif other is not None and not other(item):
-                return False
-        return True
-    return check
+# The test of each JSON type in generated source; an int or float (not a bool) is a "number"
+# without a call, the commonest case.
+_TYPE_TESTS = {
+    "string": "isinstance({0}, str)", "object": "isinstance({0}, dict)", "array": "isinstance({0}, list)",
+    "boolean": "({0} is True or {0} is False)", "null": "{0} is None",
+    "number": "({0}.__class__ is int or {0}.__class__ is float or is_number({0}))",
+    "integer": "({0}.__class__ is int or is_integer({0}))"}
+_BOUNDS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+_LENGTHS = {"minLength": ("string", ">="), "maxLength": ("string", "<="),
+            "minItems": ("array", ">="), "maxItems": ("array", "<=")}
+_MAX_NESTING = 6  # subschemas nested deeper go into functions of their own, within Python's limits
 
 
 def compile_check(schema: Any) -> Check:
     """A predicate that accepts exactly what the schema accepts (raising _Unsure on an integral float
-    in an integer field); Unsupported if the schema uses a keyword it does not know, such as `$ref`."""
-    if schema is True or schema == {}:
-        return lambda v: True
-    if schema is False:
-        return lambda v: False
+    in an integer field); Unsupported if the schema uses a keyword it does not know, such as `$ref`.
+
+    The predicate is the source of one Python function, straight-line `if` tests, made with `exec`
+    (as dataclasses and namedtuple make theirs); a subschema that needs a loop where only an
+    expression fits (under anyOf, oneOf or not), or that is nested deep, becomes a function of its
+    own beside it. Nothing from the schema is pasted in as code: its enums, patterns and other
+    values are constants bound in the functions' namespace, and its property names and numbers
+    are the repr() of a plain str, int or finite float (anything else is a constant too)."""
+    source = _Source()
+    source.function(schema)
+    namespace = source.namespace
+    exec(source.text(), namespace)
+    return namespace["check"]
+
+
+class _Source:
+    """The functions of one predicate, as source lines, and the namespace their constants live in.
+
+    A schema's tests take the source of the value they check (`v1`, `v['spec']`) and `known`, the
+    JSON type earlier tests of that value have established ("number" for integers too), so they
+    skip what that type makes certain."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {"is_number": _is_number, "is_integer": _is_integer}
+        self.functions: list[list[str]] = []
+        self.names = 0
+
+    def text(self) -> str:
+        return "\n".join(line for function in self.functions for line in function) + "\n"
+
+    def name(self, prefix: str) -> str:
+        self.names += 1
+        return f"{prefix}{self.names}"
+
+    def constant(self, value: Any) -> str:
+        """Source for `value`: the repr of a plain str, int or finite float, else a name in the namespace."""
+        if type(value) in (str, int) or (type(value) is float and math.isfinite(value)):
+            return repr(value)
+        name = self.name("c")
+        self.namespace[name] = value
+        return name
+
+    def function(self, schema: Any, known: str | None = None) -> str:
+        """A function `name(v)` that returns whether v is valid by the schema; its name."""
+        name = f"check{len(self.functions) or ''}"
+        lines = [f"def {name}(v):"]
+        self.functions.append(lines)
+        body = self.block(schema, "v", known, 0)
+        lines += _indent(body)
+        if body[-1:] != ["return False"]:
+            lines.append("    return True")
+        return name
+
+    def block(self, schema: Any, value: str, known: str | None, depth: int) -> list[str]:
+        """Statements that return False unless `value` is valid by the schema."""
+        if depth >= _MAX_NESTING:
+            return [f"if not {self.function(schema, known)}({value}):", "    return False"]
+        lines: list[str] = []
+        for test in self.tests(schema, value, known, depth, inline=False):
+            if test == "False":
+                return [*lines, "return False"]
+            lines += [f"if not {test}:", "    return False"] if isinstance(test, str) else test
+        return lines
+
+    def expression(self, schema: Any, value: str, known: str | None, depth: int) -> str:
+        """An expression, True or False, of whether `value` is valid by the schema."""
+        if depth >= _MAX_NESTING:
+            return f"{self.function(schema, known)}({value})"
+        return _conjunction(self.tests(schema, value, known, depth, inline=True))  # type: ignore[arg-type]
+
+    def tests(self, schema: Any, value: str, known: str | None, depth: int, inline: bool) -> list[str | list[str]]:
+        """The schema's keywords, in its order, each an expression or (unless `inline`) statements."""
+        if schema is True or schema == {}:
+            return []
+        if schema is False:
+            return ["False"]
+        if not isinstance(schema, dict):
+            raise Unsupported(repr(schema))
+        tests: list[str | list[str]] = []
+        for key, argument in schema.items():
+            if key in _ANNOTATIONS or key.startswith("x-"):
+                continue
+            if key == "allOf" and not inline:
+                for branch in argument:
+                    tests += self.tests(branch, value, known, depth, inline)
+                continue
+            test = self.keyword(key, argument, schema, value, known, depth, inline)
+            if test is not None and test != "True":
+                tests.append(test)
+            if key == "type" and not isinstance(argument, list):
+                known = known or ("number" if argument == "integer" else argument)
+        return tests
+
+    def keyword(self, key: str, argument: Any, schema: dict[str, Any], value: str, known: str | None,
+                depth: int, inline: bool) -> str | list[str] | None:
+        """The test of one keyword (it holds for values of the types the keyword does not apply to)."""
+        if key == "type":
+            names = argument if isinstance(argument, list) else [argument]
+            if not set(names) <= set(_JSON_TYPES):
+                raise Unsupported(f"type {names!r}")
+            if known is not None and not (known == "number" and "integer" in names):
+                return "True" if known in names else "False"
+            return _disjunction([_TYPE_TESTS[name].format(value) for name in names])
+        if key in ("enum", "const"):
+            options = argument if key == "enum" else [argument]
+            if not all(isinstance(o, str) for o in options):
+                raise Unsupported(f"{key} of non-strings")
+            return _where("string", value, known, f"{value} in {self.constant(frozenset(options))}", "False")
+        if key in _BOUNDS:
+            if not _is_number(argument):
+                raise Unsupported(key)
+            return _where("number", value, known, f"{value} {_BOUNDS[key]} {self.constant(argument)}")
+        if key in _LENGTHS:
+            json_type, compare = _LENGTHS[key]
+            return _where(json_type, value, known, f"len({value}) {compare} {self.constant(argument)}")
+        if key == "pattern":
+            return _where("string", value, known, f"{self.constant(re.compile(argument).search)}({value}) is not None")
+        if key == "required":
+            names = dict.fromkeys(argument)  # hashable, like the names of any object
+            return _where("object", value, known, _conjunction([f"{self.constant(n)} in {value}" for n in names]))
+        if key == "items":
+            return self.loop("array", {"items": argument}, value, known, depth, inline)
+        if key in ("properties", "additionalProperties"):
+            if key == "additionalProperties" and "properties" in schema:
+                return None  # checked with the properties
+            properties = argument if key == "properties" else {}
+            additional = schema.get("additionalProperties", True) if key == "properties" else argument
+            if inline and (additional is True or additional is False) \
+                    and not any(_may_be_unsure(s) for s in properties.values()):
+                return self.properties_expression(properties, additional is False, value, known, depth)
+            return self.loop("object", {"properties": properties, "additionalProperties": additional},
+                             value, known, depth, inline)
+        if key in ("allOf", "anyOf", "oneOf"):
+            branches = [self.expression(branch, value, known, depth + 1) for branch in argument]
+            if key == "allOf":
+                return _conjunction(branches)
+            if key == "anyOf":
+                return _disjunction(branches)
+            return f"({' + '.join(f'({b})' for b in branches)} == 1)" if branches else "False"
+        if key == "not":
+            return f"(not {self.expression(argument, value, known, depth + 1)})"
+        raise Unsupported(key)
+
+    def loop(self, json_type: str, schema: dict[str, Any], value: str, known: str | None, depth: int,
+             inline: bool) -> str | list[str] | None:
+        """The test of `items` or `properties` (`schema` holds only them): a loop over the array or
+        object, or, where an expression is needed, a call of a function holding it."""
+        if known not in (None, json_type):
+            _Source().function(schema)  # never applies, but Unsupported all the same
+            return None
+        if inline:
+            return _where(json_type, value, known, f"{self.function(schema, json_type)}({value})")
+        if "items" in schema:
+            item = self.name("v")
+            body = self.block(schema["items"], item, None, depth + 1)
+            lines = [f"for {item} in {value}:", *_indent(body)] if body else []
+        else:
+            lines = self.properties_loop(schema["properties"], schema["additionalProperties"], value, depth)
+        if not lines or known == json_type:
+            return lines or None
+        return [f"if {_TYPE_TESTS[json_type].format(value)}:", *_indent(lines)]
+
+    def properties_loop(self, properties: dict[str, Any], additional: Any, value: str, depth: int) -> list[str]:
+        """A loop over the object's items in their order, each tested by the schema of its name."""
+        number = self.name("")
+        key, item = f"k{number}", f"v{number}"
+        branches = [(self.constant(name), self.block(schema, item, None, depth + 1))
+                    for name, schema in properties.items()]
+        other = [] if additional is True else self.block(additional, item, None, depth + 1)
+        if not other:
+            branches = [(name, body) for name, body in branches if body]
+        if not branches:
+            return [f"for {item} in {value}.values():", *_indent(other)] if other else []
+        lines = [f"for {key}, {item} in {value}.items():"]
+        for i, (name, body) in enumerate(branches):
+            lines += _indent([f"{'elif' if i else 'if'} {key} == {name}:", *_indent(body or ["pass"])])
+        if other:
+            lines += _indent(["else:", *_indent(other)])
+        return lines
+
+    def properties_expression(self, properties: dict[str, Any], closed: bool, value: str, known: str | None,
+                              depth: int) -> str:
+        """`properties` as an expression, each present property tested in turn: only where no test can
+        raise _Unsure, as the object's order would decide which comes first."""
+        tests = []
+        for name, schema in properties.items():
+            key = self.constant(name)
+            test = self.expression(schema, f"{value}[{key}]", None, depth + 1)
+            if test != "True":
+                tests.append(f"({key} not in {value} or {test})")
+        if closed:
+            tests.append(f"{value}.keys() <= {self.constant(frozenset(properties))}")
+        return _where("object", value, known, _conjunction(tests))
+
+
+def _where(json_type: str, value: str, known: str | None, test: str, elsewhere: str = "True") -> str:
+    """`test` for values of the JSON type, `elsewhere` for the others."""
+    if known == json_type:
+        return test
+    if known is not None or (test == "True" and elsewhere == "True"):
+        return elsewhere
+    guard = _TYPE_TESTS[json_type].format(value)
+    return f"({guard} and {test})" if elsewhere == "False" else f"(not {guard} or {test})"
+
+
+def _conjunction(tests: list[str]) -> str:
+    tests = [t for t in tests if t != "True"]
+    return "True" if not tests else tests[0] if len(tests) == 1 else f"({' and '.join(tests)})"
+
+
+def _disjunction(tests: list[str]) -> str:
+    tests = [t for t in tests if t != "False"]
+    return "False" if not tests else tests[0] if len(tests) == 1 else f"({' or '.join(tests)})"
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["    " + line for line in lines]
+
+
+def _may_be_unsure(schema: Any) -> bool:
+    """Whether checking by the schema may raise _Unsure: it names the integer type somewhere."""
+    if isinstance(schema, list):
+        return any(_may_be_unsure(item) for item in schema)
     if not isinstance(schema, dict):
-        raise Unsupported(repr(schema))
-    checks = []
-    for key, value in schema.items():
-        if key in _ANNOTATIONS or key.startswith("x-"):
-            continue
-        check = _keyword(key, value, schema)
-        if check is not None:
-            checks.append(check)
-    if len(checks) == 1:
-        return checks[0]
-    return lambda v: all(c(v) for c in checks)
+        return False
+    types = schema.get("type")
+    return "integer" in (types if isinstance(types, list) else [types]) or _may_be_unsure(list(schema.values()))
 
 
 def fast_check(schema: Any) -> Check | None:

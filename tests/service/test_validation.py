@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import importlib.util
 import json
 import subprocess
@@ -138,6 +139,61 @@ def test_an_unknown_keyword_leaves_the_route_to_jsonschema():
     assert fast_check({"type": "object", "minProperties": 1}) is None
     assert fast_check({"$ref": "#/components/schemas/Job"}) is None
     assert fast_check({"type": "decimal"}) is None
+
+
+# Strings that would break out of a literal, or name the generated code's own variables, if pasted in as code
+AWKWARD = ['a"b', "a'b", "x\ny", "back\\slash", "{}", "{0}", '"""', "v", "k1", "c1", "check",
+           "'); __import__('builtins').INJECTED = 1; ('", '"); __import__("builtins").INJECTED = 1; ("']
+
+
+def test_the_schemas_strings_are_matched_exactly_and_never_run():
+    schema = {"type": "object", "additionalProperties": False, "required": ["x\ny"],
+              "properties": {name: {"enum": [name, name + "{}"]} for name in AWKWARD} | {
+                  "quoted": {"type": "string", "pattern": "^a\"b'c\\\\\\d{2}$"}}}
+    check = compile_check(schema)
+    assert not hasattr(builtins, "INJECTED")
+    bodies = [{name: name for name in AWKWARD}, {name: name + "{}" for name in AWKWARD},
+              {"x\ny": "x\ny", "quoted": "a\"b'c\\12"}, {"x\ny": "x\ny", "quoted": "a\"b'c\\1"},
+              {"x\ny": "x\\ny"}, {"x\\ny": "x\ny"}, {"x\ny": "x\ny", "a'b": 'a"b'}, {"x\ny": "x\ny", "a\"b": "a'b"},
+              {"x\ny": "x\ny", "v": "k1"}, {"x\ny": "x\ny", "{}": "{0}"}, {"x\ny": "x\ny", "V": "V"}]
+    for body in bodies:
+        assert accepts(check, body) == Draft202012Validator(schema).is_valid(body), body
+    assert sum(accepts(check, body) for body in bodies) == 3
+    assert not hasattr(builtins, "INJECTED")
+
+
+def nested(schema: dict, wrappers: str) -> dict:
+    """The schema wrapped in properties (p), items (i) or anyOf-not-not (n), innermost first."""
+    for wrapper in wrappers:
+        schema = {"p": {"type": "object", "properties": {"a": schema}}, "i": {"items": schema},
+                  "n": {"anyOf": [{"type": "null"}, {"not": {"not": schema}}]}}[wrapper]
+    return schema
+
+
+def deep(value, wrappers: str):
+    """The value in objects (p) and arrays (i), innermost first (n wraps nothing)."""
+    for wrapper in wrappers:
+        value = {"p": {"a": value}, "i": [value], "n": value}[wrapper]
+    return value
+
+
+@pytest.mark.parametrize("schema, values", [
+    ({"oneOf": [{"type": "string"}, {"minLength": 2}, {"enum": ["ab", "x"]}]},
+     ["y", "x", "ab", "abc", 5, [], None]),
+    ({"oneOf": [{"items": {"type": "string"}}, {"items": {"maxLength": 1}}, {"type": "array", "maxItems": 1}]},
+     [[], ["a"], ["ab"], [1], ["ab", "c"], ["a", "b"], [1, 2], "s"]),
+    ({"oneOf": [{"properties": {"a": {"const": "x"}}, "additionalProperties": {"type": "number"}},
+                {"required": ["a"]}, {"not": {"properties": {"b": {"type": "string"}}}}]},
+     [{}, {"a": "x"}, {"a": "y"}, {"a": "x", "b": 1}, {"b": "s"}, {"b": 1}, {"a": 1, "b": "s"}, 1]),
+    *[(nested({"type": "string", "maxLength": 1}, wrappers),  # deeper than one function holds
+       [None, "a", {}, [], deep("a", wrappers), deep("ab", wrappers), deep(1, wrappers), deep("ab", wrappers[1:]),
+        deep(None, wrappers[2:]), deep({"a": "ab"}, wrappers[2:])])
+      for wrappers in ("p" * 10, "pn" * 8, "npi" * 8)],
+])
+def test_the_predicate_counts_one_of_and_reaches_deep_as_jsonschema_does(schema, values):
+    check = compile_check(schema)
+    for value in values:
+        assert accepts(check, value) == Draft202012Validator(schema).is_valid(value), value
 
 
 IMPORTS_IN_A_FRESH_PROCESS = """
